@@ -1,0 +1,40 @@
+# Every target is self-sufficient on a fresh clone: it creates .venv, installs
+# prazo (editable, with the extras the tests and demos use) and builds the C twin.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.prazo-installed
+EXTRAS := test,servers,clients,metrics,dev
+PYTEST_ARGS ?=
+
+.PHONY: all venv build test demo bench check clean
+
+all: test
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=70" "Cython>=3.1" wheel
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Rebuilds the extension in place whenever the .pyx/.pxd/.h changed.
+build: $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+
+test: build
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: build
+	$(VENV)/bin/prazo demo
+
+bench: build
+	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
+
+check: build
+	$(VENV)/bin/ruff check core bindings tests bench
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/*.so .pytest_cache .hypothesis .benchmarks

@@ -1,0 +1,72 @@
+"""prazo.core — admission control with monotonic-clock deadlines.
+
+The hot path has two twins with one API: the C ring buffer
+(``prazo.core._queue_c``, built with Cython) and the pure-Python
+specification (``prazo.core._queue_py``). This module picks the C twin, or
+the Python twin when ``PRAZO_NO_EXTENSIONS=1`` is set, on interpreters other
+than CPython, or when the extension was not built (with a loud warning, so a
+silent slowdown never goes unnoticed). ``IMPLEMENTATION`` says which one won.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_scope
+from .errors import (
+    REASON_DEADLINE_EXCEEDED,
+    REASON_EXPIRED_IN_QUEUE,
+    REASON_EXPIRED_ON_ARRIVAL,
+    REASON_NO_BUDGET_FOR_DOWNSTREAM,
+    REASON_QUEUE_FULL,
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+)
+
+__all__ = [
+    "AdmissionQueue",
+    "Deadline",
+    "DeadlineExceeded",
+    "IMPLEMENTATION",
+    "NS_PER_MS",
+    "NS_PER_SECOND",
+    "QueueFull",
+    "ShutDown",
+    "current_deadline",
+    "deadline_scope",
+    "REASON_DEADLINE_EXCEEDED",
+    "REASON_EXPIRED_IN_QUEUE",
+    "REASON_EXPIRED_ON_ARRIVAL",
+    "REASON_NO_BUDGET_FOR_DOWNSTREAM",
+    "REASON_QUEUE_FULL",
+]
+
+
+def _want_extension() -> bool:
+    return os.environ.get("PRAZO_NO_EXTENSIONS", "") not in ("1", "true", "yes") and (
+        sys.implementation.name == "cpython"
+    )
+
+
+if _want_extension():
+    try:
+        from ._queue_c import AdmissionQueue
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        warnings.warn(
+            "\n" + "!" * 72 + "\n"
+            f"prazo: the C extension is missing ({exc}); using the pure-Python twin.\n"
+            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        from ._queue_py import AdmissionQueue
+        IMPLEMENTATION = "py"
+    else:
+        IMPLEMENTATION = "c"
+else:
+    from ._queue_py import AdmissionQueue  # type: ignore[assignment]
+
+    IMPLEMENTATION = "py"

@@ -1,0 +1,535 @@
+"""The pure-Python admission queue: the readable specification of the C twin.
+
+Both twins have the same API and give the same observable outcome for every
+operation (the Hypothesis state machine in ``tests/`` drives them in lockstep
+on a fake clock). Read this file to learn what ``_queue_c.pyx`` does.
+
+Model
+-----
+There are ``max_concurrency`` *slots* and a waiting line of at most
+``max_queue`` entries. An arrival (``acquire``/``slot`` on the gate face,
+``put`` on the work-queue face) is answered in one of four ways, in order:
+
+1. its deadline has already passed   -> ``DeadlineExceeded("expired-on-arrival")``
+2. a slot is free                    -> it gets the slot at once
+3. the waiting line has room         -> it waits
+4. otherwise                         -> ``QueueFull("queue-full")``
+
+When a slot is released, it is *handed over* to the next waiting entry (the
+oldest for ``order="fifo"``, the newest for ``"lifo"``); entries whose
+deadline has passed on the way are expired (counted, gate waiters woken with
+``DeadlineExceeded("expired-in-queue")``, work items reported through
+``on_expired``) and never get the slot. A slot is only ever idle when nobody
+waits (work conservation).
+
+A slot handed over is *assigned*: a gate waiter still has to wake up, a work
+item still has to be taken by ``get``. At that moment the deadline is checked
+once more; an entry that expired in between never starts, and the slot moves
+on. Only then does the entry count as ``started``.
+
+Gate waiters do not wait for the head of the line to find out they expired:
+each one wakes at its own deadline and leaves (active expiry). Work items
+cannot wake themselves; ``expire_overdue()`` sweeps them out on demand.
+
+Counters (``stats()``), with ``expired = expired_on_arrival + expired_in_queue``::
+
+    offered == started + rejected_full + expired + cancelled + queued + assigned
+    0 <= in_flight <= max_concurrency,  0 <= queued <= max_queue
+
+Every operation that decides on time takes an optional ``now_ns`` (the
+``time.monotonic_ns()`` value to use), so tests can run both twins on one
+fake clock. Blocking waits always run on the real monotonic clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional
+
+from .deadline import Deadline
+from .errors import (
+    REASON_EXPIRED_IN_QUEUE,
+    REASON_EXPIRED_ON_ARRIVAL,
+    REASON_QUEUE_FULL,
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+)
+
+__all__ = ["AdmissionQueue", "Slot", "NO_DEADLINE_NS"]
+
+_log = logging.getLogger("prazo")
+
+# "No deadline" is the largest int64: it compares after every real deadline
+# and matches what the C twin stores.
+NO_DEADLINE_NS = 2**63 - 1
+
+_WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
+
+_COUNTERS = (
+    "offered",
+    "started",
+    "completed",
+    "rejected_full",
+    "expired_on_arrival",
+    "expired_in_queue",
+    "cancelled",
+    "in_flight",
+    "assigned",
+    "queued",
+    "peak_in_flight",
+    "peak_queued",
+    "queue_wait_ns_total",
+)
+
+
+def _deadline_ns(deadline: Optional[Deadline]) -> int:
+    if deadline is None:
+        return NO_DEADLINE_NS
+    if isinstance(deadline, Deadline):
+        return deadline.ns
+    raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
+
+
+def _clock(now_ns: Optional[int]) -> int:
+    if now_ns is None:
+        return time.monotonic_ns()
+    if isinstance(now_ns, bool) or not isinstance(now_ns, int):
+        raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
+    return now_ns
+
+
+def _validate_size(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > 2**31 - 1:
+        raise ValueError(f"{name} must be < 2**31, got {value}")
+    return value
+
+
+def _validate_order(order: object) -> str:
+    if not isinstance(order, str):
+        raise TypeError(f"order must be 'fifo' or 'lifo', not {type(order).__name__}")
+    if order not in ("fifo", "lifo"):
+        raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
+    return order
+
+
+def _validate_on_expired(on_expired: object) -> None:
+    if on_expired is not None and not callable(on_expired):
+        raise TypeError("on_expired must be callable or None")
+
+
+class _Entry:
+    """One waiting arrival: a work item, or a gate waiter (``cond`` is set)."""
+
+    __slots__ = ("deadline_ns", "enqueued_ns", "item", "cond", "state")
+
+    def __init__(self, deadline_ns: int, enqueued_ns: int, item: Any, cond: Optional[threading.Condition]) -> None:
+        self.deadline_ns = deadline_ns
+        self.enqueued_ns = enqueued_ns
+        self.item = item
+        self.cond = cond
+        self.state = _WAITING
+
+
+class Slot:
+    """Context manager returned by ``AdmissionQueue.slot()``.
+
+    ``__enter__`` waits for a slot (or raises ``QueueFull`` /
+    ``DeadlineExceeded`` before the body runs); ``__exit__`` releases it.
+    """
+
+    __slots__ = ("_queue", "_deadline", "_now_ns", "_held")
+
+    def __init__(self, q: "AdmissionQueue", deadline: Optional[Deadline], now_ns: Optional[int]) -> None:
+        self._queue = q
+        self._deadline = deadline
+        self._now_ns = now_ns
+        self._held = False
+
+    def __enter__(self) -> "Slot":
+        if self._held:
+            raise RuntimeError("this slot is already held; call q.slot() again for another")
+        self._queue.acquire(self._deadline, now_ns=self._now_ns)
+        self._held = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._held:
+            self._held = False
+            self._queue.release()
+
+
+class AdmissionQueue:
+    """Bounded admission with deadlines: ``max_concurrency`` slots, ``max_queue`` waiting.
+
+    Gate face (callers wait themselves)::
+
+        q = AdmissionQueue(4, 20)
+        with q.slot(Deadline.after(2.0)):
+            work()                      # never runs once the deadline passed
+
+    Work-queue face (consumers pull items)::
+
+        q.put(item, Deadline.after(2.0))     # QueueFull / DeadlineExceeded at once
+        item = q.get()                       # the next live item, holding a slot
+        ...
+        q.task_done()                        # releases the slot
+
+    ``on_expired(item)`` is called (outside any lock, in whichever thread
+    noticed) for every work item whose deadline passed while it waited.
+    """
+
+    def __init__(
+        self,
+        max_concurrency: int,
+        max_queue: int,
+        *,
+        order: str = "fifo",
+        on_expired: Optional[Callable[[Any], object]] = None,
+    ) -> None:
+        self._max_concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
+        self._max_queue = _validate_size(max_queue, "max_queue", 0)
+        self._lifo = _validate_order(order) == "lifo"
+        _validate_on_expired(on_expired)
+        self._on_expired = on_expired
+        self._lock = threading.Lock()
+        self._waiting: Deque[_Entry] = deque()
+        self._ready: Deque[_Entry] = deque()
+        self._ready_cond = threading.Condition(self._lock)
+        self._shutdown = False
+        for name in _COUNTERS:
+            setattr(self, "_" + name, 0)
+
+    # -- configuration -------------------------------------------------------
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._max_concurrency
+
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @property
+    def order(self) -> str:
+        return "lifo" if self._lifo else "fifo"
+
+    @property
+    def is_shutdown(self) -> bool:
+        return self._shutdown
+
+    def qsize(self) -> int:
+        """Entries waiting for a slot (not counting the ones holding one)."""
+        return self._queued
+
+    def full(self) -> bool:
+        """True when an arrival now would get ``QueueFull``."""
+        return self._in_flight >= self._max_concurrency and self._queued >= self._max_queue
+
+    def stats(self) -> Dict[str, int]:
+        """A snapshot of the counters, read without taking the lock."""
+        snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
+        snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
+        snapshot["max_concurrency"] = self._max_concurrency
+        snapshot["max_queue"] = self._max_queue
+        return snapshot
+
+    # -- the shared admission decision (lock held) ------------------------------
+
+    def _admit_locked(self, deadline_ns: int, now: int) -> bool:
+        """Count an arrival; True when it gets a slot at once, False when it must wait."""
+        if self._shutdown:
+            raise ShutDown("the admission queue is shut down")
+        self._offered += 1
+        if now >= deadline_ns:
+            self._expired_on_arrival += 1
+            raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
+        if self._in_flight < self._max_concurrency:
+            self._in_flight += 1
+            if self._in_flight > self._peak_in_flight:
+                self._peak_in_flight = self._in_flight
+            return True
+        if self._queued >= self._max_queue:
+            self._rejected_full += 1
+            raise QueueFull(REASON_QUEUE_FULL)
+        return False
+
+    def _enqueue_locked(self, entry: _Entry) -> None:
+        self._waiting.append(entry)
+        self._queued += 1
+        if self._queued > self._peak_queued:
+            self._peak_queued = self._queued
+
+    def _pop_next_locked(self) -> _Entry:
+        entry = self._waiting.pop() if self._lifo else self._waiting.popleft()
+        self._queued -= 1
+        return entry
+
+    def _expire_entry_locked(self, entry: _Entry, expired_items: List[Any]) -> None:
+        self._expired_in_queue += 1
+        if entry.cond is not None:
+            entry.state = _EXPIRED
+            entry.cond.notify()
+        else:
+            expired_items.append(entry.item)
+
+    def _hand_over_locked(self, now: int, expired_items: List[Any]) -> None:
+        """Give the slot in hand to the next live waiting entry, or free it."""
+        while self._waiting:
+            entry = self._pop_next_locked()
+            if now >= entry.deadline_ns:
+                self._expire_entry_locked(entry, expired_items)
+                continue
+            self._assigned += 1
+            if entry.cond is not None:
+                entry.state = _GRANTED
+                entry.cond.notify()
+            else:
+                self._ready.append(entry)
+                self._ready_cond.notify()
+            return
+        self._in_flight -= 1
+        if self._shutdown and self._in_flight == 0:
+            self._ready_cond.notify_all()
+
+    def _start_locked(self, entry: _Entry, now: int) -> None:
+        self._started += 1
+        self._queue_wait_ns_total += now - entry.enqueued_ns
+
+    def _report_expired(self, items: List[Any]) -> None:
+        """Tell ``on_expired`` about each expired work item (no lock held)."""
+        if self._on_expired is None:
+            return
+        for item in items:
+            try:
+                self._on_expired(item)
+            except Exception:
+                _log.exception("prazo: on_expired callback raised for %r", item)
+
+    # -- gate face -----------------------------------------------------------
+
+    def slot(self, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> Slot:
+        """A context manager holding one slot for the body of a ``with``."""
+        _deadline_ns(deadline)
+        if now_ns is not None:
+            _clock(now_ns)
+        return Slot(self, deadline, now_ns)
+
+    def acquire(self, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+        """Take a slot, waiting in line if needed; pair with ``release()``.
+
+        Raises ``QueueFull`` at once when the line is full, and
+        ``DeadlineExceeded`` when the deadline passes before a slot is granted
+        (on arrival, while waiting, or just as the slot arrives).
+        """
+        deadline_ns = _deadline_ns(deadline)
+        now = _clock(now_ns)
+        expired_items: List[Any] = []
+        try:
+            with self._lock:
+                if self._admit_locked(deadline_ns, now):
+                    self._started += 1
+                    return
+                entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
+                self._enqueue_locked(entry)
+                try:
+                    self._wait_for_grant(entry)
+                except BaseException:
+                    self._abandon_locked(entry, time.monotonic_ns(), expired_items)
+                    raise
+                self._assigned -= 1
+                now = time.monotonic_ns()
+                if now < deadline_ns:
+                    self._start_locked(entry, now)
+                    return
+                # Granted, but the time ran out while this thread woke up:
+                # it never starts, and the slot moves on.
+                self._expired_in_queue += 1
+                self._hand_over_locked(now, expired_items)
+                raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+        finally:
+            self._report_expired(expired_items)
+
+    def _wait_for_grant(self, entry: _Entry) -> None:
+        """Wait (lock held) until the entry is granted; raise if it ends otherwise."""
+        cond = entry.cond
+        assert cond is not None
+        while entry.state == _WAITING:
+            if entry.deadline_ns == NO_DEADLINE_NS:
+                cond.wait()
+                continue
+            remaining_s = (entry.deadline_ns - time.monotonic_ns()) / 1e9
+            if remaining_s <= 0:
+                # Active expiry: leave the line at our own deadline instead of
+                # waiting to reach its head.
+                self._waiting.remove(entry)
+                self._queued -= 1
+                self._expired_in_queue += 1
+                entry.state = _EXPIRED
+                break
+            cond.wait(remaining_s)
+        if entry.state == _EXPIRED:
+            raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+        if entry.state == _CANCELLED:
+            raise ShutDown("the admission queue was shut down while waiting")
+
+    def _abandon_locked(self, entry: _Entry, now: int, expired_items: List[Any]) -> None:
+        """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
+        if entry.state == _WAITING:
+            self._waiting.remove(entry)
+            self._queued -= 1
+            self._cancelled += 1
+            entry.state = _CANCELLED
+        elif entry.state == _GRANTED:
+            self._assigned -= 1
+            self._cancelled += 1
+            entry.state = _CANCELLED
+            self._hand_over_locked(now, expired_items)
+
+    def release(self, *, now_ns: Optional[int] = None) -> None:
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+        now = _clock(now_ns)
+        expired_items: List[Any] = []
+        with self._lock:
+            if self._in_flight - self._assigned <= 0:
+                raise ValueError("release() called more times than a slot was taken")
+            self._completed += 1
+            self._hand_over_locked(now, expired_items)
+        self._report_expired(expired_items)
+
+    # -- work-queue face -------------------------------------------------------
+
+    def put(self, item: Any, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+        """Offer ``item``; never blocks.
+
+        A free slot is assigned to it at once (so rejection never depends on
+        how fast consumers wake up); otherwise it waits in line. Raises
+        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        """
+        deadline_ns = _deadline_ns(deadline)
+        now = _clock(now_ns)
+        with self._lock:
+            entry = _Entry(deadline_ns, now, item, None)
+            if self._admit_locked(deadline_ns, now):
+                self._assigned += 1
+                self._ready.append(entry)
+                self._ready_cond.notify()
+            else:
+                self._enqueue_locked(entry)
+
+    def put_nowait(self, item: Any, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+        """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
+        self.put(item, deadline, now_ns=now_ns)
+
+    def get(self, block: bool = True, timeout: Optional[float] = None, *, now_ns: Optional[int] = None) -> Any:
+        """Take the next live item that holds a slot; pair with ``task_done()``.
+
+        Items that expired after their slot was assigned are reported through
+        ``on_expired`` and skipped. Raises ``queue.Empty`` when nothing is
+        ready (at once, or after ``timeout`` seconds), and ``ShutDown`` once
+        the queue is shut down and nothing is left to hand out.
+        """
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number or None, not {type(timeout).__name__}")
+            if not timeout >= 0:
+                raise ValueError("'timeout' must be a non-negative number")
+        if now_ns is not None:
+            _clock(now_ns)
+        expired_items: List[Any] = []
+        try:
+            with self._lock:
+                end = None if timeout is None else time.monotonic() + timeout
+                while True:
+                    while self._ready:
+                        entry = self._ready.popleft()
+                        self._assigned -= 1
+                        now = _clock(now_ns)
+                        if now >= entry.deadline_ns:
+                            self._expired_in_queue += 1
+                            expired_items.append(entry.item)
+                            self._hand_over_locked(now, expired_items)
+                            continue
+                        self._start_locked(entry, now)
+                        return entry.item
+                    if self._shutdown and not self._waiting:
+                        raise ShutDown("the admission queue is shut down")
+                    if not block:
+                        raise queue.Empty
+                    if end is None:
+                        self._ready_cond.wait()
+                    else:
+                        remaining = end - time.monotonic()
+                        if remaining <= 0:
+                            raise queue.Empty
+                        self._ready_cond.wait(remaining)
+        finally:
+            self._report_expired(expired_items)
+
+    def get_nowait(self, *, now_ns: Optional[int] = None) -> Any:
+        """``get(block=False)``."""
+        return self.get(False, now_ns=now_ns)
+
+    def task_done(self, *, now_ns: Optional[int] = None) -> None:
+        """Give back the slot of an item taken by ``get()``."""
+        self.release(now_ns=now_ns)
+
+    def expire_overdue(self, *, now_ns: Optional[int] = None) -> int:
+        """Remove every waiting entry whose deadline has passed; return how many.
+
+        Gate waiters already leave at their own deadline; this is how work
+        items, which cannot wake themselves, get the same treatment.
+        """
+        now = _clock(now_ns)
+        expired_items: List[Any] = []
+        with self._lock:
+            keep: Deque[_Entry] = deque()
+            count = 0
+            for entry in self._waiting:
+                if now >= entry.deadline_ns:
+                    self._queued -= 1
+                    self._expire_entry_locked(entry, expired_items)
+                    count += 1
+                else:
+                    keep.append(entry)
+            self._waiting = keep
+        self._report_expired(expired_items)
+        return count
+
+    def shutdown(self, *, cancel_waiting: bool = False) -> List[Any]:
+        """Refuse new arrivals with ``ShutDown``; optionally cancel the waiting line.
+
+        Entries already holding a slot always finish. With
+        ``cancel_waiting=True`` every waiting entry is removed and counted
+        ``cancelled``: gate waiters raise ``ShutDown`` and the work items are
+        returned (oldest first) so the caller can answer them.
+        """
+        cancelled: List[Any] = []
+        with self._lock:
+            self._shutdown = True
+            if cancel_waiting:
+                while self._waiting:
+                    entry = self._waiting.popleft()
+                    self._queued -= 1
+                    self._cancelled += 1
+                    if entry.cond is not None:
+                        entry.state = _CANCELLED
+                        entry.cond.notify()
+                    else:
+                        cancelled.append(entry.item)
+            self._ready_cond.notify_all()
+        return cancelled
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__module__}.{type(self).__name__} max_concurrency={self._max_concurrency} "
+            f"max_queue={self._max_queue} order={self.order!r} in_flight={self._in_flight} queued={self._queued}>"
+        )

@@ -1,0 +1,97 @@
+"""Build prazo: map core/ and bindings/ into the prazo namespace, cythonize the core.
+
+Environment:
+  PRAZO_NO_EXTENSIONS=1  skip the C twin entirely (prazo.core uses the Python twin)
+  PRAZO_DEBUG_BUILD=1    -O0 -g3, no NDEBUG (for gdb / valgrind)
+  PRAZO_SANITIZE=1       add AddressSanitizer + UndefinedBehaviorSanitizer
+A compile failure never fails the install: it falls back to the Python twin
+and says so loudly.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+PACKAGES = ["prazo.core", "prazo.bindings"]
+PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings"}
+BANNER = "!" * 72
+
+
+def _flag(name):
+    return os.environ.get(name, "") in ("1", "true", "yes")
+
+
+class OptionalBuildExt(build_ext):
+    """Build the C twin if we can; otherwise warn loudly and go on without it."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # compiler missing, Cython missing, ...
+            self._warn(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._warn(exc)
+
+    @staticmethod
+    def _warn(exc):
+        sys.stderr.write(
+            f"\n{BANNER}\nprazo: building the C extension failed: {exc}\n"
+            f"prazo will run on its pure-Python twin (slower, same behaviour).\n{BANNER}\n\n"
+        )
+
+
+def _extensions():
+    if _flag("PRAZO_NO_EXTENSIONS"):
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError as exc:
+        OptionalBuildExt._warn(exc)
+        return []
+    from setuptools import Extension
+
+    compile_args = ["-std=c11", "-Wall", "-Wno-unused-function"]
+    link_args = []
+    macros = []
+    if _flag("PRAZO_DEBUG_BUILD"):
+        compile_args += ["-O0", "-g3", "-UNDEBUG"]
+    else:
+        compile_args += ["-O2"]
+    if _flag("PRAZO_SANITIZE"):
+        sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+        compile_args += sanitize
+        link_args += sanitize
+    ext = Extension(
+        "prazo.core._queue_c",
+        ["core/_queue_c.pyx"],
+        include_dirs=["core"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        define_macros=macros,
+    )
+    return cythonize(
+        [ext],
+        language_level=3,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+
+
+setup(
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    package_data={"prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"], "prazo.bindings": ["py.typed"]},
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+    zip_safe=False,
+)
