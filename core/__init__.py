@@ -17,11 +17,13 @@ import warnings
 from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_scope
 from .errors import (
     REASON_DEADLINE_EXCEEDED,
+    REASON_DOWNSTREAM_OVERLOADED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     REASON_QUEUE_FULL,
     DeadlineExceeded,
+    DownstreamOverloaded,
     QueueFull,
     ShutDown,
 )
@@ -30,6 +32,7 @@ __all__ = [
     "AdmissionQueue",
     "Deadline",
     "DeadlineExceeded",
+    "DownstreamOverloaded",
     "IMPLEMENTATION",
     "NS_PER_MS",
     "NS_PER_SECOND",
@@ -38,6 +41,7 @@ __all__ = [
     "current_deadline",
     "deadline_scope",
     "REASON_DEADLINE_EXCEEDED",
+    "REASON_DOWNSTREAM_OVERLOADED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",

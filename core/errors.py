@@ -14,7 +14,9 @@ __all__ = [
     "QueueFull",
     "DeadlineExceeded",
     "ShutDown",
+    "DownstreamOverloaded",
     "REASON_QUEUE_FULL",
+    "REASON_DOWNSTREAM_OVERLOADED",
     "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_DEADLINE_EXCEEDED",
@@ -26,6 +28,7 @@ REASON_EXPIRED_ON_ARRIVAL = "expired-on-arrival"
 REASON_EXPIRED_IN_QUEUE = "expired-in-queue"
 REASON_DEADLINE_EXCEEDED = "deadline-exceeded"
 REASON_NO_BUDGET_FOR_DOWNSTREAM = "no-budget-for-downstream"
+REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
 
 
 class QueueFull(queue.Full):
@@ -55,6 +58,23 @@ class DeadlineExceeded(TimeoutError):
     status = 504
 
     def __init__(self, reason: str = REASON_DEADLINE_EXCEEDED, message: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(message or reason)
+
+    def __reduce__(self):
+        return (type(self), (self.reason, str(self)))
+
+
+class DownstreamOverloaded(Exception):
+    """A dependency answered 503: it is overloaded, not late.
+
+    ``status`` stays 503 all the way up the chain, so callers retry elsewhere
+    instead of treating it as a missed deadline (504).
+    """
+
+    status = 503
+
+    def __init__(self, reason: str = REASON_DOWNSTREAM_OVERLOADED, message: str | None = None) -> None:
         self.reason = reason
         super().__init__(message or reason)
 
