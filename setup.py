@@ -46,6 +46,21 @@ class OptionalBuildExt(build_ext):
         )
 
 
+def _pxd_include_dir():
+    """Make core/_queue_c.pxd findable under its real module name.
+
+    Cython looks a module's .pxd up by its qualified name (prazo/core/_queue_c.pxd),
+    but core/ is only mapped to prazo.core by setuptools, so we give Cython an
+    include directory where prazo/core is a link to core/.
+    """
+    include_dir = os.path.join("build", "cython-include")
+    os.makedirs(os.path.join(include_dir, "prazo"), exist_ok=True)
+    link = os.path.join(include_dir, "prazo", "core")
+    if not os.path.islink(link):
+        os.symlink(os.path.abspath("core"), link)
+    return include_dir
+
+
 def _extensions():
     if _flag("PRAZO_NO_EXTENSIONS"):
         return []
@@ -77,6 +92,7 @@ def _extensions():
     )
     return cythonize(
         [ext],
+        include_path=[_pxd_include_dir()],
         language_level=3,
         compiler_directives={
             "boundscheck": False,

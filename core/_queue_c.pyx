@@ -1,1 +1,719 @@
-# placeholder replaced by the C twin
+# cython: freethreading_compatible = False
+"""The C twin of the admission queue (see ``_queue_py.py`` for the specification).
+
+Same API and same observable outcomes as the Python twin; what differs is how:
+
+* the waiting line is a ring of ``max_queue`` C entries allocated once, and
+  the hand-off buffer a ring of ``max_concurrency`` entries;
+* a pthread mutex guards both, held only for O(1) work (O(n) only when an
+  entry leaves from the middle of the line) and never while Python code runs
+  or while this thread waits for the GIL, so correctness never rests on the GIL;
+* counters are C11 atomics, so ``stats()`` reads them without the mutex;
+* waiting releases the GIL and sleeps on a condition variable that times out
+  on CLOCK_MONOTONIC; each gate waiter has its own condition, so a release
+  wakes exactly the thread it hands its slot to.
+
+The mutex is taken while holding the GIL on the fast path (cheaper than
+releasing the GIL); that is deadlock-free because a thread holding the mutex
+never asks for the GIL.
+"""
+
+cimport cython
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
+from libc.stdint cimport int64_t, INT64_MAX
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() except -1
+
+import queue as _stdlib_queue
+
+from .deadline import Deadline as _Deadline
+from .errors import (
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+    REASON_EXPIRED_IN_QUEUE,
+    REASON_EXPIRED_ON_ARRIVAL,
+    REASON_QUEUE_FULL,
+)
+
+__all__ = ["AdmissionQueue", "Slot", "NO_DEADLINE_NS"]
+
+NO_DEADLINE_NS = INT64_MAX
+
+cdef object _Empty = _stdlib_queue.Empty
+
+# Waiting happens in slices so a signal (Ctrl-C) reaches the main thread
+# even while it waits for a slot with no deadline.
+cdef int64_t _SIGNAL_SLICE_NS = 100000000
+
+cdef enum:
+    _WAITING = 0
+    _GRANTED = 1
+    _EXPIRED = 2
+    _CANCELLED = 3
+
+# Outcomes of the admission decision, computed with the mutex held.
+cdef enum:
+    _ADMIT_START = 0
+    _ADMIT_WAIT = 1
+    _ADMIT_SHUTDOWN = 2
+    _ADMIT_EXPIRED = 3
+    _ADMIT_FULL = 4
+
+# Expired work items are handed to on_expired in batches, outside the mutex.
+cdef enum:
+    _BATCH = 16
+
+_COUNTER_NAMES = (
+    "offered",
+    "started",
+    "completed",
+    "rejected_full",
+    "expired_on_arrival",
+    "expired_in_queue",
+    "cancelled",
+    "in_flight",
+    "assigned",
+    "queued",
+    "peak_in_flight",
+    "peak_queued",
+    "queue_wait_ns_total",
+)
+
+
+cdef inline int64_t _deadline_ns(object deadline) except? -1:
+    if deadline is None:
+        return INT64_MAX
+    if type(deadline) is _Deadline or isinstance(deadline, _Deadline):
+        return deadline._ns
+    raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
+
+
+cdef inline int64_t _clock(object now_ns) except? -1:
+    if now_ns is None:
+        return prazo_monotonic_ns()
+    if isinstance(now_ns, bool) or not isinstance(now_ns, int):
+        raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
+    try:
+        return now_ns
+    except OverflowError:
+        raise ValueError("now_ns is out of range for a 64-bit monotonic clock") from None
+
+
+cdef object _validate_size(object value, str name, int minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > 2**31 - 1:
+        raise ValueError(f"{name} must be < 2**31, got {value}")
+    return value
+
+
+cdef object _admission_error(int outcome):
+    if outcome == _ADMIT_SHUTDOWN:
+        return ShutDown("the admission queue is shut down")
+    if outcome == _ADMIT_EXPIRED:
+        return DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
+    return QueueFull(REASON_QUEUE_FULL)
+
+
+cdef void _log_callback_error(object item):
+    import logging
+
+    logging.getLogger("prazo").exception("prazo: on_expired callback raised for %r", item)
+
+
+@cython.freelist(64)
+cdef class Slot:
+    """Context manager returned by ``AdmissionQueue.slot()``.
+
+    ``__enter__`` waits for a slot (or raises ``QueueFull`` /
+    ``DeadlineExceeded`` before the body runs); ``__exit__`` releases it.
+    """
+
+    cdef AdmissionQueue _queue
+    cdef int64_t _deadline_ns
+    cdef int64_t _now_ns
+    cdef bint _fake_now
+    cdef bint _held
+
+    def __cinit__(self):
+        self._held = False
+
+    def __enter__(self):
+        if self._held:
+            raise RuntimeError("this slot is already held; call q.slot() again for another")
+        self._queue._acquire(self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
+        self._held = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._held:
+            self._held = False
+            self._queue._release(-1, True)
+        return None
+
+
+cdef class AdmissionQueue:
+    """Bounded admission with deadlines: ``max_concurrency`` slots, ``max_queue`` waiting.
+
+    Gate face (callers wait themselves)::
+
+        q = AdmissionQueue(4, 20)
+        with q.slot(Deadline.after(2.0)):
+            work()                      # never runs once the deadline passed
+
+    Work-queue face (consumers pull items)::
+
+        q.put(item, Deadline.after(2.0))     # QueueFull / DeadlineExceeded at once
+        item = q.get()                       # the next live item, holding a slot
+        ...
+        q.task_done()                        # releases the slot
+
+    ``on_expired(item)`` is called (outside any lock, in whichever thread
+    noticed) for every work item whose deadline passed while it waited.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._ring = NULL
+        self._ready = NULL
+        self._sync_ready = False
+
+    def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None):
+        if self._sync_ready:
+            raise RuntimeError("AdmissionQueue.__init__ must not be called twice")
+        self._max_concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
+        self._max_queue = _validate_size(max_queue, "max_queue", 0)
+        if not isinstance(order, str):
+            raise TypeError(f"order must be 'fifo' or 'lifo', not {type(order).__name__}")
+        if order not in ("fifo", "lifo"):
+            raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
+        if on_expired is not None and not callable(on_expired):
+            raise TypeError("on_expired must be callable or None")
+        self._lifo = order == "lifo"
+        self._on_expired = on_expired
+        self._shutdown = False
+        memset(&self._c, 0, sizeof(Counters))
+        # One extra entry so a max_queue of 0 still gets a valid allocation.
+        self._ring_cap = self._max_queue if self._max_queue > 0 else 1
+        self._ready_cap = self._max_concurrency
+        self._ring = <Entry *>malloc(self._ring_cap * sizeof(Entry))
+        self._ready = <Entry *>malloc(self._ready_cap * sizeof(Entry))
+        if self._ring == NULL or self._ready == NULL:
+            raise MemoryError("cannot allocate the admission ring")
+        self._ring_head = self._ring_count = 0
+        self._ready_head = self._ready_count = 0
+        if pthread_mutex_init(&self._mutex, NULL) != 0:
+            raise OSError("pthread_mutex_init failed")
+        if prazo_cond_init_monotonic(&self._ready_cond) != 0:
+            pthread_mutex_destroy(&self._mutex)
+            raise OSError("pthread_cond_init failed")
+        self._sync_ready = True
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._ring != NULL:
+            for i in range(self._ring_count):
+                if self._ring[(self._ring_head + i) % self._ring_cap].item != NULL:
+                    Py_DECREF(<object>self._ring[(self._ring_head + i) % self._ring_cap].item)
+            free(self._ring)
+        if self._ready != NULL:
+            for i in range(self._ready_count):
+                if self._ready[(self._ready_head + i) % self._ready_cap].item != NULL:
+                    Py_DECREF(<object>self._ready[(self._ready_head + i) % self._ready_cap].item)
+            free(self._ready)
+        if self._sync_ready:
+            pthread_cond_destroy(&self._ready_cond)
+            pthread_mutex_destroy(&self._mutex)
+
+    # -- configuration -------------------------------------------------------
+
+    @property
+    def max_concurrency(self):
+        return self._max_concurrency
+
+    @property
+    def max_queue(self):
+        return self._max_queue
+
+    @property
+    def order(self):
+        return "lifo" if self._lifo else "fifo"
+
+    @property
+    def is_shutdown(self):
+        return self._shutdown
+
+    def qsize(self):
+        """Entries waiting for a slot (not counting the ones holding one)."""
+        return prazo_load(&self._c.queued)
+
+    def full(self):
+        """True when an arrival now would get ``QueueFull``."""
+        return (prazo_load(&self._c.in_flight) >= self._max_concurrency
+                and prazo_load(&self._c.queued) >= self._max_queue)
+
+    def stats(self):
+        """A snapshot of the counters, read without taking the mutex."""
+        cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
+        cdef Py_ssize_t i
+        snapshot = {}
+        for i in range(len(_COUNTER_NAMES)):
+            snapshot[_COUNTER_NAMES[i]] = prazo_load(&fields[i])
+        snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
+        snapshot["max_concurrency"] = self._max_concurrency
+        snapshot["max_queue"] = self._max_queue
+        return snapshot
+
+    # -- the ring (mutex held, no Python) --------------------------------------
+
+    cdef void _ring_push(self, Entry entry) noexcept nogil:
+        self._ring[(self._ring_head + self._ring_count) % self._ring_cap] = entry
+        self._ring_count += 1
+        prazo_add(&self._c.queued, 1)
+        prazo_raise_peak(&self._c.peak_queued, self._ring_count)
+
+    cdef Entry _ring_pop_next(self) noexcept nogil:
+        cdef Entry entry
+        if self._lifo:
+            entry = self._ring[(self._ring_head + self._ring_count - 1) % self._ring_cap]
+        else:
+            entry = self._ring[self._ring_head]
+            self._ring_head = (self._ring_head + 1) % self._ring_cap
+        self._ring_count -= 1
+        prazo_add(&self._c.queued, -1)
+        return entry
+
+    cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil:
+        """Take a gate waiter out of the middle of the line, keeping the order."""
+        cdef Py_ssize_t i, j
+        for i in range(self._ring_count):
+            if self._ring[(self._ring_head + i) % self._ring_cap].waiter == waiter:
+                for j in range(i, self._ring_count - 1):
+                    self._ring[(self._ring_head + j) % self._ring_cap] = \
+                        self._ring[(self._ring_head + j + 1) % self._ring_cap]
+                self._ring_count -= 1
+                prazo_add(&self._c.queued, -1)
+                return
+
+    cdef void _ready_push(self, Entry entry) noexcept nogil:
+        self._ready[(self._ready_head + self._ready_count) % self._ready_cap] = entry
+        self._ready_count += 1
+        pthread_cond_signal(&self._ready_cond)
+
+    cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil:
+        """Count an arrival and decide: start now, wait, or refuse."""
+        if self._shutdown:
+            return _ADMIT_SHUTDOWN
+        prazo_add(&self._c.offered, 1)
+        if now >= deadline_ns:
+            prazo_add(&self._c.expired_on_arrival, 1)
+            return _ADMIT_EXPIRED
+        if prazo_load(&self._c.in_flight) < self._max_concurrency:
+            prazo_add(&self._c.in_flight, 1)
+            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
+            return _ADMIT_START
+        if self._ring_count >= self._max_queue:
+            prazo_add(&self._c.rejected_full, 1)
+            return _ADMIT_FULL
+        return _ADMIT_WAIT
+
+    cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil:
+        prazo_add(&self._c.started, 1)
+        prazo_add(&self._c.queue_wait_ns_total, now - enqueued_ns)
+
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count) noexcept nogil:
+        """Give the slot in hand to the next live entry, or free it.
+
+        Expired work items go into ``batch`` (the caller reports them after
+        unlocking). Returns False, with the slot still in hand, when the batch
+        fills up before the slot found a home.
+        """
+        cdef Entry entry
+        while self._ring_count > 0:
+            if count[0] >= _BATCH:
+                return False
+            entry = self._ring_pop_next()
+            if now >= entry.deadline_ns:
+                prazo_add(&self._c.expired_in_queue, 1)
+                if entry.waiter != NULL:
+                    entry.waiter.state = _EXPIRED
+                    pthread_cond_signal(&entry.waiter.cond)
+                else:
+                    batch[count[0]] = entry.item
+                    count[0] += 1
+                continue
+            prazo_add(&self._c.assigned, 1)
+            if entry.waiter != NULL:
+                entry.waiter.state = _GRANTED
+                pthread_cond_signal(&entry.waiter.cond)
+            else:
+                self._ready_push(entry)
+            return True
+        prazo_add(&self._c.in_flight, -1)
+        if self._shutdown and prazo_load(&self._c.in_flight) == 0:
+            pthread_cond_broadcast(&self._ready_cond)
+        return True
+
+    # -- reporting expired work items (GIL held, mutex not held) ----------------
+
+    cdef void _report(self, PyObject **batch, int count):
+        cdef int i
+        cdef object item
+        for i in range(count):
+            item = <object>batch[i]
+            Py_DECREF(item)  # the ring's reference; `item` keeps one of its own
+            if self._on_expired is not None:
+                try:
+                    self._on_expired(item)
+                except Exception:
+                    _log_callback_error(item)
+
+    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1:
+        """With the mutex held: hand the slot over, report, and unlock."""
+        cdef bint placed
+        while True:
+            placed = self._hand_over(now, batch, &count)
+            pthread_mutex_unlock(&self._mutex)
+            self._report(batch, count)
+            count = 0
+            if placed:
+                return 0
+            pthread_mutex_lock(&self._mutex)
+
+    # -- gate face -----------------------------------------------------------
+
+    def slot(self, deadline=None, *, now_ns=None):
+        """A context manager holding one slot for the body of a ``with``."""
+        cdef Slot s = Slot.__new__(Slot)
+        s._queue = self
+        s._deadline_ns = _deadline_ns(deadline)
+        if now_ns is None:
+            s._fake_now = False
+        else:
+            s._now_ns = _clock(now_ns)
+            s._fake_now = True
+        return s
+
+    def acquire(self, deadline=None, *, now_ns=None):
+        """Take a slot, waiting in line if needed; pair with ``release()``.
+
+        Raises ``QueueFull`` at once when the line is full, and
+        ``DeadlineExceeded`` when the deadline passes before a slot is granted
+        (on arrival, while waiting, or just as the slot arrives).
+        """
+        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+
+    cdef int _acquire(self, int64_t deadline_ns, int64_t now) except -1:
+        cdef int outcome
+        pthread_mutex_lock(&self._mutex)
+        outcome = self._admit(deadline_ns, now)
+        if outcome == _ADMIT_START:
+            prazo_add(&self._c.started, 1)
+            pthread_mutex_unlock(&self._mutex)
+            return 0
+        if outcome != _ADMIT_WAIT:
+            pthread_mutex_unlock(&self._mutex)
+            raise _admission_error(outcome)
+        return self._wait_in_line(deadline_ns, now)
+
+    cdef int _wait_in_line(self, int64_t deadline_ns, int64_t now) except -1:
+        """Called with the mutex held; returns holding a started slot, or raises."""
+        cdef Waiter waiter
+        cdef Entry entry
+        cdef int state
+        cdef PyObject *batch[_BATCH]
+        if prazo_cond_init_monotonic(&waiter.cond) != 0:
+            pthread_mutex_unlock(&self._mutex)
+            raise OSError("pthread_cond_init failed")
+        waiter.state = _WAITING
+        entry.deadline_ns = deadline_ns
+        entry.enqueued_ns = now
+        entry.item = NULL
+        entry.waiter = &waiter
+        self._ring_push(entry)
+        pthread_mutex_unlock(&self._mutex)
+        try:
+            while True:
+                with nogil:
+                    state = self._wait_slice(&waiter, deadline_ns)
+                if state != _WAITING:
+                    break
+                PyErr_CheckSignals()
+        except BaseException:
+            self._abandon(&waiter)
+            raise
+        finally:
+            # Every path that leaves has already taken the waiter off the line.
+            pthread_cond_destroy(&waiter.cond)
+        if state == _EXPIRED:
+            raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+        if state == _CANCELLED:
+            raise ShutDown("the admission queue was shut down while waiting")
+        # Granted: the deadline is checked once more now that this thread runs.
+        pthread_mutex_lock(&self._mutex)
+        prazo_add(&self._c.assigned, -1)
+        now = prazo_monotonic_ns()
+        if now < deadline_ns:
+            self._start(entry.enqueued_ns, now)
+            pthread_mutex_unlock(&self._mutex)
+            return 0
+        prazo_add(&self._c.expired_in_queue, 1)
+        self._hand_over_unlocking(now, batch, 0)
+        raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+
+    cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil:
+        """Wait (GIL released) for at most one slice; leave the line at the deadline."""
+        cdef int64_t now, until
+        cdef int state
+        pthread_mutex_lock(&self._mutex)
+        if waiter.state == _WAITING:
+            now = prazo_monotonic_ns()
+            until = deadline_ns
+            if until - now > _SIGNAL_SLICE_NS:
+                until = now + _SIGNAL_SLICE_NS
+            if now < deadline_ns:
+                prazo_cond_wait_until(&waiter.cond, &self._mutex, until)
+            if waiter.state == _WAITING and prazo_monotonic_ns() >= deadline_ns:
+                # Active expiry: leave at our own deadline, not at the head.
+                self._ring_remove_waiter(waiter)
+                prazo_add(&self._c.expired_in_queue, 1)
+                waiter.state = _EXPIRED
+        state = waiter.state
+        pthread_mutex_unlock(&self._mutex)
+        return state
+
+    cdef void _abandon(self, Waiter *waiter) except *:
+        """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
+        cdef PyObject *batch[_BATCH]
+        pthread_mutex_lock(&self._mutex)
+        if waiter.state == _WAITING:
+            self._ring_remove_waiter(waiter)
+            prazo_add(&self._c.cancelled, 1)
+            waiter.state = _CANCELLED
+        elif waiter.state == _GRANTED:
+            prazo_add(&self._c.assigned, -1)
+            prazo_add(&self._c.cancelled, 1)
+            waiter.state = _CANCELLED
+            self._hand_over_unlocking(prazo_monotonic_ns(), batch, 0)
+            return
+        pthread_mutex_unlock(&self._mutex)
+
+    def release(self, *, now_ns=None):
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+
+    cdef int _release(self, int64_t now, bint real_clock) except -1:
+        cdef PyObject *batch[_BATCH]
+        pthread_mutex_lock(&self._mutex)
+        if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
+            pthread_mutex_unlock(&self._mutex)
+            raise ValueError("release() called more times than a slot was taken")
+        prazo_add(&self._c.completed, 1)
+        if self._ring_count == 0:
+            # Nobody waits: the common case needs no clock read at all.
+            prazo_add(&self._c.in_flight, -1)
+            if self._shutdown and prazo_load(&self._c.in_flight) == 0:
+                pthread_cond_broadcast(&self._ready_cond)
+            pthread_mutex_unlock(&self._mutex)
+            return 0
+        if real_clock:
+            now = prazo_monotonic_ns()
+        return self._hand_over_unlocking(now, batch, 0)
+
+    # -- work-queue face -------------------------------------------------------
+
+    def put(self, item, deadline=None, *, now_ns=None):
+        """Offer ``item``; never blocks.
+
+        A free slot is assigned to it at once (so rejection never depends on
+        how fast consumers wake up); otherwise it waits in line. Raises
+        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        """
+        cdef Entry entry
+        cdef int outcome
+        entry.deadline_ns = _deadline_ns(deadline)
+        entry.enqueued_ns = _clock(now_ns)
+        entry.item = <PyObject *>item
+        entry.waiter = NULL
+        Py_INCREF(item)
+        pthread_mutex_lock(&self._mutex)
+        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns)
+        if outcome == _ADMIT_START:
+            prazo_add(&self._c.assigned, 1)
+            self._ready_push(entry)
+        elif outcome == _ADMIT_WAIT:
+            self._ring_push(entry)
+        pthread_mutex_unlock(&self._mutex)
+        if outcome != _ADMIT_START and outcome != _ADMIT_WAIT:
+            Py_DECREF(item)
+            raise _admission_error(outcome)
+
+    def put_nowait(self, item, deadline=None, *, now_ns=None):
+        """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
+        self.put(item, deadline, now_ns=now_ns)
+
+    def get(self, block=True, timeout=None, *, now_ns=None):
+        """Take the next live item that holds a slot; pair with ``task_done()``.
+
+        Items that expired after their slot was assigned are reported through
+        ``on_expired`` and skipped. Raises ``queue.Empty`` when nothing is
+        ready (at once, or after ``timeout`` seconds), and ``ShutDown`` once
+        the queue is shut down and nothing is left to hand out.
+        """
+        cdef int64_t end_ns = INT64_MAX
+        cdef int64_t fake_now = 0
+        cdef int64_t now
+        cdef bint use_fake = now_ns is not None
+        cdef bint blocking = bool(block)
+        cdef Entry entry
+        cdef PyObject *batch[_BATCH]
+        cdef int waited
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number or None, not {type(timeout).__name__}")
+            if not timeout >= 0:
+                raise ValueError("'timeout' must be a non-negative number")
+            end_ns = prazo_monotonic_ns() + <int64_t>(min(float(timeout), 1e9) * 1e9)
+        if use_fake:
+            fake_now = _clock(now_ns)
+        while True:
+            pthread_mutex_lock(&self._mutex)
+            if self._ready_count > 0:
+                entry = self._ready[self._ready_head]
+                self._ready_head = (self._ready_head + 1) % self._ready_cap
+                self._ready_count -= 1
+                prazo_add(&self._c.assigned, -1)
+                now = fake_now if use_fake else prazo_monotonic_ns()
+                if now < entry.deadline_ns:
+                    self._start(entry.enqueued_ns, now)
+                    pthread_mutex_unlock(&self._mutex)
+                    item = <object>entry.item
+                    Py_DECREF(item)  # the ring's reference moves to `item`
+                    return item
+                # Its slot came too late: report it and pass the slot on.
+                prazo_add(&self._c.expired_in_queue, 1)
+                batch[0] = entry.item
+                self._hand_over_unlocking(now, batch, 1)
+                continue
+            if self._shutdown and self._ring_count == 0:
+                pthread_mutex_unlock(&self._mutex)
+                raise ShutDown("the admission queue is shut down")
+            pthread_mutex_unlock(&self._mutex)
+            if not blocking or prazo_monotonic_ns() >= end_ns:
+                raise _Empty
+            with nogil:
+                self._wait_ready(end_ns)
+            PyErr_CheckSignals()
+
+    cdef void _wait_ready(self, int64_t end_ns) noexcept nogil:
+        """Sleep (GIL released) until an item may be ready, for at most one slice."""
+        cdef int64_t until = prazo_monotonic_ns() + _SIGNAL_SLICE_NS
+        if end_ns < until:
+            until = end_ns
+        pthread_mutex_lock(&self._mutex)
+        if self._ready_count == 0 and not (self._shutdown and self._ring_count == 0):
+            prazo_cond_wait_until(&self._ready_cond, &self._mutex, until)
+        pthread_mutex_unlock(&self._mutex)
+
+    def get_nowait(self, *, now_ns=None):
+        """``get(block=False)``."""
+        return self.get(False, now_ns=now_ns)
+
+    def task_done(self, *, now_ns=None):
+        """Give back the slot of an item taken by ``get()``."""
+        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+
+    def expire_overdue(self, *, now_ns=None):
+        """Remove every waiting entry whose deadline has passed; return how many.
+
+        Gate waiters already leave at their own deadline; this is how work
+        items, which cannot wake themselves, get the same treatment.
+        """
+        cdef int64_t now = _clock(now_ns)
+        cdef Py_ssize_t i, kept = 0, count = 0, n_items = 0
+        cdef Entry entry
+        cdef PyObject **items
+        pthread_mutex_lock(&self._mutex)
+        items = <PyObject **>malloc((self._ring_count + 1) * sizeof(PyObject *))
+        if items == NULL:
+            pthread_mutex_unlock(&self._mutex)
+            raise MemoryError()
+        for i in range(self._ring_count):
+            entry = self._ring[(self._ring_head + i) % self._ring_cap]
+            if now >= entry.deadline_ns:
+                count += 1
+                prazo_add(&self._c.expired_in_queue, 1)
+                prazo_add(&self._c.queued, -1)
+                if entry.waiter != NULL:
+                    entry.waiter.state = _EXPIRED
+                    pthread_cond_signal(&entry.waiter.cond)
+                else:
+                    items[n_items] = entry.item
+                    n_items += 1
+            else:
+                self._ring[(self._ring_head + kept) % self._ring_cap] = entry
+                kept += 1
+        self._ring_count = kept
+        pthread_mutex_unlock(&self._mutex)
+        try:
+            i = 0
+            while i < n_items:
+                self._report(&items[i], min(n_items - i, _BATCH))
+                i += _BATCH
+        finally:
+            free(items)
+        return count
+
+    def shutdown(self, *, cancel_waiting=False):
+        """Refuse new arrivals with ``ShutDown``; optionally cancel the waiting line.
+
+        Entries already holding a slot always finish. With
+        ``cancel_waiting=True`` every waiting entry is removed and counted
+        ``cancelled``: gate waiters raise ``ShutDown`` and the work items are
+        returned (oldest first) so the caller can answer them.
+        """
+        cdef bint cancel = bool(cancel_waiting)
+        cdef Py_ssize_t i, n_items = 0
+        cdef Entry entry
+        cdef PyObject **items = NULL
+        pthread_mutex_lock(&self._mutex)
+        self._shutdown = True
+        if cancel and self._ring_count > 0:
+            items = <PyObject **>malloc(self._ring_count * sizeof(PyObject *))
+            if items == NULL:
+                pthread_mutex_unlock(&self._mutex)
+                raise MemoryError()
+            for i in range(self._ring_count):
+                entry = self._ring[(self._ring_head + i) % self._ring_cap]
+                prazo_add(&self._c.cancelled, 1)
+                prazo_add(&self._c.queued, -1)
+                if entry.waiter != NULL:
+                    entry.waiter.state = _CANCELLED
+                    pthread_cond_signal(&entry.waiter.cond)
+                else:
+                    items[n_items] = entry.item
+                    n_items += 1
+            self._ring_count = 0
+            self._ring_head = 0
+        pthread_cond_broadcast(&self._ready_cond)
+        pthread_mutex_unlock(&self._mutex)
+        cancelled = []
+        for i in range(n_items):
+            item = <object>items[i]
+            Py_DECREF(item)
+            cancelled.append(item)
+        free(items)
+        return cancelled
+
+    def __repr__(self):
+        return (
+            f"<{type(self).__module__}.{type(self).__name__} max_concurrency={self._max_concurrency} "
+            f"max_queue={self._max_queue} order={self.order!r} in_flight={prazo_load(&self._c.in_flight)} "
+            f"queued={prazo_load(&self._c.queued)}>"
+        )

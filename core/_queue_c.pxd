@@ -1,0 +1,99 @@
+# Declarations of the C twin: the C helpers from prazo_sync.h, the ring entry,
+# and the AdmissionQueue's C-level state (so other Cython code could cimport it).
+cimport cython
+from libc.stdint cimport int64_t
+from cpython.object cimport PyObject
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *, void *)
+    int pthread_mutex_destroy(pthread_mutex_t *)
+    int pthread_mutex_lock(pthread_mutex_t *)
+    int pthread_mutex_unlock(pthread_mutex_t *)
+    int pthread_cond_destroy(pthread_cond_t *)
+    int pthread_cond_signal(pthread_cond_t *)
+    int pthread_cond_broadcast(pthread_cond_t *)
+
+
+cdef extern from "prazo_sync.h" nogil:
+    ctypedef long long prazo_atomic_i64
+    int64_t prazo_monotonic_ns()
+    int64_t prazo_load(prazo_atomic_i64 *)
+    void prazo_store(prazo_atomic_i64 *, int64_t)
+    void prazo_add(prazo_atomic_i64 *, int64_t)
+    void prazo_raise_peak(prazo_atomic_i64 *, int64_t)
+    int prazo_cond_init_monotonic(pthread_cond_t *)
+    int prazo_cond_wait_until(pthread_cond_t *, pthread_mutex_t *, int64_t)
+    int ETIMEDOUT
+
+
+# A gate waiter lives on its own thread's C stack for as long as it waits.
+cdef struct Waiter:
+    pthread_cond_t cond
+    int state
+
+
+cdef struct Entry:
+    int64_t deadline_ns
+    int64_t enqueued_ns
+    PyObject *item        # owned reference for work items; NULL for gate waiters
+    Waiter *waiter        # NULL for work items
+
+
+cdef struct Counters:
+    prazo_atomic_i64 offered
+    prazo_atomic_i64 started
+    prazo_atomic_i64 completed
+    prazo_atomic_i64 rejected_full
+    prazo_atomic_i64 expired_on_arrival
+    prazo_atomic_i64 expired_in_queue
+    prazo_atomic_i64 cancelled
+    prazo_atomic_i64 in_flight
+    prazo_atomic_i64 assigned
+    prazo_atomic_i64 queued
+    prazo_atomic_i64 peak_in_flight
+    prazo_atomic_i64 peak_queued
+    prazo_atomic_i64 queue_wait_ns_total
+
+
+# final: the cdef methods are called directly (no vtable) on the hot path.
+@cython.final
+cdef class AdmissionQueue:
+    cdef pthread_mutex_t _mutex
+    cdef pthread_cond_t _ready_cond
+    cdef Entry *_ring             # waiting line, allocated once: max_queue entries
+    cdef Py_ssize_t _ring_cap
+    cdef Py_ssize_t _ring_head
+    cdef Py_ssize_t _ring_count
+    cdef Entry *_ready            # work items holding a slot, not yet taken by get()
+    cdef Py_ssize_t _ready_cap
+    cdef Py_ssize_t _ready_head
+    cdef Py_ssize_t _ready_count
+    cdef int64_t _max_concurrency
+    cdef int64_t _max_queue
+    cdef bint _lifo
+    cdef bint _shutdown
+    cdef bint _sync_ready
+    cdef Counters _c
+    cdef object _on_expired
+    cdef object __weakref__
+
+    cdef void _ring_push(self, Entry entry) noexcept nogil
+    cdef Entry _ring_pop_next(self) noexcept nogil
+    cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil
+    cdef void _ready_push(self, Entry entry) noexcept nogil
+    cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil
+    cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count) noexcept nogil
+    cdef void _report(self, PyObject **batch, int count)
+    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1
+    cdef int _acquire(self, int64_t deadline_ns, int64_t now) except -1
+    cdef int _wait_in_line(self, int64_t deadline_ns, int64_t now) except -1
+    cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil
+    cdef void _abandon(self, Waiter *waiter) except *
+    cdef int _release(self, int64_t now, bint real_clock) except -1
+    cdef void _wait_ready(self, int64_t end_ns) noexcept nogil
