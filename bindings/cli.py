@@ -1,12 +1,328 @@
-"""The ``prazo`` command: ``prazo demo``, ``prazo bench``, ``prazo serve``."""
+"""The ``prazo`` command.
+
+::
+
+    prazo demo                 the default demo (today: the core seed scenario)
+    prazo demo core [flags]    the seed scenario on the admission queue, real threads
+    prazo bench                the default benchmark (today: the core comparisons)
+    prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
+    prazo --version
+
+``--impl c|py`` (before or after the command) forces one twin of the
+admission queue; without it the demo uses whichever ``prazo.core`` picked and
+the benchmark compares both.
+
+Adding to the command: a new command is an ``_add_<name>(commands)`` function
+called from ``build_parser``; a new topic of ``demo`` or ``bench`` is added to
+the sub-command set those functions return. Every handler has the signature
+``handler(args, out) -> exit status``. ``prazo demo`` and ``prazo bench``
+without a topic run ``DEFAULT_DEMO`` / ``DEFAULT_BENCH``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib
+import math
+import os
 import sys
-from typing import List, Optional
+from collections.abc import Callable
+from importlib import metadata
+from typing import TextIO, TypeAlias
+
+from prazo.bindings.benchmarks import QUICK, BenchSettings, render_core_report, run_core_bench
+from prazo.bindings.demo_core import (
+    MAX_ARRIVALS,
+    Paint,
+    SeedParams,
+    plain,
+    render_seed_result,
+    run_seed_scenario,
+)
+from prazo.core import AdmissionQueue
+
+__all__ = ["TwinUnavailable", "build_parser", "load_queue_class", "main", "make_paint", "select_twins"]
+
+QueueClass = type[AdmissionQueue]
+Handler = Callable[[argparse.Namespace, TextIO], int]
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+TWIN_NAMES = ("c", "py")
+_TWIN_MODULES = {"c": "prazo.core._queue_c", "py": "prazo.core._queue_py"}
+
+_ANSI = {"bold": "1", "dim": "2", "ok": "32", "warn": "33", "bad": "31", "info": "36"}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print("prazo: commands are being built", args)
+class TwinUnavailable(RuntimeError):
+    """The twin asked for cannot be imported (in practice: the C twin was not built)."""
+
+
+def load_queue_class(impl: str | None = None) -> tuple[str, QueueClass]:
+    """``(name, AdmissionQueue class)`` of the twin ``impl`` (``"c"``/``"py"``), or prazo.core's pick.
+
+    The module is imported directly, so ``--impl c`` ignores
+    ``PRAZO_NO_EXTENSIONS`` and fails loudly instead of falling back.
+    """
+    if impl is None:
+        from prazo.core import IMPLEMENTATION
+
+        return IMPLEMENTATION, AdmissionQueue
+    if impl not in _TWIN_MODULES:
+        raise ValueError(f"impl must be one of {', '.join(TWIN_NAMES)}, got {impl!r}")
+    try:
+        queue_class: QueueClass = importlib.import_module(_TWIN_MODULES[impl]).AdmissionQueue
+    except (ImportError, AttributeError) as exc:
+        raise TwinUnavailable(
+            f"the {impl} twin ({_TWIN_MODULES[impl]}) cannot be loaded: {exc}. "
+            "Build the C twin with `make build`, or pass --impl py."
+        ) from exc
+    return impl, queue_class
+
+
+def select_twins(impl: str | None = None) -> tuple[dict[str, QueueClass], list[str]]:
+    """The twins to compare and notes on any left out.
+
+    ``impl`` keeps just that one (failing if it cannot load); otherwise both,
+    or the Python twin alone when prazo.core is running without the C twin.
+    """
+    if impl is not None:
+        name, queue_class = load_queue_class(impl)
+        return {name: queue_class}, []
+    picked, _ = load_queue_class()
+    twins = {"py": load_queue_class("py")[1]}
+    if picked == "c":
+        return {"c": load_queue_class("c")[1], **twins}, []
+    note = "the C twin is left out (PRAZO_NO_EXTENSIONS is set, or it is not built): targets that need it are n/a"
+    return twins, [note]
+
+
+def make_paint(stream: TextIO) -> Paint:
+    """A ``paint(text, role)`` that colours for a terminal and is a no-op otherwise.
+
+    Colour only when ``stream`` is a tty, ``NO_COLOR`` is unset and the
+    terminal is not ``dumb`` (https://no-color.org).
+    """
+    isatty = getattr(stream, "isatty", None)
+    wanted = bool(isatty and isatty()) and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    if not wanted:
+        return plain
+    return lambda text, role: f"\033[{_ANSI[role]}m{text}\033[0m" if role in _ANSI else text
+
+
+# -- argument types: parse and range-check, so argparse exits 2 naming the flag ----
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _milliseconds(allow_negative: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if value < 0 and not allow_negative:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def _impl_options() -> argparse.ArgumentParser:
+    """``--impl``, accepted at every level (SUPPRESS keeps an outer value from being reset)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--impl",
+        choices=TWIN_NAMES,
+        default=argparse.SUPPRESS,
+        help="force the C or the Python twin of the admission queue",
+    )
+    return options
+
+
+# -- commands with topics ---------------------------------------------------------
+
+
+def _add_command_with_topics(commands: _Commands, name: str, help: str, default: Callable[[], Handler]) -> _Commands:
+    """``prazo <name>`` with sub-commands (topics); without one it runs ``default()``."""
+    command = commands.add_parser(name, parents=[_impl_options()], help=help, description=help.capitalize() + ".")
+    command.set_defaults(handler=lambda args, out: default()(args, out))
+    return command.add_subparsers(dest="topic", metavar="TOPIC")
+
+
+def _add_topic(topics: _Commands, name: str, help: str, description: str, handler: Handler) -> argparse.ArgumentParser:
+    """A topic whose options are absent from ``args`` unless given (see ``_given``)."""
+    topic = topics.add_parser(
+        name, parents=[_impl_options()], argument_default=argparse.SUPPRESS, help=help, description=description
+    )
+    topic.set_defaults(handler=handler)
+    return topic
+
+
+def _given(args: argparse.Namespace, settings: type) -> dict[str, object]:
+    """The fields of the ``settings`` dataclass given on the command line.
+
+    Options left out are absent from ``args`` (``argparse.SUPPRESS``), so the
+    dataclass keeps the one copy of the defaults.
+    """
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(settings) if hasattr(args, f.name)}
+
+
+# -- demo -------------------------------------------------------------------------
+
+
+def _run_demo_core(args: argparse.Namespace, out: TextIO) -> int:
+    _, queue_class = load_queue_class(getattr(args, "impl", None))
+    result = run_seed_scenario(SeedParams(**_given(args, SeedParams)), queue_class)  # type: ignore[arg-type]
+    print(render_seed_result(result, make_paint(out)), file=out)
+    return 0 if result.started_after_deadline == 0 else 1
+
+
+# ``prazo demo`` with no topic runs this (looked up at call time, so it can be repointed).
+DEFAULT_DEMO: Handler = _run_demo_core
+
+
+def _add_demo(commands: _Commands) -> _Commands:
+    defaults = SeedParams()
+    topics = _add_command_with_topics(commands, "demo", "run a demonstration", lambda: DEFAULT_DEMO)
+    core = _add_topic(
+        topics,
+        "core",
+        "the seed scenario on the admission queue with real threads",
+        "A burst of simultaneous arrivals on an AdmissionQueue: each takes "
+        "`with q.slot(Deadline.after_ms(budget))` and works inside. Prints the timeline and a summary.",
+        _run_demo_core,
+    )
+    core.add_argument(
+        "--arrivals",
+        type=_integer(1, MAX_ARRIVALS),
+        metavar="N",
+        help=f"simultaneous arrivals (default {defaults.arrivals})",
+    )
+    core.add_argument(
+        "--concurrency",
+        type=_integer(1),
+        metavar="N",
+        help=f"max_concurrency, bodies at once (default {defaults.concurrency})",
+    )
+    core.add_argument(
+        "--queue", type=_integer(0), metavar="N", help=f"max_queue, places in line (default {defaults.queue})"
+    )
+    core.add_argument(
+        "--work-ms",
+        type=_milliseconds(allow_negative=False),
+        metavar="MS",
+        help=f"time each body works (default {defaults.work_ms:g})",
+    )
+    core.add_argument(
+        "--budget-ms",
+        type=_milliseconds(allow_negative=True),
+        metavar="MS",
+        help=f"deadline of each arrival, from its arrival; negative = already passed (default {defaults.budget_ms:g})",
+    )
+    core.add_argument("--order", choices=("fifo", "lifo"), help=f"who gets a freed slot (default {defaults.order})")
+    return topics
+
+
+# -- bench ------------------------------------------------------------------------
+
+
+def _run_bench_core(args: argparse.Namespace, out: TextIO) -> int:
+    twins, notes = select_twins(getattr(args, "impl", None))
+    settings = QUICK if getattr(args, "quick", False) else BenchSettings()
+    settings = dataclasses.replace(settings, **_given(args, BenchSettings))  # type: ignore[arg-type]
+    print(render_core_report(run_core_bench(twins, settings, notes=notes), make_paint(out)), file=out)
     return 0
+
+
+# ``prazo bench`` with no topic runs this (looked up at call time, so it can be repointed).
+DEFAULT_BENCH: Handler = _run_bench_core
+
+
+def _add_bench(commands: _Commands) -> _Commands:
+    defaults = BenchSettings()
+    topics = _add_command_with_topics(commands, "bench", "run benchmarks", lambda: DEFAULT_BENCH)
+    core = _add_topic(
+        topics,
+        "core",
+        "the admission queue against the stdlib primitives, C twin against Python twin",
+        "Micro-benchmarks of prazo.core, best of N repeats of an inner loop, "
+        "with ratios against the stdlib baseline and the targets of the C twin.",
+        _run_bench_core,
+    )
+    core.add_argument(
+        "--inner", type=_integer(1), metavar="N", help=f"operations per timed sample (default {defaults.inner})"
+    )
+    core.add_argument(
+        "--repeat",
+        type=_integer(1),
+        metavar="N",
+        help=f"timed samples per operation; the best counts (default {defaults.repeat})",
+    )
+    core.add_argument(
+        "--handoff-samples",
+        type=_integer(2),
+        metavar="N",
+        help=f"handoffs timed per competitor (default {defaults.handoff_samples})",
+    )
+    core.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a fast, rough run (repeat {QUICK.repeat}, {QUICK.handoff_samples} handoffs)",
+    )
+    return topics
+
+
+# -- entry point ------------------------------------------------------------------
+
+
+def _version() -> str:
+    from prazo.core import IMPLEMENTATION
+
+    try:
+        version = metadata.version("prazo")
+    except metadata.PackageNotFoundError:  # running from a tree that was never installed
+        version = "unknown"
+    return f"prazo {version} (core implementation: {IMPLEMENTATION})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prazo",
+        parents=[_impl_options()],
+        description="Admission control and deadline handling for threaded Python services.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo(commands)
+    _add_bench(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command; returns the exit status (argparse exits 2 on bad flags)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(out or sys.stdout)
+        return 2
+    handler: Handler = args.handler
+    try:
+        return handler(args, out or sys.stdout)
+    except TwinUnavailable as exc:
+        print(f"prazo: error: {exc}", file=sys.stderr)
+        return 1

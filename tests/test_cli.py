@@ -1,0 +1,363 @@
+"""The ``prazo`` command: ``demo core`` on both twins, ``bench core``, flags and errors.
+
+The demo runs real threads, so its parameters keep every outcome decided by
+the admission queue and not by timing: the work (and the budget, where it
+should pass) is long next to any scheduling delay on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import sys
+
+import pytest
+from _helpers import TWIN_NAMES, QueueClass, load_twin
+from prazo.bindings import cli
+from prazo.bindings.benchmarks import (
+    DEPTHS,
+    GROUP_DEPTH,
+    GROUP_GATE,
+    GROUP_WORK_QUEUE,
+    BenchSettings,
+    ConditionGate,
+    ConstantDepthRoundTrip,
+    HandoffPingPong,
+    admission_gate,
+    handoff_placements,
+    render_core_report,
+    run_core_bench,
+    summarize_handoff,
+)
+from prazo.bindings.demo_core import (
+    OUTCOME_COMPLETED,
+    OUTCOME_EXPIRED_IN_QUEUE,
+    OUTCOME_EXPIRED_ON_ARRIVAL,
+    OUTCOME_QUEUE_FULL,
+    Arrival,
+    SeedParams,
+    SeedResult,
+    render_seed_result,
+    run_seed_scenario,
+)
+from prazo.core import NS_PER_MS
+
+# Two slots, two places in line, six arrivals: two start, two wait, two are refused.
+SMALL = ["--concurrency", "2", "--queue", "2", "--arrivals", "6", "--work-ms", "250"]
+
+TINY_BENCH = BenchSettings(inner=20, repeat=2, handoff_samples=5)
+
+
+def summary_counts(text: str) -> dict[str, int]:
+    """The count column of the printed summary, by outcome label."""
+    found = re.findall(
+        r"^  (200 completed|503 queue-full|504 expired-on-arrival|504 expired-in-queue)\s+(\d+)", text, re.MULTILINE
+    )
+    return {label: int(count) for label, count in found}
+
+
+# -- prazo demo core ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("twin", TWIN_NAMES)
+def test_demo_core_prints_two_refused_at_once_on_each_twin(twin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    load_twin(twin)  # fails or skips by the suite's rule when the C twin is missing
+    assert cli.main(["demo", "core", "--impl", twin, *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"implementation: {twin}" in out
+    assert summary_counts(out) == {
+        "200 completed": 4,
+        "503 queue-full": 2,
+        "504 expired-on-arrival": 0,
+        "504 expired-in-queue": 0,
+    }
+    assert re.search(r"started after deadline\s+0", out)
+    assert re.search(r"peak in-flight\s+2", out)
+    assert re.search(r"peak queued\s+2", out)
+    assert "\033[" not in out, "no colour codes when stdout is not a terminal"
+
+
+def test_seed_scenario_data_on_each_twin(impl: QueueClass) -> None:
+    result = run_seed_scenario(SeedParams(arrivals=6, concurrency=2, queue=2, work_ms=250), impl)
+    assert result.counts == {
+        OUTCOME_COMPLETED: 4,
+        OUTCOME_QUEUE_FULL: 2,
+        OUTCOME_EXPIRED_ON_ARRIVAL: 0,
+        OUTCOME_EXPIRED_IN_QUEUE: 0,
+    }
+    assert result.started_after_deadline == 0
+    assert result.peak_in_flight == 2
+    assert result.peak_queued == 2
+    assert result.stats["offered"] == 6
+    assert result.stats["in_flight"] == 0 and result.stats["queued"] == 0
+    assert sorted(a.index for a in result.arrivals) == list(range(6))
+    # The two that waited started only after a body of the first wave ended.
+    waited = [a for a in result.arrivals if a.queued]
+    assert len(waited) == 2
+    first_done = min(a.ended_ns for a in result.arrivals if a.outcome == OUTCOME_COMPLETED)
+    assert all(a.started_ns is not None and a.started_ns >= first_done for a in waited)
+    kinds: dict[str, int] = {}
+    for line in result.timeline():
+        kinds[line.kind] = kinds.get(line.kind, 0) + line.count
+    assert kinds == {"started": 4, "queued": 2, "done": 4, "503 queue-full": 2}
+    latency = result.latency(OUTCOME_COMPLETED)
+    assert latency is not None and latency.count == 4 and latency.p50_ms <= latency.p99_ms
+    assert result.latency(OUTCOME_EXPIRED_IN_QUEUE) is None
+
+
+def test_a_budget_that_runs_out_in_the_queue_answers_504_and_never_starts(impl: QueueClass) -> None:
+    result = run_seed_scenario(SeedParams(arrivals=4, concurrency=1, queue=3, work_ms=800, budget_ms=200), impl)
+    assert result.counts[OUTCOME_COMPLETED] == 1
+    assert result.counts[OUTCOME_EXPIRED_IN_QUEUE] == 3
+    assert result.started_after_deadline == 0
+    expired = [a for a in result.arrivals if a.outcome == OUTCOME_EXPIRED_IN_QUEUE]
+    assert all(a.started_ns is None and a.queued for a in expired)
+    # Active expiry: each left at its own deadline, long before the slot was free.
+    busy_until = max(a.ended_ns for a in result.arrivals if a.outcome == OUTCOME_COMPLETED)
+    assert all(a.ended_ns < busy_until for a in expired)
+
+
+def test_a_negative_budget_is_refused_on_arrival(impl: QueueClass) -> None:
+    result = run_seed_scenario(SeedParams(arrivals=3, budget_ms=-1), impl)
+    assert result.counts[OUTCOME_EXPIRED_ON_ARRIVAL] == 3
+    assert all(a.started_ns is None for a in result.arrivals)
+    assert result.stats["started"] == 0
+
+
+def test_demo_alone_runs_the_default_demo(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def fake_demo(args: argparse.Namespace, out: object) -> int:
+        seen.append(args.command)
+        return 7
+
+    monkeypatch.setattr(cli, "DEFAULT_DEMO", fake_demo)
+    assert cli.main(["demo"]) == 7
+    assert seen == ["demo"]
+
+
+def test_impl_is_accepted_before_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--impl", "py", "demo", "core", *SMALL]) == 0
+    assert "implementation: py" in capsys.readouterr().out
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--queue", "-1"], "argument --queue: must be >= 0, got -1"),
+        (["--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
+        (["--arrivals", "many"], "argument --arrivals: must be an integer, got 'many'"),
+        (["--arrivals", "100000"], "argument --arrivals: must be between 1 and 5000"),
+        (["--work-ms", "-5"], "argument --work-ms: must be >= 0"),
+        (["--work-ms", "nan"], "argument --work-ms: must be finite"),
+        (["--budget-ms", "inf"], "argument --budget-ms: must be finite"),
+        (["--order", "random"], "argument --order: invalid choice"),
+        (["--impl", "java"], "argument --impl: invalid choice"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "core", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--help"], ["demo", "bench", "--impl", "--version"]),
+        (["demo", "core", "--help"], ["--arrivals", "--concurrency", "--queue", "--work-ms", "--budget-ms", "--order"]),
+        (["bench", "core", "--help"], ["--inner", "--repeat", "--handoff-samples", "--quick"]),
+    ],
+)
+def test_help_names_every_option(argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(option in out for option in expected), out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert re.match(r"prazo \S+ \(core implementation: (c|py)\)", capsys.readouterr().out)
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_forcing_a_missing_c_twin_fails_clearly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "prazo.core._queue_c", None)  # import now raises ImportError
+    assert cli.main(["demo", "core", "--impl", "c", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert "prazo: error: the c twin (prazo.core._queue_c) cannot be loaded" in err
+    assert "make build" in err and "--impl py" in err
+    with pytest.raises(cli.TwinUnavailable):
+        cli.select_twins("c")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "argument"),
+    [
+        ({"arrivals": 0}, ValueError, "arrivals"),
+        ({"concurrency": 1.5}, TypeError, "concurrency"),
+        ({"queue": -1}, ValueError, "queue"),
+        ({"work_ms": float("nan")}, ValueError, "work_ms"),
+        ({"work_ms": -1}, ValueError, "work_ms"),
+        ({"budget_ms": "2000"}, TypeError, "budget_ms"),
+        ({"order": "random"}, ValueError, "order"),
+    ],
+)
+def test_seed_params_name_the_bad_argument(kwargs: dict[str, object], error: type, argument: str) -> None:
+    with pytest.raises(error, match=argument):
+        SeedParams(**kwargs)  # type: ignore[arg-type]
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+def synthetic_result(events_ms: list[float]) -> SeedResult:
+    """Completed arrivals that started and ended at the given ms, without running threads."""
+    start = 10**12
+    arrivals = [
+        Arrival(
+            i,
+            start,
+            start + 10**12,
+            OUTCOME_COMPLETED,
+            start + round(ms * NS_PER_MS),
+            start + round((ms + 1) * NS_PER_MS),
+        )
+        for i, ms in enumerate(events_ms)
+    ]
+    return SeedResult(SeedParams(), "py", start, arrivals, {"offered": len(arrivals), "peak_queued": 0}, 1)
+
+
+def test_timeline_groups_jittered_events_into_one_moment() -> None:
+    lines = synthetic_result([0.0, 0.4, 2.0, 300.0, 301.0]).timeline()
+    assert [(line.from_ms, line.to_ms, line.kind, line.count) for line in lines] == [
+        (0, 2, "started", 3),
+        (1, 3, "done", 3),
+        (300, 301, "started", 2),
+        (301, 302, "done", 2),
+    ]
+
+
+def test_a_long_timeline_merges_moments_until_it_fits() -> None:
+    result = synthetic_result([100.0 * i for i in range(60)])
+    assert len(result.timeline(max_lines=1000)) == 120
+    short = result.timeline(max_lines=40)
+    assert 0 < len(short) <= 40
+    assert sum(line.count for line in short if line.kind == "started") == 60
+
+
+def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert cli.make_paint(Terminal())("ok", "ok") == "\033[32mok\033[0m"
+    assert cli.make_paint(io.StringIO())("ok", "ok") == "ok"
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert cli.make_paint(Terminal())("ok", "ok") == "ok"
+    coloured = render_seed_result(synthetic_result([0.0]), lambda text, role: f"<{role}>{text}")
+    assert "<ok>done" in coloured and "<bold>summary" in coloured
+
+
+# -- prazo bench core ---------------------------------------------------------------
+
+
+def test_bench_core_report_has_every_comparison_for_one_twin() -> None:
+    py_twin = load_twin("py")
+    report = run_core_bench({"py": py_twin}, TINY_BENCH, notes=["the C twin is left out"])
+    groups = {row.group for row in report.rows.values()}
+    assert groups == {GROUP_GATE, GROUP_WORK_QUEUE, GROUP_DEPTH}
+    assert {
+        "lock-pair",
+        "lock-with",
+        "bounded-semaphore",
+        "queue-put-get",
+        "py:slot",
+        "py:acquire-release",
+        "queue-round-trip",
+        "py:round-trip",
+        f"py:depth-{DEPTHS[0]}",
+        f"py:depth-{DEPTHS[1]}",
+    } == set(report.rows)
+    assert set(report.handoff) == set(handoff_placements())
+    for summaries in report.handoff.values():
+        assert set(summaries) == {"condition", "py"}
+        assert all(s.samples == TINY_BENCH.handoff_samples and 0 < s.median_us <= s.p99_us for s in summaries.values())
+    verdicts = {t.label: t for t in report.targets()}
+    assert verdicts["C gate speed-up over the Python twin"].met is None  # no C twin in this run
+    assert verdicts[f"py depth {DEPTHS[1]:,} vs depth {DEPTHS[0]}".replace(",", " ")].ratio is not None
+    text = render_core_report(report)
+    assert "note: the C twin is left out" in text
+    assert "[n/a ] C gate vs a Lock acquire+release pair" in text
+
+
+def test_bench_core_with_both_twins_gives_every_target_a_verdict() -> None:
+    report = run_core_bench({"c": load_twin("c"), "py": load_twin("py")}, TINY_BENCH)
+    assert report.twins == ("c", "py")
+    targets = report.targets()
+    assert len(targets) == 5 + len(handoff_placements())
+    assert all(t.ratio is not None and t.met in (True, False) for t in targets), targets
+    text = render_core_report(report)
+    assert "[n/a ]" not in text
+    assert len(re.findall(r"\[(pass|MISS)\]", text)) == len(targets)
+
+
+def test_bench_core_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "core", "--impl", "py", "--inner", "20", "--repeat", "2", "--handoff-samples", "5"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "twins: py · 20 ops per sample · best of 2" in out
+    for heading in (GROUP_GATE, GROUP_WORK_QUEUE, GROUP_DEPTH, "targets"):
+        assert heading in out
+
+
+def test_bench_alone_runs_the_default_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "DEFAULT_BENCH", lambda args, out: 5)
+    assert cli.main(["bench"]) == 5
+
+
+def test_bench_settings_name_the_bad_argument() -> None:
+    with pytest.raises(ValueError, match="handoff_samples"):
+        BenchSettings(handoff_samples=1)
+    with pytest.raises(TypeError, match="repeat"):
+        BenchSettings(repeat=2.5)  # type: ignore[arg-type]
+
+
+def test_constant_depth_round_trip_keeps_the_line_at_its_depth(impl: QueueClass) -> None:
+    run = ConstantDepthRoundTrip(impl, 50)
+    run(200)
+    stats = run.queue.stats()
+    assert run.queue.qsize() == 50
+    assert stats["in_flight"] == 1 and stats["started"] == 201 and stats["completed"] == 200
+
+
+@pytest.mark.parametrize("gate_of", ["condition", "admission"])
+def test_handoff_ping_pong_times_every_round_and_leaves_no_thread(impl: QueueClass, gate_of: str) -> None:
+    gate = ConditionGate() if gate_of == "condition" else admission_gate(impl)
+    with HandoffPingPong(gate, timeout=10) as ping_pong:
+        for _ in range(20):
+            ping_pong.round_trip()
+    assert len(ping_pong.latencies_ns) == 20
+    assert all(latency > 0 for latency in ping_pong.latencies_ns)
+    assert not ping_pong.waiter_alive
+    assert gate.waiting() == 0
+    summary = summarize_handoff(ping_pong.latencies_ns)
+    assert summary.samples == 20 and summary.median_us <= summary.p99_us
