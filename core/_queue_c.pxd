@@ -29,12 +29,25 @@ cdef extern from "prazo_sync.h" nogil:
     int prazo_cond_init_monotonic(pthread_cond_t *)
     int prazo_cond_wait_until(pthread_cond_t *, pthread_mutex_t *, int64_t)
     int ETIMEDOUT
+    ctypedef int prazo_flag
+    void prazo_flag_set(prazo_flag *)
+    int prazo_flag_is_set(prazo_flag *)
+    void prazo_flag_clear(prazo_flag *)
+
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 
 # A gate waiter lives on its own thread's C stack for as long as it waits.
+# A granted waiter is signalled *after* the granter unlocks (so it does not
+# wake only to block on the mutex); `handed` says a grant is in flight and
+# `signalled` when the granter is done with this memory.
 cdef struct Waiter:
     pthread_cond_t cond
     int state
+    bint handed
+    prazo_flag signalled
 
 
 cdef struct Entry:
@@ -88,12 +101,13 @@ cdef class AdmissionQueue:
     cdef void _ready_push(self, Entry entry) noexcept nogil
     cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil
     cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count) noexcept nogil
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count, Waiter **granted) noexcept nogil
     cdef void _report(self, PyObject **batch, int count)
     cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1
-    cdef int _acquire(self, int64_t deadline_ns, int64_t now) except -1
-    cdef int _wait_in_line(self, int64_t deadline_ns, int64_t now) except -1
+    cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1
+    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1
     cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil
+    cdef void _await_granter_locked(self, Waiter *waiter) noexcept nogil
     cdef void _abandon(self, Waiter *waiter) except *
     cdef int _release(self, int64_t now, bint real_clock) except -1
     cdef void _wait_ready(self, int64_t end_ns) noexcept nogil

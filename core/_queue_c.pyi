@@ -8,6 +8,7 @@ NO_DEADLINE_NS: int
 
 class Slot:
     def __enter__(self) -> "Slot": ...
+    started_ns: int
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 
 class AdmissionQueue:

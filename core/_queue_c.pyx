@@ -141,14 +141,17 @@ cdef class Slot:
     cdef int64_t _now_ns
     cdef bint _fake_now
     cdef bint _held
+    cdef readonly int64_t started_ns
 
     def __cinit__(self):
         self._held = False
+        self.started_ns = 0
 
     def __enter__(self):
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self._queue._acquire(self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
+        self.started_ns = self._queue._acquire(
+            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
         self._held = True
         return self
 
@@ -327,12 +330,13 @@ cdef class AdmissionQueue:
         prazo_add(&self._c.started, 1)
         prazo_add(&self._c.queue_wait_ns_total, now - enqueued_ns)
 
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count) noexcept nogil:
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count, Waiter **granted) noexcept nogil:
         """Give the slot in hand to the next live entry, or free it.
 
         Expired work items go into ``batch`` (the caller reports them after
-        unlocking). Returns False, with the slot still in hand, when the batch
-        fills up before the slot found a home.
+        unlocking). A gate waiter given the slot is returned in ``granted``
+        for the caller to signal after unlocking. Returns False, with the slot
+        still in hand, when the batch fills up before the slot found a home.
         """
         cdef Entry entry
         while self._ring_count > 0:
@@ -351,7 +355,8 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
-                pthread_cond_signal(&entry.waiter.cond)
+                entry.waiter.handed = True
+                granted[0] = entry.waiter
             else:
                 self._ready_push(entry)
             return True
@@ -377,9 +382,14 @@ cdef class AdmissionQueue:
     cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1:
         """With the mutex held: hand the slot over, report, and unlock."""
         cdef bint placed
+        cdef Waiter *granted = NULL
         while True:
-            placed = self._hand_over(now, batch, &count)
+            placed = self._hand_over(now, batch, &count, &granted)
             pthread_mutex_unlock(&self._mutex)
+            if granted != NULL:
+                pthread_cond_signal(&granted.cond)
+                prazo_flag_set(&granted.signalled)
+                granted = NULL
             self._report(batch, count)
             count = 0
             if placed:
@@ -409,21 +419,22 @@ cdef class AdmissionQueue:
         """
         self._acquire(_deadline_ns(deadline), _clock(now_ns))
 
-    cdef int _acquire(self, int64_t deadline_ns, int64_t now) except -1:
+    cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
+        """Take a slot; returns the monotonic time at which it started."""
         cdef int outcome
         pthread_mutex_lock(&self._mutex)
         outcome = self._admit(deadline_ns, now)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.started, 1)
             pthread_mutex_unlock(&self._mutex)
-            return 0
+            return now
         if outcome != _ADMIT_WAIT:
             pthread_mutex_unlock(&self._mutex)
             raise _admission_error(outcome)
         return self._wait_in_line(deadline_ns, now)
 
-    cdef int _wait_in_line(self, int64_t deadline_ns, int64_t now) except -1:
-        """Called with the mutex held; returns holding a started slot, or raises."""
+    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1:
+        """Called with the mutex held; returns the start time of a started slot, or raises."""
         cdef Waiter waiter
         cdef Entry entry
         cdef int state
@@ -432,6 +443,8 @@ cdef class AdmissionQueue:
             pthread_mutex_unlock(&self._mutex)
             raise OSError("pthread_cond_init failed")
         waiter.state = _WAITING
+        waiter.handed = False
+        prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
         entry.item = NULL
@@ -449,20 +462,24 @@ cdef class AdmissionQueue:
             self._abandon(&waiter)
             raise
         finally:
-            # Every path that leaves has already taken the waiter off the line.
+            # Every path that leaves has taken the waiter off the line and
+            # waited for any granter to finish signalling it.
             pthread_cond_destroy(&waiter.cond)
         if state == _EXPIRED:
             raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
-        # Granted: the deadline is checked once more now that this thread runs.
+        # Granted. The deadline is checked once more now that this thread
+        # holds the GIL again, as close as it gets to running the body.
         pthread_mutex_lock(&self._mutex)
         prazo_add(&self._c.assigned, -1)
         now = prazo_monotonic_ns()
         if now < deadline_ns:
             self._start(entry.enqueued_ns, now)
             pthread_mutex_unlock(&self._mutex)
-            return 0
+            return now
+        # The time ran out while this thread woke up: it never starts, and
+        # the slot moves on.
         prazo_add(&self._c.expired_in_queue, 1)
         self._hand_over_unlocking(now, batch, 0)
         raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
@@ -485,13 +502,31 @@ cdef class AdmissionQueue:
                 prazo_add(&self._c.expired_in_queue, 1)
                 waiter.state = _EXPIRED
         state = waiter.state
+        if state == _GRANTED:
+            self._await_granter_locked(waiter)
         pthread_mutex_unlock(&self._mutex)
         return state
+
+    cdef void _await_granter_locked(self, Waiter *waiter) noexcept nogil:
+        """With the mutex held: wait until the granter has finished signalling us.
+
+        The granter signals right after it unlocks (O(1)), so this is brief;
+        until then the waiter's condition variable must stay alive.
+        """
+        if not waiter.handed:
+            return
+        pthread_mutex_unlock(&self._mutex)
+        while not prazo_flag_is_set(&waiter.signalled):
+            sched_yield()
+        pthread_mutex_lock(&self._mutex)
 
     cdef void _abandon(self, Waiter *waiter) except *:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
         cdef PyObject *batch[_BATCH]
-        pthread_mutex_lock(&self._mutex)
+        with nogil:
+            pthread_mutex_lock(&self._mutex)
+            if waiter.state == _GRANTED:
+                self._await_granter_locked(waiter)
         if waiter.state == _WAITING:
             self._ring_remove_waiter(waiter)
             prazo_add(&self._c.cancelled, 1)

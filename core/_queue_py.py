@@ -100,6 +100,8 @@ def _clock(now_ns: Optional[int]) -> int:
         return time.monotonic_ns()
     if isinstance(now_ns, bool) or not isinstance(now_ns, int):
         raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
+    if not -(2**63) <= now_ns <= NO_DEADLINE_NS:
+        raise ValueError("now_ns is out of range for a 64-bit monotonic clock")
     return now_ns
 
 
@@ -146,18 +148,21 @@ class Slot:
     ``DeadlineExceeded`` before the body runs); ``__exit__`` releases it.
     """
 
-    __slots__ = ("_queue", "_deadline", "_now_ns", "_held")
+    __slots__ = ("_queue", "_deadline", "_now_ns", "_held", "started_ns")
 
     def __init__(self, q: "AdmissionQueue", deadline: Optional[Deadline], now_ns: Optional[int]) -> None:
         self._queue = q
         self._deadline = deadline
         self._now_ns = now_ns
         self._held = False
+        #: The monotonic time at which the queue let this slot start (the
+        #: instant its deadline was last checked); 0 until entered.
+        self.started_ns = 0
 
     def __enter__(self) -> "Slot":
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self._queue.acquire(self._deadline, now_ns=self._now_ns)
+        self.started_ns = self._queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns))
         self._held = True
         return self
 
@@ -330,14 +335,16 @@ class AdmissionQueue:
         ``DeadlineExceeded`` when the deadline passes before a slot is granted
         (on arrival, while waiting, or just as the slot arrives).
         """
-        deadline_ns = _deadline_ns(deadline)
-        now = _clock(now_ns)
+        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+
+    def _acquire(self, deadline_ns: int, now: int) -> int:
+        """Take a slot; return the monotonic time at which it started."""
         expired_items: List[Any] = []
         try:
             with self._lock:
                 if self._admit_locked(deadline_ns, now):
                     self._started += 1
-                    return
+                    return now
                 entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
                 self._enqueue_locked(entry)
                 try:
@@ -349,7 +356,7 @@ class AdmissionQueue:
                 now = time.monotonic_ns()
                 if now < deadline_ns:
                     self._start_locked(entry, now)
-                    return
+                    return now
                 # Granted, but the time ran out while this thread woke up:
                 # it never starts, and the slot moves on.
                 self._expired_in_queue += 1

@@ -52,7 +52,10 @@ def _duration_to_ns(value: object, unit_ns: int, name: str) -> int:
         raise ValueError(f"{name} must not be NaN")
     if math.isinf(as_float):
         raise ValueError(f"{name} must be finite, got {as_float}")
-    return round(as_float * unit_ns)
+    scaled = as_float * unit_ns
+    if not -(2.0**63) <= scaled <= 2.0**63:
+        raise ValueError(f"{name} is out of range for a 64-bit monotonic deadline")
+    return round(scaled)
 
 
 def _checked_ns(ns: int, name: str) -> int:

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sched.h>
 #include <time.h>
 
 typedef _Atomic int64_t prazo_atomic_i64;
@@ -44,6 +45,24 @@ static inline void prazo_raise_peak(prazo_atomic_i64 *peak, int64_t value)
 {
     if (value > atomic_load_explicit(peak, memory_order_relaxed))
         atomic_store_explicit(peak, value, memory_order_relaxed);
+}
+
+/* A one-shot flag with release/acquire ordering: "I am done touching your memory". */
+typedef _Atomic int prazo_flag;
+
+static inline void prazo_flag_set(prazo_flag *flag)
+{
+    atomic_store_explicit(flag, 1, memory_order_release);
+}
+
+static inline int prazo_flag_is_set(prazo_flag *flag)
+{
+    return atomic_load_explicit(flag, memory_order_acquire);
+}
+
+static inline void prazo_flag_clear(prazo_flag *flag)
+{
+    atomic_store_explicit(flag, 0, memory_order_relaxed);
 }
 
 static inline int prazo_cond_init_monotonic(pthread_cond_t *cond)
