@@ -85,10 +85,24 @@ _COUNTER_NAMES = (
 )
 
 
+cdef extern from "prazo_slots.h":
+    Py_ssize_t prazo_slot_offset(object descr)
+    PyObject *prazo_slot_value(object obj, Py_ssize_t offset)
+
+cdef type _DeadlineType = _Deadline
+# Where Deadline keeps its `_ns` slot, so the hot path reads it directly.
+cdef Py_ssize_t _DEADLINE_NS_OFFSET = prazo_slot_offset(_Deadline.__dict__["_ns"])
+
+
 cdef inline int64_t _deadline_ns(object deadline) except? -1:
+    cdef PyObject *ns
     if deadline is None:
         return INT64_MAX
-    if type(deadline) is _Deadline or isinstance(deadline, _Deadline):
+    if type(deadline) is _DeadlineType and _DEADLINE_NS_OFFSET >= 0:
+        ns = prazo_slot_value(deadline, _DEADLINE_NS_OFFSET)
+        if ns != NULL:
+            return <object>ns
+    if isinstance(deadline, _DeadlineType):
         return deadline._ns
     raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
 
