@@ -1,0 +1,511 @@
+"""WSGI admission control: a bounded queue and a deadline in front of an app.
+
+Wrap any WSGI application::
+
+    from prazo.bindings.wsgi import AdmissionMiddleware
+
+    app = AdmissionMiddleware(
+        app,
+        max_concurrency=8,        # requests running the app at once
+        max_queue=32,             # requests waiting for one of those slots
+        default_budget_ms=1000,   # when the caller sends no budget header
+        max_budget_ms=30000,      # the most any caller can ask for
+        bypass={"/healthz"},      # never queued, never rejected
+    )
+
+Each request gets a deadline when it reaches the middleware (see
+``prazo.bindings.headers.BudgetPolicy``) and is then answered one of:
+
+=======  ======================  ==============================================
+status   ``X-Prazo-Reason``      when
+=======  ======================  ==============================================
+503      ``queue-full``          every slot busy and the waiting line full
+504      ``expired-on-arrival``  the caller's budget was already used up
+504      ``expired-in-queue``    the deadline passed while waiting for a slot
+504      *the app's reason*      the app raised ``DeadlineExceeded``
+503      *the app's reason*      the app raised ``DownstreamOverloaded``
+=======  ======================  ==============================================
+
+A 503 carries ``Retry-After``. The app is never called for a request refused
+by the queue. Everything else is the app's own response.
+
+The pieces the middleware is built from are public, so a server embedding
+that admits requests at its own queue reuses them instead of copying:
+``request_deadline`` turns headers into a deadline (counting invalid ones),
+``rejection_response``/``send_rejection`` write the answer for a refusal, and
+``run_admitted`` runs an already admitted request and releases its slot
+exactly once.
+
+Environ keys set for the app: ``prazo.deadline`` (the ``Deadline``),
+``prazo.queue_wait_ms`` (float) and ``prazo.budget_source`` (the header that
+set the budget, or None when the default applied).
+
+The response iterable is wrapped (that is how the slot follows the body), so
+a server's ``wsgi.file_wrapper`` sendfile shortcut does not apply behind the
+middleware; the file is still served, by iteration.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import copy_context
+from functools import partial
+from typing import Any
+
+from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
+from prazo.core import (
+    NS_PER_MS,
+    REASON_DEADLINE_EXCEEDED,
+    REASON_DOWNSTREAM_OVERLOADED,
+    REASON_QUEUE_FULL,
+    AdmissionQueue,
+    Deadline,
+    DeadlineExceeded,
+    DownstreamOverloaded,
+    QueueFull,
+    ShutDown,
+    deadline_scope,
+)
+
+__all__ = [
+    "BUDGET_SOURCE_KEY",
+    "DEADLINE_KEY",
+    "QUEUE_WAIT_MS_KEY",
+    "REASON_SHUTTING_DOWN",
+    "AdmissionMiddleware",
+    "AdmittedResponse",
+    "Environ",
+    "MiddlewareCounters",
+    "StartResponse",
+    "WSGIApp",
+    "rejection_response",
+    "request_deadline",
+    "run_admitted",
+    "send_rejection",
+]
+
+DEADLINE_KEY = "prazo.deadline"
+QUEUE_WAIT_MS_KEY = "prazo.queue_wait_ms"
+BUDGET_SOURCE_KEY = "prazo.budget_source"
+
+# ShutDown has no reason of its own; this is the one its 503 carries.
+REASON_SHUTTING_DOWN = "shutting-down"
+
+# Type aliases for the WSGI callables (PEP 3333), shared by the server embeddings.
+Environ = dict[str, Any]
+ExcInfo = tuple[Any, Any, Any]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+_STATUS_LINES = {503: "503 Service Unavailable", 504: "504 Gateway Timeout"}
+_INERT_BODIES = (list, tuple)
+# Never equal to a body chunk: marks the end of iter(callable, sentinel).
+_END_OF_BODY = object()
+# A reason goes into a response header: only token characters, so an app's
+# exception can never inject a header or a line break.
+_REASON_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+
+
+def _status_and_reason(exc: BaseException) -> tuple[int, str]:
+    if isinstance(exc, DeadlineExceeded):
+        status, fallback = 504, REASON_DEADLINE_EXCEEDED
+    elif isinstance(exc, DownstreamOverloaded):
+        status, fallback = 503, REASON_DOWNSTREAM_OVERLOADED
+    elif isinstance(exc, QueueFull):
+        status, fallback = 503, REASON_QUEUE_FULL
+    elif isinstance(exc, ShutDown):
+        return 503, REASON_SHUTTING_DOWN
+    else:
+        raise TypeError(
+            f"exc must be QueueFull, DeadlineExceeded, DownstreamOverloaded or ShutDown, not {type(exc).__name__}"
+        )
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and _REASON_RE.fullmatch(reason):
+        return status, reason
+    return status, fallback
+
+
+def _validate_retry_after(retry_after_s: object) -> int:
+    if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int):
+        raise TypeError(f"retry_after_s must be an int of seconds, not {type(retry_after_s).__name__}")
+    if retry_after_s < 0:
+        raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s}")
+    return retry_after_s
+
+
+def rejection_response(exc: BaseException, *, retry_after_s: int = 1) -> tuple[str, list[tuple[str, str]], bytes]:
+    """The ``(status, headers, body)`` answering a refusal.
+
+    ``DeadlineExceeded`` gives 504; ``QueueFull``, ``DownstreamOverloaded``
+    and ``ShutDown`` give 503 with ``Retry-After: retry_after_s``. The reason
+    goes into ``X-Prazo-Reason`` and a short text body; ``Content-Length`` is
+    set. Any other exception raises ``TypeError``.
+
+    >>> status, headers, body = rejection_response(QueueFull())
+    >>> status, dict(headers)["X-Prazo-Reason"], body
+    ('503 Service Unavailable', 'queue-full', b'503 Service Unavailable: queue-full\\n')
+    """
+    retry_after_s = _validate_retry_after(retry_after_s)
+    status, reason = _status_and_reason(exc)
+    status_line = _STATUS_LINES[status]
+    body = f"{status_line}: {reason}\n".encode("ascii")
+    headers = [
+        ("Content-Type", "text/plain; charset=utf-8"),
+        ("Content-Length", str(len(body))),
+        # A refusal describes this moment only; no cache should replay it.
+        ("Cache-Control", "no-store"),
+        (REASON_HEADER, reason),
+    ]
+    if status == 503:
+        headers.append(("Retry-After", str(retry_after_s)))
+    return status_line, headers, body
+
+
+def send_rejection(
+    start_response: StartResponse,
+    exc: BaseException,
+    *,
+    retry_after_s: int = 1,
+    exc_info: ExcInfo | None = None,
+) -> list[bytes]:
+    """Start the refusal response for ``exc`` and return its body iterable.
+
+    Pass ``exc_info`` when the app may already have called ``start_response``
+    (PEP 3333: the server then replaces the headers, or re-raises if they
+    were already sent).
+    """
+    status, headers, body = rejection_response(exc, retry_after_s=retry_after_s)
+    if exc_info is None:
+        start_response(status, headers)
+    else:
+        start_response(status, headers, exc_info)
+    return [body]
+
+
+class MiddlewareCounters:
+    """Thread-safe counters of what the WSGI layer did beyond the queue's own.
+
+    ``invalid_budget_header`` (headers that did not parse), ``bypassed``,
+    ``app_deadline_exceeded`` / ``app_downstream_overloaded`` (the app raised
+    them), ``responses_503`` / ``responses_504`` (refusals sent by prazo).
+    Only rare events are counted, so the lock is off the fast path.
+    """
+
+    NAMES = (
+        "invalid_budget_header",
+        "app_deadline_exceeded",
+        "app_downstream_overloaded",
+        "bypassed",
+        "responses_503",
+        "responses_504",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str, count: int = 1) -> None:
+        """Add ``count`` to the counter ``name`` (one of ``NAMES``)."""
+        if name not in self._values:
+            raise ValueError(f"name must be one of {self.NAMES}, got {name!r}")
+        with self._lock:
+            self._values[name] += count
+
+    def count_response(self, exc: BaseException) -> None:
+        """Count the refusal response sent for ``exc`` (503 or 504)."""
+        status, _ = _status_and_reason(exc)
+        self.add(f"responses_{status}")
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._lock:
+            return dict(self._values)
+
+
+def request_deadline(
+    policy: BudgetPolicy, environ: Environ, arrival_ns: int, counters: MiddlewareCounters | None = None
+) -> tuple[Deadline, IncomingBudget]:
+    """The request's deadline from ``policy``, with the bookkeeping every binding needs.
+
+    Sets ``prazo.budget_source`` in ``environ`` and counts invalid budget
+    headers in ``counters``; returns what ``policy.deadline_for`` returns.
+    """
+    deadline, incoming = policy.deadline_for(environ, arrival_ns)
+    if incoming.invalid and counters is not None:
+        counters.add("invalid_budget_header", incoming.invalid)
+    environ[BUDGET_SOURCE_KEY] = incoming.source
+    return deadline, incoming
+
+
+def _count_app_refusal(counters: MiddlewareCounters | None, exc: BaseException) -> None:
+    if counters is not None:
+        kind = "app_deadline_exceeded" if isinstance(exc, DeadlineExceeded) else "app_downstream_overloaded"
+        counters.add(kind)
+
+
+class AdmittedResponse:
+    """The response iterable of an admitted request; see ``run_admitted``.
+
+    Effects: calls the app (at construction) and its body inside a copy of
+    the caller's context where ``deadline_scope(deadline)`` is current, so
+    streaming generators see the deadline too. ``release()`` is called
+    exactly once, at the first of: the body is exhausted, ``close()`` is
+    called, or the app raises (calling it or iterating it). The app's own
+    ``close()`` is called exactly once, from ``close()``. If the app raises
+    ``DeadlineExceeded`` / ``DownstreamOverloaded`` while the server has not
+    sent the headers yet, the response becomes a 504 / 503; once they are
+    sent (a body chunk or ``write()`` went out) the exception propagates and
+    the server closes the connection. Either way the slot is released.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_context",
+        "_counters",
+        "_release_once",
+        "_result",
+        "_retry_after_s",
+        "_start_response",
+    )
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        environ: Environ,
+        start_response: StartResponse,
+        deadline: Deadline,
+        release: Callable[[], object],
+        counters: MiddlewareCounters | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        # A one-element list: list.pop() is atomic, so concurrent paths
+        # (close() racing exhaustion, the finaliser) release exactly once.
+        self._release_once = [release]
+        self._context = copy_context()
+        self._start_response = start_response
+        self._counters = counters
+        self._retry_after_s = retry_after_s
+        self._result: Iterable[bytes] = ()
+        self._closed = False
+        effective = self._context.run(deadline_scope(deadline).__enter__)
+        environ[DEADLINE_KEY] = deadline if effective is None else effective
+        try:
+            self._result = self._context.run(app, environ, start_response)
+        except (DeadlineExceeded, DownstreamOverloaded) as exc:
+            self._finish()
+            self._result = self._refuse(exc)
+        except BaseException:
+            self._finish()
+            raise
+
+    def _refuse(self, exc: DeadlineExceeded | DownstreamOverloaded) -> list[bytes]:
+        """Answer an app-raised refusal; the server re-raises it once headers are out."""
+        _count_app_refusal(self._counters, exc)
+        # With exc_info, PEP 3333 makes the server replace headers not yet
+        # sent, or re-raise ``exc`` if they were: exactly the rule we want.
+        body = send_rejection(self._start_response, exc, retry_after_s=self._retry_after_s, exc_info=sys.exc_info())
+        if self._counters is not None:
+            self._counters.count_response(exc)
+        return body
+
+    def _finish(self) -> None:
+        # The truth test spares the common repeat calls an exception;
+        # pop() stays the atomic claim when two paths race.
+        if self._release_once:
+            try:
+                release = self._release_once.pop()
+            except IndexError:
+                return
+            release()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._stream()
+
+    def _stream(self) -> Iterator[bytes]:
+        run = self._context.run
+        try:
+            if type(self._result) in _INERT_BODIES:
+                # Iterating a list or tuple runs no app code: no context needed.
+                yield from self._result
+                return
+            iterator = run(iter, self._result)
+            # iter(callable, sentinel) ends, in C, when ``next`` raises
+            # StopIteration: each chunk costs one context switch and no
+            # Python-level exception, which matters on every request.
+            yield from iter(partial(run, next, iterator), _END_OF_BODY)
+        except (DeadlineExceeded, DownstreamOverloaded) as exc:
+            self._finish()
+            # Serve the refusal instead; the app's iterable is still closed
+            # by close(), as PEP 3333 requires.
+            yield from self._refuse(exc)
+        finally:
+            self._finish()
+
+    def close(self) -> None:
+        """Close the app's iterable (once) and release the slot if still held."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if type(self._result) not in _INERT_BODIES:
+                close = getattr(self._result, "close", None)
+                if close is not None:
+                    self._context.run(close)
+        finally:
+            self._finish()
+
+    def __del__(self) -> None:
+        # A safety net for servers that drop the iterable without close():
+        # the slot must never leak, or capacity shrinks for good.
+        self._finish()
+
+
+def run_admitted(
+    app: WSGIApp,
+    environ: Environ,
+    start_response: StartResponse,
+    deadline: Deadline,
+    release: Callable[[], object],
+    queue_wait_ns: int,
+    *,
+    counters: MiddlewareCounters | None = None,
+    retry_after_s: int = 1,
+) -> AdmittedResponse:
+    """Run a request that already holds a slot; return its response iterable.
+
+    Sets ``prazo.deadline`` and ``prazo.queue_wait_ms`` in ``environ``, calls
+    ``app`` inside the deadline scope and calls ``release()`` exactly once
+    (see ``AdmittedResponse``). ``counters`` records app-raised refusals.
+    """
+    environ[QUEUE_WAIT_MS_KEY] = queue_wait_ns / NS_PER_MS
+    # Positional on purpose: this runs on every request and keywords cost.
+    return AdmittedResponse(app, environ, start_response, deadline, release, counters, retry_after_s)
+
+
+def _nothing_to_release() -> None:
+    """The release of a bypassed request, which never took a slot."""
+
+
+def _validate_bypass(bypass: object) -> frozenset[str]:
+    # A bare string is iterable too, and would silently bypass "/", "h", ...
+    if isinstance(bypass, (str, bytes)) or not isinstance(bypass, Iterable):
+        raise TypeError(f"bypass must be an iterable of path strings, not {type(bypass).__name__}")
+    paths = frozenset(bypass)
+    for path in paths:
+        if not isinstance(path, str):
+            raise TypeError(f"bypass paths must be str, not {type(path).__name__}")
+        if not path.startswith("/"):
+            raise ValueError(f"bypass paths must start with '/', got {path!r}")
+    return paths
+
+
+class AdmissionMiddleware:
+    """Bounded concurrency, a bounded waiting line and deadlines for a WSGI app.
+
+    Effects, per request:
+
+    - the deadline is ``arrival + min(incoming budget or default_budget_ms,
+      max_budget_ms)`` (invalid budget headers are ignored and counted);
+    - at most ``max_concurrency`` requests run the app; up to ``max_queue``
+      more wait (``order="fifo"`` or ``"lifo"``); beyond that the answer is
+      an immediate 503 ``queue-full`` with ``Retry-After: retry_after_s``;
+    - a request whose deadline passes before it gets a slot is answered 504
+      (``expired-on-arrival`` / ``expired-in-queue``) and the app never runs;
+    - the app runs inside ``deadline_scope`` with ``prazo.deadline``,
+      ``prazo.queue_wait_ms`` and ``prazo.budget_source`` in the environ;
+      ``DeadlineExceeded`` / ``DownstreamOverloaded`` raised by the app become
+      504 / 503 while no output has been sent;
+    - the slot is held until the body is exhausted, closed or raises.
+
+    Requests whose ``PATH_INFO`` is exactly one of ``bypass`` skip the queue
+    (never 503/504 from admission) but still get a deadline, its scope and
+    the environ keys, so a health check's own outgoing calls stay bounded.
+
+    >>> def hello(environ, start_response):
+    ...     start_response("200 OK", [("Content-Type", "text/plain")])
+    ...     return [b"hello"]
+    >>> app = AdmissionMiddleware(hello, max_concurrency=4, max_queue=16)
+    >>> app.stats()["max_concurrency"]
+    4
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        max_concurrency: int,
+        max_queue: int,
+        default_budget_ms: float = 1000,
+        max_budget_ms: float = 30000,
+        bypass: Iterable[str] = (),
+        order: str = "fifo",
+        retry_after_s: int = 1,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
+        self._app = app
+        self._policy = BudgetPolicy(default_budget_ms, max_budget_ms)
+        self._queue = AdmissionQueue(max_concurrency, max_queue, order=order)
+        self._bypass = _validate_bypass(bypass)
+        self._retry_after_s = _validate_retry_after(retry_after_s)
+        self._counters = MiddlewareCounters()
+
+    @property
+    def app(self) -> WSGIApp:
+        """The wrapped application."""
+        return self._app
+
+    @property
+    def queue(self) -> AdmissionQueue:
+        """The admission queue (for metrics, or ``shutdown()`` when draining)."""
+        return self._queue
+
+    @property
+    def policy(self) -> BudgetPolicy:
+        """The budget policy that turns headers into deadlines."""
+        return self._policy
+
+    def stats(self) -> dict[str, int]:
+        """The queue's counters merged with the middleware's own."""
+        return {**self._queue.stats(), **self._counters.snapshot()}
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        arrival_ns = time.monotonic_ns()
+        deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
+        if self._bypass and environ.get("PATH_INFO", "") in self._bypass:
+            self._counters.add("bypassed")
+            return run_admitted(
+                self._app,
+                environ,
+                start_response,
+                deadline,
+                _nothing_to_release,
+                0,
+                counters=self._counters,
+                retry_after_s=self._retry_after_s,
+            )
+        try:
+            self._queue.acquire(deadline)
+        except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            self._counters.count_response(exc)
+            return send_rejection(start_response, exc, retry_after_s=self._retry_after_s)
+        return run_admitted(
+            self._app,
+            environ,
+            start_response,
+            deadline,
+            self._queue.release,
+            time.monotonic_ns() - arrival_ns,
+            counters=self._counters,
+            retry_after_s=self._retry_after_s,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} app={self._app!r} max_concurrency={self._queue.max_concurrency} "
+            f"max_queue={self._queue.max_queue} {self._policy!r}>"
+        )
