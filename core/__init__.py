@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 
-from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_scope
+from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_context, deadline_scope
 from .errors import (
     REASON_DEADLINE_EXCEEDED,
     REASON_DOWNSTREAM_OVERLOADED,
@@ -39,6 +39,7 @@ __all__ = [
     "QueueFull",
     "ShutDown",
     "current_deadline",
+    "deadline_context",
     "deadline_scope",
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DOWNSTREAM_OVERLOADED",
