@@ -2,7 +2,8 @@
 
 ::
 
-    prazo demo                 the default demo (today: the core seed scenario)
+    prazo demo [flags]         the default demo: the seed's A -> B cascade over real HTTP
+    prazo demo http [flags]    the same, by name
     prazo demo core [flags]    the seed scenario on the admission queue, real threads
     prazo bench                the default benchmark (today: the core comparisons)
     prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
@@ -192,13 +193,83 @@ def _run_demo_core(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if result.started_after_deadline == 0 else 1
 
 
+def _run_demo_http(args: argparse.Namespace, out: TextIO) -> int:
+    from prazo.bindings.demo_cascade import CascadeParams, render_comparison, run_cascade
+
+    params = CascadeParams(**_given(args, CascadeParams))  # type: ignore[arg-type]
+    prazo = run_cascade(params, setup="prazo")
+    naive = run_cascade(params, setup="naive")
+    print(render_comparison(prazo, naive), file=out)
+    return 0 if prazo.started_after_deadline() == 0 else 1
+
+
+def _cascade_flag_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _add_cascade_flags(parser)
+    return parser
+
+
+def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
+    from prazo.bindings.demo_cascade import CascadeParams
+
+    defaults = CascadeParams()
+    parser.add_argument(
+        "--clients", type=_integer(1, 1000), metavar="N", help=f"clients hitting A at once (default {defaults.clients})"
+    )
+    parser.add_argument(
+        "--budget-ms",
+        type=_milliseconds(allow_negative=False),
+        metavar="MS",
+        help=f"each client's budget (default {defaults.budget_ms:g})",
+    )
+    parser.add_argument(
+        "--concurrency", type=_integer(1), metavar="N", help=f"B's max_concurrency (default {defaults.concurrency})"
+    )
+    parser.add_argument("--queue", type=_integer(0), metavar="N", help=f"B's max_queue (default {defaults.queue})")
+    parser.add_argument(
+        "--work-ms",
+        type=_milliseconds(allow_negative=False),
+        metavar="MS",
+        help=f"B's work per request (default {defaults.work_ms:g})",
+    )
+    parser.add_argument(
+        "--margin-ms",
+        type=_milliseconds(allow_negative=False),
+        metavar="MS",
+        help=f"safety margin each hop keeps (default {defaults.margin_ms:g})",
+    )
+    parser.add_argument(
+        "--chain", type=_integer(1, 16), metavar="N", help=f"hops in front of B (default {defaults.chain}: A only)"
+    )
+    parser.add_argument(
+        "--retry-ms",
+        type=_milliseconds(allow_negative=False),
+        metavar="MS",
+        help=f"client back-off before retrying a 503 (default {defaults.retry_ms:g})",
+    )
+
+
 # ``prazo demo`` with no topic runs this (looked up at call time, so it can be repointed).
-DEFAULT_DEMO: Handler = _run_demo_core
+DEFAULT_DEMO: Handler = _run_demo_http
 
 
 def _add_demo(commands: _Commands) -> _Commands:
     defaults = SeedParams()
     topics = _add_command_with_topics(commands, "demo", "run a demonstration", lambda: DEFAULT_DEMO)
+    # `prazo demo --chain 3` and `prazo demo http --chain 3` are the same run.
+    demo = commands.choices["demo"]
+    for action in _cascade_flag_parser()._actions:
+        demo._add_action(action)
+    http = _add_topic(
+        topics,
+        "http",
+        "the seed's A -> B cascade on real HTTP servers, prazo vs naive (the default)",
+        "40 clients hit A, which calls B (4 at once, queue 20, 300 ms of work) with the caller's remaining "
+        "budget; then the same load on the naive setup (fixed 2 s timeout, no dequeue check). "
+        "Prints both timelines and a side-by-side table.",
+        _run_demo_http,
+    )
+    _add_cascade_flags(http)
     core = _add_topic(
         topics,
         "core",

@@ -719,6 +719,32 @@ cdef class AdmissionQueue:
             free(items)
         return count
 
+    def cancel(self, item):
+        """Take a waiting work item out of the line (the first one that ``is`` it).
+
+        Returns True when it was waiting (it is counted ``cancelled`` and will
+        never be handed out), False when it was not in line (already holding a
+        slot, taken, expired or never put).
+        """
+        cdef Py_ssize_t i, j
+        cdef PyObject *target = <PyObject *>item
+        cdef bint found = False
+        pthread_mutex_lock(&self._mutex)
+        for i in range(self._ring_count):
+            if self._ring[(self._ring_head + i) % self._ring_cap].item == target:
+                for j in range(i, self._ring_count - 1):
+                    self._ring[(self._ring_head + j) % self._ring_cap] = \
+                        self._ring[(self._ring_head + j + 1) % self._ring_cap]
+                self._ring_count -= 1
+                prazo_add(&self._c.queued, -1)
+                prazo_add(&self._c.cancelled, 1)
+                found = True
+                break
+        pthread_mutex_unlock(&self._mutex)
+        if found:
+            Py_DECREF(item)  # the ring's reference
+        return found
+
     def shutdown(self, *, cancel_waiting=False):
         """Refuse new arrivals with ``ShutDown``; optionally cancel the waiting line.
 

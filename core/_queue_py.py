@@ -210,8 +210,20 @@ class AdmissionQueue:
         self._ready: Deque[_Entry] = deque()
         self._ready_cond = threading.Condition(self._lock)
         self._shutdown = False
-        for name in _COUNTERS:
-            setattr(self, "_" + name, 0)
+        # The counters (see _COUNTERS); ints written under the lock.
+        self._offered = 0
+        self._started = 0
+        self._completed = 0
+        self._rejected_full = 0
+        self._expired_on_arrival = 0
+        self._expired_in_queue = 0
+        self._cancelled = 0
+        self._in_flight = 0
+        self._assigned = 0
+        self._queued = 0
+        self._peak_in_flight = 0
+        self._peak_queued = 0
+        self._queue_wait_ns_total = 0
 
     # -- configuration -------------------------------------------------------
 
@@ -451,22 +463,24 @@ class AdmissionQueue:
                 raise ValueError("'timeout' must be a non-negative number")
         if now_ns is not None:
             _clock(now_ns)
-        expired_items: List[Any] = []
-        try:
-            with self._lock:
-                end = None if timeout is None else time.monotonic() + timeout
-                while True:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            expired_items: List[Any] = []
+            try:
+                with self._lock:
                     while self._ready:
                         entry = self._ready.popleft()
                         self._assigned -= 1
                         now = _clock(now_ns)
-                        if now >= entry.deadline_ns:
-                            self._expired_in_queue += 1
-                            expired_items.append(entry.item)
-                            self._hand_over_locked(now, expired_items)
-                            continue
-                        self._start_locked(entry, now)
-                        return entry.item
+                        if now < entry.deadline_ns:
+                            self._start_locked(entry, now)
+                            return entry.item
+                        # Its slot came too late: report it and pass the slot on.
+                        self._expired_in_queue += 1
+                        expired_items.append(entry.item)
+                        self._hand_over_locked(now, expired_items)
+                    if expired_items:
+                        continue  # report them (finally) before waiting, then look again
                     if self._shutdown and not self._waiting:
                         raise ShutDown("the admission queue is shut down")
                     if not block:
@@ -478,8 +492,8 @@ class AdmissionQueue:
                         if remaining <= 0:
                             raise queue.Empty
                         self._ready_cond.wait(remaining)
-        finally:
-            self._report_expired(expired_items)
+            finally:
+                self._report_expired(expired_items)
 
     def get_nowait(self, *, now_ns: Optional[int] = None) -> Any:
         """``get(block=False)``."""
@@ -510,6 +524,22 @@ class AdmissionQueue:
             self._waiting = keep
         self._report_expired(expired_items)
         return count
+
+    def cancel(self, item: Any) -> bool:
+        """Take a waiting work item out of the line (the first one that ``is`` it).
+
+        Returns True when it was waiting (it is counted ``cancelled`` and will
+        never be handed out), False when it was not in line (already holding a
+        slot, taken, expired or never put).
+        """
+        with self._lock:
+            for entry in self._waiting:
+                if entry.cond is None and entry.item is item:
+                    self._waiting.remove(entry)
+                    self._queued -= 1
+                    self._cancelled += 1
+                    return True
+        return False
 
     def shutdown(self, *, cancel_waiting: bool = False) -> List[Any]:
         """Refuse new arrivals with ``ShutDown``; optionally cancel the waiting line.

@@ -182,7 +182,7 @@ def _earlier(deadline: Optional[Deadline], outer: Optional[Deadline]) -> Optiona
     return deadline
 
 
-def deadline_context(deadline: Optional[Deadline]) -> Context:
+def deadline_context(deadline: Optional[Deadline], *, replace: bool = False) -> Context:
     """A copy of the current context in which ``deadline`` is current.
 
     The same rule as ``deadline_scope`` (the earlier deadline wins), for code
@@ -192,12 +192,16 @@ def deadline_context(deadline: Optional[Deadline]) -> Context:
         body = ctx.run(app, environ, start_response)
         chunk = ctx.run(next, iterator)
 
-    Cheaper than entering a ``deadline_scope`` inside ``copy_context().run``.
+    With ``replace=True`` the copy gets exactly ``deadline`` (None: no
+    deadline), even if that is later than the current one: for work handed off
+    to run on its own schedule, such as a background task that may outlive
+    the request that started it. Cheaper than entering a ``deadline_scope``
+    inside ``copy_context().run``.
     """
     if deadline is not None and not isinstance(deadline, Deadline):
         raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
     ctx = copy_context()
-    effective = _earlier(deadline, _current.get())
+    effective = deadline if replace else _earlier(deadline, _current.get())
     ctx.run(_current.set, effective)
     return ctx
 

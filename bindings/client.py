@@ -1,0 +1,177 @@
+"""Outgoing budget propagation: every hop passes on what is left of its deadline.
+
+Inside a ``deadline_scope`` (the middleware opens one per request), a call to
+a dependency should
+
+* carry the *remaining* budget minus a safety margin in ``X-Request-Budget-Ms``
+  (relative milliseconds, so no clock synchronisation is needed) — and, on
+  request, in ``grpc-timeout``;
+* use that same budget as its client timeout (the smaller of it and the
+  caller's own timeout);
+* not be made at all when nothing is left: ``DeadlineExceeded`` with reason
+  ``no-budget-for-downstream``, before any network traffic;
+* report a downstream ``503`` as ``DownstreamOverloaded`` (it stays a 503 up
+  the chain: overloaded, retry elsewhere) and a timeout as
+  ``DeadlineExceeded`` with reason ``deadline-exceeded`` (a 504).
+
+``outgoing_budget()`` computes "remaining minus margin -> (headers, timeout)"
+once, and every adapter uses it:
+
+=======================  =====================================================
+``DeadlineSession``      a ``requests.Session``            (``client_requests``)
+``DeadlineTransport``    an ``httpx`` transport            (``client_httpx``)
+``DeadlinePoolManager``  a ``urllib3.PoolManager``         (``client_urllib3``)
+``deadline_urlopen``     ``urllib.request.urlopen``         (``client_urllib``)
+=======================  =====================================================
+
+They are importable from here, but each third-party client is imported only
+when its adapter is first used, so this module needs none of them. Outside any
+deadline scope every adapter behaves exactly like the client it wraps.
+
+A budget below one millisecond counts as nothing left: the header carries
+whole milliseconds and ``0`` would only tell the next hop to answer 504.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from numbers import Real
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from prazo.core import (
+    REASON_DEADLINE_EXCEEDED,
+    REASON_DOWNSTREAM_OVERLOADED,
+    REASON_NO_BUDGET_FOR_DOWNSTREAM,
+    DeadlineExceeded,
+    DownstreamOverloaded,
+    current_deadline,
+)
+
+from .headers import outgoing_headers_for
+
+if TYPE_CHECKING:
+    from .client_httpx import DeadlineTransport
+    from .client_requests import DeadlineSession
+    from .client_urllib import deadline_urlopen
+    from .client_urllib3 import DeadlinePoolManager
+
+__all__ = [
+    "DEFAULT_MARGIN_MS",
+    "DeadlinePoolManager",
+    "DeadlineSession",
+    "DeadlineTransport",
+    "DownstreamOverloadedResponse",
+    "OutgoingBudget",
+    "deadline_urlopen",
+    "downstream_timed_out",
+    "outgoing_budget",
+    "outgoing_headers",
+    "validate_margin_ms",
+]
+
+# Time kept back for this hop's own work after the downstream answers
+# (reading the reply, building its own response).
+DEFAULT_MARGIN_MS = 20.0
+
+# The smallest budget worth sending: the wire carries whole milliseconds.
+_MIN_BUDGET_MS = 1.0
+
+_LAZY_ADAPTERS = {
+    "DeadlineSession": "client_requests",
+    "DeadlineTransport": "client_httpx",
+    "DeadlinePoolManager": "client_urllib3",
+    "deadline_urlopen": "client_urllib",
+}
+
+
+class OutgoingBudget(NamedTuple):
+    """What one downstream call may use: the headers to send and a timeout in seconds."""
+
+    headers: dict[str, str]
+    timeout_s: float
+
+    def cap(self, timeout_s: float | None) -> float:
+        """The smaller of a caller's timeout (None = no limit) and the budget."""
+        return self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+
+
+class DownstreamOverloadedResponse(DownstreamOverloaded):
+    """A downstream answered ``503``; ``.response`` is the client library's response object.
+
+    Caught as ``prazo.core.DownstreamOverloaded``; the middleware answers 503,
+    never 504, because the dependency was overloaded, not late.
+    """
+
+    def __init__(self, response: Any, url: str) -> None:
+        super().__init__(REASON_DOWNSTREAM_OVERLOADED, f"{url} answered 503 Service Unavailable")
+        self.response = response
+        self.url = url
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # The response (sockets, pools) does not pickle; the reason does.
+        return (DownstreamOverloaded, (self.reason, str(self)))
+
+
+def validate_margin_ms(margin_ms: object) -> float:
+    """Check a ``margin_ms`` argument: a finite real number >= 0."""
+    if isinstance(margin_ms, bool) or not isinstance(margin_ms, Real):
+        raise TypeError(f"margin_ms must be a real number of milliseconds, not {type(margin_ms).__name__}")
+    value = float(margin_ms)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"margin_ms must be finite, got {value}")
+    if value < 0:
+        raise ValueError(f"margin_ms must be >= 0, got {value}")
+    return value
+
+
+def outgoing_budget(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False) -> OutgoingBudget | None:
+    """The budget of one downstream call under the current deadline, or None without one.
+
+    Raises ``DeadlineExceeded("no-budget-for-downstream")`` when the remaining
+    time minus ``margin_ms`` is under one millisecond; the caller must then
+    not make the call.
+    """
+    margin = validate_margin_ms(margin_ms)
+    deadline = current_deadline()
+    if deadline is None:
+        return None
+    budget_ms = deadline.remaining_ms() - margin
+    if budget_ms < _MIN_BUDGET_MS:
+        raise DeadlineExceeded(
+            REASON_NO_BUDGET_FOR_DOWNSTREAM,
+            f"no budget left for a downstream call ({budget_ms:.1f} ms after a {margin:g} ms margin)",
+        )
+    return OutgoingBudget(outgoing_headers_for(budget_ms, grpc=grpc), budget_ms / 1000.0)
+
+
+def outgoing_headers(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False) -> dict[str, str]:
+    """The headers passing the remaining budget (minus ``margin_ms``) downstream.
+
+    ``{}`` outside any deadline scope; ``DeadlineExceeded`` (reason
+    ``no-budget-for-downstream``) when nothing is left, so a hand-written
+    call is never made::
+
+        with deadline_scope(Deadline.after(2.0)):
+            requests.get(url, headers=outgoing_headers(), timeout=...)
+    """
+    budget = outgoing_budget(margin_ms, grpc=grpc)
+    return {} if budget is None else budget.headers
+
+
+def downstream_timed_out(url: str) -> DeadlineExceeded:
+    """The error for a client timeout under a deadline (raise it ``from`` the client's)."""
+    return DeadlineExceeded(REASON_DEADLINE_EXCEEDED, f"{url} did not answer within the deadline")
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY_ADAPTERS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__package__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_ADAPTERS))

@@ -1,0 +1,482 @@
+"""``AdmissionPool``: a ``concurrent.futures.Executor`` with admission control and deadlines.
+
+It is ``ThreadPoolExecutor`` with the two things a saturated service needs:
+
+* a **bounded** line: ``submit`` raises ``QueueFull`` at once when
+  ``max_workers`` items are running (or assigned to a worker) and
+  ``max_queue`` are waiting. The decision is taken by the admission queue at
+  ``put`` time, so it never depends on how fast worker threads wake up;
+* **deadlines**: an item whose deadline passes before it starts never runs;
+  its future fails with ``DeadlineExceeded`` — on arrival, when it reaches the
+  head of the line, or at its own deadline while it waits (a reaper thread
+  sleeps until the earliest queued deadline and sweeps the line then).
+
+``fn`` runs in a copy of the submitter's ``contextvars`` context in which the
+item's deadline is current, so ``current_deadline()``, ``Deadline.check()`` and
+the outgoing clients of ``prazo.bindings.client`` see it.
+
+The work-queue face of ``prazo.core.AdmissionQueue`` does the bookkeeping:
+``put`` admits, ``get`` hands a worker the next live item, ``task_done``
+releases the slot and ``on_expired`` reports items that timed out in line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+from prazo.core import (
+    NS_PER_SECOND,
+    REASON_EXPIRED_IN_QUEUE,
+    AdmissionQueue,
+    Deadline,
+    DeadlineExceeded,
+    ShutDown,
+    current_deadline,
+    deadline_context,
+)
+
+__all__ = ["AdmissionPool"]
+
+T = TypeVar("T")
+
+# The reaper sweeps the line at most once per this many ns, so thousands of
+# items with distinct deadlines cost a bounded number of O(queued) sweeps.
+_SWEEP_MIN_INTERVAL_NS = 1_000_000
+
+# Like ThreadPoolExecutor: at interpreter exit every live pool is shut down and
+# its workers are joined, so queued work still runs (or expires) before exit.
+_workers_queues: weakref.WeakKeyDictionary[threading.Thread, AdmissionQueue] = weakref.WeakKeyDictionary()
+_interpreter_shutting_down = False
+_global_shutdown_lock = threading.Lock()
+
+
+def _python_exit() -> None:
+    global _interpreter_shutting_down
+    with _global_shutdown_lock:
+        _interpreter_shutting_down = True
+    items = list(_workers_queues.items())
+    for _, q in items:
+        q.shutdown()
+    for thread, _ in items:
+        thread.join()
+
+
+# threading._register_atexit runs before non-daemon threads are joined, which
+# is what lets blocked workers be woken; it is what ThreadPoolExecutor uses.
+getattr(threading, "_register_atexit")(_python_exit)  # noqa: B009 - private, absent from typeshed
+
+
+def _validate_count(value: object, name: str, minimum: int, message: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(message)
+    if value > 2**31 - 1:
+        raise ValueError(f"{name} must be < 2**31, got {value}")
+    return value
+
+
+class _WorkerState:
+    """What the worker threads share with the pool (never the pool itself, so it can be collected)."""
+
+    __slots__ = ("cancelling", "fn_raised", "futures_cancelled", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # Set by shutdown(cancel_futures=True): items already assigned a slot
+        # but not yet taken by a worker are cancelled instead of run.
+        self.cancelling = False
+        self.futures_cancelled = 0
+        self.fn_raised = 0
+
+    def count_cancelled(self) -> None:
+        with self.lock:
+            self.futures_cancelled += 1
+
+
+class _WorkItem:
+    __slots__ = ("args", "claimed", "context", "fn", "future", "kwargs")
+
+    def __init__(
+        self,
+        future: Future[Any],
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: contextvars.Context,
+    ) -> None:
+        self.future = future
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.context = context
+        # True once the item left the line (taken, expired or cancelled); the
+        # reaper skips claimed items and drops them from its heap.
+        self.claimed = False
+
+    def fail_unstarted(self, exc: BaseException, state: _WorkerState) -> None:
+        """Answer an item that will never run (expired or cancelled by shutdown)."""
+        self.claimed = True
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(exc)
+        else:
+            state.count_cancelled()
+
+    def cancel_unstarted(self, state: _WorkerState) -> None:
+        """Cancel an item taken out of the line by ``shutdown(cancel_futures=True)``."""
+        self.claimed = True
+        self.future.cancel()
+        # Moves the future to CANCELLED_AND_NOTIFIED so wait()/as_completed() see it.
+        self.future.set_running_or_notify_cancel()
+        state.count_cancelled()
+
+
+def _worker(q: AdmissionQueue, state: _WorkerState, reaper: _Reaper) -> None:
+    while True:
+        try:
+            item = q.get()
+        except ShutDown:
+            # The line is empty for good: let a stopping reaper see that now
+            # rather than at the next deadline it was sleeping towards.
+            reaper.wake()
+            return
+        item.claimed = True
+        future = item.future
+        if state.cancelling:
+            future.cancel()
+        if not future.set_running_or_notify_cancel():
+            q.task_done()
+            state.count_cancelled()
+            del item, future
+            continue
+        ok = False
+        result: Any = None
+        try:
+            result = item.context.run(item.fn, *item.args, **item.kwargs)
+            ok = True
+        except BaseException as exc:  # noqa: BLE001 - like ThreadPoolExecutor, everything goes to the future
+            result = exc
+        finally:
+            # The slot goes back before the future is settled, so a caller who
+            # waits for result() and submits again never meets its own slot.
+            q.task_done()
+        if ok:
+            future.set_result(result)
+        else:
+            with state.lock:
+                state.fn_raised += 1
+            future.set_exception(result)
+        # Break the reference cycle through the exception's traceback and do
+        # not keep the item alive while blocked in get().
+        del item, future, result
+
+
+class _Reaper:
+    """Fails queued futures at their own deadline: one thread that sleeps until the earliest one.
+
+    ``watch`` is a heap push (the caller holds the pool lock, which is also
+    this reaper's condition lock). Entries of items that already left the line
+    are dropped lazily, and the heap is compacted when it grows well beyond
+    the line, so it stays O(queued) on average.
+    """
+
+    def __init__(self, q: AdmissionQueue, cond: threading.Condition, thread_name: str) -> None:
+        self._queue = q
+        self._cond = cond
+        self._thread_name = thread_name
+        self._heap: list[tuple[int, int, _WorkItem]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def watch_locked(self, deadline_ns: int, item: _WorkItem) -> None:
+        heapq.heappush(self._heap, (deadline_ns, next(self._seq), item))
+        if len(self._heap) > 2 * self._queue.qsize() + 1024:
+            self._prune_claimed_locked()
+        if self._thread is None:
+            self._thread = threading.Thread(name=self._thread_name, target=self._run, daemon=True)
+            self._thread.start()
+        elif self._heap and self._heap[0][2] is item:
+            self._cond.notify()
+
+    def stop_locked(self) -> None:
+        self._stopping = True
+        self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stop_locked()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def join(self) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            self.wake()
+            thread.join()
+
+    def _run(self) -> None:
+        last_sweep_ns = -_SWEEP_MIN_INTERVAL_NS
+        sweep_pending = False
+        with self._cond:
+            while True:
+                now = time.monotonic_ns()
+                if self._stopping:
+                    self._prune_claimed_locked()
+                while self._heap and (self._heap[0][2].claimed or self._heap[0][0] <= now):
+                    _, _, item = heapq.heappop(self._heap)
+                    sweep_pending = sweep_pending or not item.claimed
+                if sweep_pending:
+                    if now - last_sweep_ns >= _SWEEP_MIN_INTERVAL_NS:
+                        sweep_pending = False
+                        last_sweep_ns = now
+                        self._cond.release()
+                        try:
+                            self._queue.expire_overdue()
+                        finally:
+                            self._cond.acquire()
+                        continue
+                    wake_ns = last_sweep_ns + _SWEEP_MIN_INTERVAL_NS
+                elif self._heap:
+                    wake_ns = max(self._heap[0][0], last_sweep_ns + _SWEEP_MIN_INTERVAL_NS)
+                elif self._stopping:
+                    return
+                else:
+                    self._cond.wait()
+                    continue
+                self._cond.wait((wake_ns - now) / NS_PER_SECOND)
+
+    def _prune_claimed_locked(self) -> None:
+        self._heap = [entry for entry in self._heap if not entry[2].claimed]
+        heapq.heapify(self._heap)
+
+
+class AdmissionPool(Executor):
+    """A thread pool that refuses work it cannot start in time.
+
+    Effects, compared with ``ThreadPoolExecutor``:
+
+    * ``submit`` raises ``prazo.core.QueueFull`` when ``max_workers`` items
+      hold a slot and ``max_queue`` wait (rejection never depends on thread
+      wake-up);
+    * an item whose deadline passes before it starts is never called; its
+      future fails with ``DeadlineExceeded`` (``reason`` is
+      ``expired-on-arrival`` or ``expired-in-queue``), at the latest about one
+      millisecond after the deadline even while it is still in line;
+    * ``fn`` runs in a copy of the submitter's context with the item's
+      deadline current (``current_deadline()``);
+    * ``stats()`` reports the queue's counters and the pool's own.
+
+    ::
+
+        pool = AdmissionPool(max_workers=8, max_queue=100)
+        with deadline_scope(Deadline.after(0.5)):
+            future = pool.submit(fetch, key)        # inherits the 500 ms deadline
+        try:
+            value = future.result()
+        except DeadlineExceeded:                    # never started in time
+            ...
+        except QueueFull:                           # raised by submit itself
+            ...
+
+    A future cancelled while pending never runs; if it is still in line it
+    keeps its place until it reaches the head (or its deadline), where it is
+    dropped without holding a slot for longer than the hand-over.
+    """
+
+    def __init__(
+        self,
+        max_workers: int,
+        max_queue: int,
+        *,
+        order: str = "fifo",
+        thread_name_prefix: str = "prazo-pool",
+    ) -> None:
+        self._max_workers = _validate_count(max_workers, "max_workers", 1, "max_workers must be greater than 0")
+        _validate_count(max_queue, "max_queue", 0, f"max_queue must be >= 0, got {max_queue}")
+        if not isinstance(thread_name_prefix, str):
+            raise TypeError(f"thread_name_prefix must be a str, not {type(thread_name_prefix).__name__}")
+        self._state = _WorkerState()
+        state = self._state
+
+        def fail_expired(item: _WorkItem) -> None:
+            item.fail_unstarted(DeadlineExceeded(REASON_EXPIRED_IN_QUEUE), state)
+
+        self._queue = AdmissionQueue(max_workers, max_queue, order=order, on_expired=fail_expired)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shutdown = False
+        self._thread_name_prefix = thread_name_prefix
+        self._reaper = _Reaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
+        # A pool dropped without shutdown() must not strand its threads
+        # blocked in get(); the finalizer holds no reference to the pool.
+        weakref.finalize(self, _release_collected_pool, self._queue, self._reaper)
+
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers
+
+    @property
+    def max_queue(self) -> int:
+        return self._queue.max_queue
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` under the caller's current deadline.
+
+        Raises ``QueueFull`` when the pool is full and ``RuntimeError`` after
+        ``shutdown()``. A deadline that has already passed gives a future
+        failed with ``DeadlineExceeded("expired-on-arrival")``.
+        """
+        return self._submit(current_deadline(), contextvars.copy_context(), fn, args, kwargs)
+
+    def submit_until(self, deadline: Deadline | None, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Like ``submit``, with exactly ``deadline`` (a ``Deadline`` or None for none).
+
+        The given deadline replaces the caller's, also inside ``fn``: this is
+        how a request hands off background work that may outlive it (or must
+        finish sooner). Use ``submit`` to inherit the caller's deadline.
+        """
+        if deadline is not None and not isinstance(deadline, Deadline):
+            raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
+        return self._submit(deadline, deadline_context(deadline, replace=True), fn, args, kwargs)
+
+    def _submit(
+        self,
+        deadline: Deadline | None,
+        context: contextvars.Context,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Future[T]:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        future: Future[T] = Future()
+        item = _WorkItem(future, fn, args, kwargs, context)
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if _interpreter_shutting_down:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            try:
+                self._queue.put(item, deadline)
+            except DeadlineExceeded as exc:
+                item.claimed = True
+                future.set_exception(exc)
+                return future
+            # Only items that actually wait in line need the reaper; an empty
+            # line right after put means this one already holds a slot.
+            if deadline is not None and self._queue.qsize():
+                self._reaper.watch_locked(deadline.ns, item)
+            if len(self._threads) < self._max_workers:
+                self._start_worker_locked()
+        return future
+
+    def _start_worker_locked(self) -> None:
+        # One thread per submission until max_workers exist: the queue may
+        # assign a slot to every submission at once, and each assigned item
+        # must find a thread, so fewer threads could leave one waiting.
+        thread = threading.Thread(
+            name=f"{self._thread_name_prefix}_{len(self._threads)}",
+            target=_worker,
+            args=(self._queue, self._state, self._reaper),
+        )
+        thread.start()
+        self._threads.append(thread)
+        _workers_queues[thread] = self._queue
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[T]:
+        """``Executor.map``; if a submission is refused, the ones already made are cancelled.
+
+        ``QueueFull`` (or ``RuntimeError`` after shutdown) is raised from
+        ``map`` itself, before any result is produced, so a half-submitted
+        batch never runs unobserved.
+        """
+        end_time = None if timeout is None else timeout + time.monotonic()
+        futures: list[Future[T]] = []
+        try:
+            for args in zip(*iterables):
+                futures.append(self.submit(fn, *args))
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+        return _results_in_order(futures, end_time)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work; optionally cancel what has not started; optionally wait.
+
+        Items already running finish. Waiting items still run (or expire at
+        their deadline) unless ``cancel_futures`` is true. Safe to call twice.
+        """
+        with self._lock:
+            self._shutdown = True
+            if cancel_futures:
+                self._state.cancelling = True
+            cancelled = self._queue.shutdown(cancel_waiting=cancel_futures)
+            self._reaper.stop_locked()
+            threads = list(self._threads)
+        for item in cancelled:
+            item.cancel_unstarted(self._state)
+        if wait:
+            for thread in threads:
+                thread.join()
+            self._reaper.join()
+
+    def stats(self) -> dict[str, int]:
+        """The admission queue's counters plus ``workers``, ``futures_cancelled`` and ``fn_raised``.
+
+        The queue counts a cancelled future that reached a worker as started
+        and completed; ``futures_cancelled`` counts it as what it was.
+        """
+        snapshot = self._queue.stats()
+        snapshot["workers"] = len(self._threads)
+        snapshot["futures_cancelled"] = self._state.futures_cancelled
+        snapshot["fn_raised"] = self._state.fn_raised
+        return snapshot
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__module__}.{type(self).__name__} max_workers={self._max_workers} "
+            f"max_queue={self._queue.max_queue} workers={len(self._threads)} shutdown={self._shutdown}>"
+        )
+
+
+def _release_collected_pool(q: AdmissionQueue, reaper: _Reaper) -> None:
+    q.shutdown()
+    reaper.stop()
+
+
+def _results_in_order(futures: list[Future[T]], end_time: float | None) -> Iterator[T]:
+    """Yield results in submission order; cancel the rest when stopped early (as the stdlib does)."""
+    futures.reverse()
+    try:
+        while futures:
+            # Pop so the iterator does not keep a finished future alive.
+            future = futures.pop()
+            try:
+                if end_time is None:
+                    yield future.result()
+                else:
+                    yield future.result(end_time - time.monotonic())
+            finally:
+                future.cancel()
+                del future
+    finally:
+        for future in futures:
+            future.cancel()
