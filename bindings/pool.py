@@ -139,6 +139,28 @@ class _WorkItem:
         state.count_cancelled()
 
 
+class _PoolFuture(Future):  # type: ignore[type-arg]
+    """A ``Future`` whose ``cancel()`` also frees its place in the waiting line at once.
+
+    Without this a cancelled item would keep its place until it reached the
+    head, taking room from live submissions while the pool is saturated.
+    """
+
+    _prazo_line: tuple[AdmissionQueue, _WorkItem, _WorkerState] | None = None
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        line, self._prazo_line = self._prazo_line, None
+        if cancelled and line is not None:
+            q, item, state = line
+            if q.cancel(item):
+                item.claimed = True
+                # No worker will see it now: notify wait()/as_completed() here.
+                self.set_running_or_notify_cancel()
+                state.count_cancelled()
+        return cancelled
+
+
 def _worker(q: AdmissionQueue, state: _WorkerState, reaper: _Reaper) -> None:
     while True:
         try:
@@ -290,8 +312,7 @@ class AdmissionPool(Executor):
             ...
 
     A future cancelled while pending never runs; if it is still in line it
-    keeps its place until it reaches the head (or its deadline), where it is
-    dropped without holding a slot for longer than the hand-over.
+    leaves the line at once (counted ``cancelled``), freeing its place.
     """
 
     def __init__(
@@ -360,7 +381,7 @@ class AdmissionPool(Executor):
     ) -> Future[T]:
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        future: Future[T] = Future()
+        future = _PoolFuture()
         item = _WorkItem(future, fn, args, kwargs, context)
         with self._lock:
             if self._shutdown:
@@ -373,13 +394,16 @@ class AdmissionPool(Executor):
                 item.claimed = True
                 future.set_exception(exc)
                 return future
-            # Only items that actually wait in line need the reaper; an empty
-            # line right after put means this one already holds a slot.
-            if deadline is not None and self._queue.qsize():
-                self._reaper.watch_locked(deadline.ns, item)
+            # Only items that actually wait in line need the reaper or a way
+            # out of the line; an empty line right after put means this one
+            # already holds a slot.
+            if self._queue.qsize():
+                future._prazo_line = (self._queue, item, self._state)
+                if deadline is not None:
+                    self._reaper.watch_locked(deadline.ns, item)
             if len(self._threads) < self._max_workers:
                 self._start_worker_locked()
-        return future
+        return future  # type: ignore[return-value]
 
     def _start_worker_locked(self) -> None:
         # One thread per submission until max_workers exist: the queue may

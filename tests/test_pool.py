@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import gc
 import subprocess
@@ -300,6 +301,24 @@ def test_context_changes_in_fn_stay_in_that_task(pools: Callable[..., AdmissionP
 
 
 # -- cancellation, shutdown, lifetime -----------------------------------------------------
+
+
+def test_cancelled_waiting_future_leaves_the_line_at_once(pools: Callable[..., AdmissionPool]) -> None:
+    pool, gate = _busy_pool(pools, 1, 1)
+    calls = Calls()
+    cancelled = pool.submit(calls, "cancelled")
+    assert pool.stats()["queued"] == 1
+    assert cancelled.cancel()
+    # Its place is free while the only worker is still busy.
+    stats = pool.stats()
+    assert (stats["queued"], stats["cancelled"], stats["futures_cancelled"]) == (0, 1, 1)
+    assert concurrent.futures.wait([cancelled], timeout=WAIT_S).done == {cancelled}
+    replacement = pool.submit(calls, "replacement")
+    with pytest.raises(QueueFull):
+        pool.submit(calls, "one too many")
+    gate.open()
+    assert replacement.result(WAIT_S) == "replacement"
+    assert calls.values == ["replacement"]
 
 
 def test_cancelled_waiting_future_never_runs_and_frees_its_place(pools: Callable[..., AdmissionPool]) -> None:
