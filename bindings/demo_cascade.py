@@ -300,7 +300,12 @@ class _Servers:
 
 
 def _client(
-    index: int, url: str, params: CascadeParams, barrier: threading.Barrier, attempts: List[_Attempt], lock: threading.Lock
+    index: int,
+    url: str,
+    params: CascadeParams,
+    barrier: threading.Barrier,
+    attempts: List[_Attempt],
+    lock: threading.Lock,
 ) -> Tuple[int, int]:
     """One impatient client: ``budget_ms`` to get an answer, retrying 503s. Returns (final status, give-up ns)."""
     import requests

@@ -126,7 +126,9 @@ def budget_violations(client_budget_ms: float, hops: list[HopRecord]) -> list[st
     return violations
 
 
-def _chain(serve: Callable[..., str], make_middle: Callable[..., Any], leaf_status: int = 200) -> tuple[str, list[HopRecord]]:
+def _chain(
+    serve: Callable[..., str], make_middle: Callable[..., Any], leaf_status: int = 200
+) -> tuple[str, list[HopRecord]]:
     a, b, c = HopRecord("A"), HopRecord("B"), HopRecord("C")
     c_url = serve(leaf(c, leaf_status))
     b_url = serve(make_middle(b, c_url, work_ms=50))
