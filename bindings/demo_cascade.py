@@ -35,14 +35,15 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
 
 from prazo.bindings.headers import BUDGET_HEADER, format_budget_ms
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 from prazo.core import NS_PER_MS, Deadline, DeadlineExceeded
 
-__all__ = ["CascadeParams", "CascadeResult", "run_cascade", "render_comparison"]
+__all__ = ["CascadeParams", "CascadeResult", "render_comparison", "run_cascade"]
 
 DEMO_ID_HEADER = "X-Demo-Id"
 _DEMO_ID_ENVIRON_KEY = "HTTP_X_DEMO_ID"
@@ -114,10 +115,10 @@ class CascadeResult:
     setup: str
     params: CascadeParams
     start_ns: int
-    attempts: List[_Attempt]
-    work: List[_Work]
-    give_up_ns: Dict[int, int]
-    final_status: Dict[int, int]
+    attempts: list[_Attempt]
+    work: list[_Work]
+    give_up_ns: dict[int, int]
+    final_status: dict[int, int]
     b_statuses: Counter = field(default_factory=Counter)
 
     def _client_of(self, request_id: str) -> int:
@@ -141,17 +142,17 @@ class CascadeResult:
         """B answers that completed after the client had already given up."""
         return sum(1 for w in self.work if w.finished and w.end_ns > self.give_up_ns[self._client_of(w.request_id)])
 
-    def latency_ms(self, status: int) -> List[float]:
+    def latency_ms(self, status: int) -> list[float]:
         """Per client: time from its first attempt to its final answer, for one final status."""
-        first: Dict[int, int] = {}
-        last: Dict[int, int] = {}
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
         for a in self.attempts:
             first[a.client] = min(first.get(a.client, a.sent_ns), a.sent_ns)
             last[a.client] = max(last.get(a.client, 0), a.answered_ns)
         return sorted((last[c] - first[c]) / NS_PER_MS for c, s in self.final_status.items() if s == status)
 
 
-def _percentile(values: Sequence[float], q: float) -> Optional[float]:
+def _percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     if len(values) == 1:
@@ -164,7 +165,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.work: List[_Work] = []
+        self.work: list[_Work] = []
         self.b_statuses: Counter = Counter()
 
     def begin(self, request_id: str) -> _Work:
@@ -181,8 +182,8 @@ class _Recorder:
 def _b_app(recorder: _Recorder, work_ms: float, deadline_aware: bool) -> Callable[..., Iterable[bytes]]:
     """B's application: ``work_ms`` of work in short steps."""
 
-    def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        deadline: Optional[Deadline] = environ.get(DEADLINE_KEY)
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        deadline: Deadline | None = environ.get(DEADLINE_KEY)
         if deadline_aware and deadline is not None and deadline.remaining_ms() < work_ms:
             # Not enough budget left to finish: starting would only make dead work.
             raise DeadlineExceeded("not-enough-budget")
@@ -205,8 +206,8 @@ def _b_app(recorder: _Recorder, work_ms: float, deadline_aware: bool) -> Callabl
 def _observing(app: Callable[..., Iterable[bytes]], recorder: _Recorder) -> Callable[..., Iterable[bytes]]:
     """Record the status B answers, whoever produced it (the app or admission)."""
 
-    def observed(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        def recording_start_response(status: str, headers: List[Tuple[str, str]], exc_info: Any = None) -> Any:
+    def observed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def recording_start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             recorder.b_status(int(status.split(" ", 1)[0]))
             return start_response(status, headers, exc_info)
 
@@ -225,7 +226,7 @@ class _NaiveQueue:
         self._inside = 0
         self._capacity = concurrency + queue
 
-    def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         with self._lock:
             if self._inside >= self._capacity:
                 start_response("503 Service Unavailable", [("Content-Length", "10")])
@@ -242,7 +243,6 @@ class _NaiveQueue:
 def _forwarder(next_url: str, params: CascadeParams, propagate: bool) -> Callable[..., Iterable[bytes]]:
     """A hop that calls the next one: with the budget (prazo) or a fixed timeout (naive)."""
     import requests
-
     from prazo.bindings.client import DeadlineSession
 
     local = threading.local()
@@ -252,7 +252,7 @@ def _forwarder(next_url: str, params: CascadeParams, propagate: bool) -> Callabl
             local.session = DeadlineSession(margin_ms=params.margin_ms) if propagate else requests.Session()
         return local.session
 
-    def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         headers = {DEMO_ID_HEADER: environ.get(_DEMO_ID_ENVIRON_KEY, "?")}
         if propagate:
             # DeadlineSession adds the remaining budget, caps the timeout and
@@ -274,8 +274,8 @@ class _Servers:
     """Start WSGI apps on loopback in threads and stop them all afterwards."""
 
     def __init__(self) -> None:
-        self._servers: List[Any] = []
-        self._threads: List[threading.Thread] = []
+        self._servers: list[Any] = []
+        self._threads: list[threading.Thread] = []
 
     def start(self, app: Callable[..., Iterable[bytes]]) -> str:
         from werkzeug.serving import WSGIRequestHandler, make_server
@@ -304,9 +304,9 @@ def _client(
     url: str,
     params: CascadeParams,
     barrier: threading.Barrier,
-    attempts: List[_Attempt],
+    attempts: list[_Attempt],
     lock: threading.Lock,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """One impatient client: ``budget_ms`` to get an answer, retrying 503s. Returns (final status, give-up ns)."""
     import requests
 
@@ -364,9 +364,9 @@ def run_cascade(params: CascadeParams, *, setup: str) -> CascadeResult:
                     hop, max_concurrency=_HOP_CONCURRENCY, max_queue=0, max_budget_ms=params.budget_ms
                 )
             url = servers.start(hop)
-        attempts: List[_Attempt] = []
+        attempts: list[_Attempt] = []
         lock = threading.Lock()
-        outcomes: Dict[int, Tuple[int, int]] = {}
+        outcomes: dict[int, tuple[int, int]] = {}
         barrier = threading.Barrier(params.clients + 1)
 
         def run_client(index: int) -> None:
@@ -405,11 +405,11 @@ def _wait_for_b_to_drain(recorder: _Recorder) -> None:
         time.sleep(0.05)
 
 
-def _fmt(value: Optional[float]) -> str:
+def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _rows(result: CascadeResult) -> List[Tuple[str, str]]:
+def _rows(result: CascadeResult) -> list[tuple[str, str]]:
     counts = result.status_counts
     ok = result.latency_ms(200)
     every = sorted(lat for status in counts for lat in result.latency_ms(status))
@@ -428,9 +428,9 @@ def _rows(result: CascadeResult) -> List[Tuple[str, str]]:
     ]
 
 
-def _timeline(result: CascadeResult, bucket_ms: int = 250) -> List[str]:
+def _timeline(result: CascadeResult, bucket_ms: int = 250) -> list[str]:
     """Per time bucket: what the clients got back, and how much work B started."""
-    buckets: Dict[int, Counter] = {}
+    buckets: dict[int, Counter] = {}
     for a in result.attempts:
         at = (a.answered_ns - result.start_ns) // NS_PER_MS // bucket_ms
         buckets.setdefault(at, Counter())[f"{a.status}"] += 1

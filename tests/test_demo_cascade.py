@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from prazo.bindings.cli import main
 from prazo.bindings.demo_cascade import CascadeParams, render_comparison, run_cascade
 

@@ -10,6 +10,7 @@ timeout instead of the budget.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,12 +19,11 @@ from typing import Any
 
 import pytest
 import requests
-from werkzeug.serving import WSGIRequestHandler, make_server
-
 from prazo.bindings.client import DeadlineSession
 from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER, parse_budget_ms
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import NS_PER_MS, REASON_NO_BUDGET_FOR_DOWNSTREAM
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 MARGIN_MS = 20
 # Generous: the machine may be loaded, and nothing here asserts on speed.
@@ -114,7 +114,7 @@ def budget_violations(client_budget_ms: float, hops: list[HopRecord]) -> list[st
     """Every hop must receive at most what its caller had, minus the caller's own time and margin."""
     violations = []
     allowed = client_budget_ms
-    for caller, callee in zip(hops, hops[1:]):
+    for caller, callee in itertools.pairwise(hops):
         if not callee.calls:
             continue
         received = callee.received_budget_ms[0]
