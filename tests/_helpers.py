@@ -1,0 +1,187 @@
+"""Helpers shared by the core tests: loading a twin, a fake clock, threads.
+
+Everything here exists so the test modules say *what* they check and not how
+to set it up: the rule for a missing C twin lives in one place
+(``load_twin``), and every real-thread test joins with the same generous
+bound (``JOIN_TIMEOUT_S``) so a hang fails instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import pytest
+from prazo.core import NS_PER_MS, Deadline
+from prazo.core import _want_extension as extension_wanted
+from prazo.core._queue_py import AdmissionQueue
+
+__all__ = [
+    "COUNTER_NAMES",
+    "JOIN_TIMEOUT_S",
+    "TWIN_NAMES",
+    "ConcurrencyMeter",
+    "FakeClock",
+    "QueueClass",
+    "assert_conservation",
+    "assert_counters",
+    "load_twin",
+    "spawn",
+    "wait_until",
+]
+
+TWIN_NAMES = ("c", "py")
+
+# The counters ``stats()`` documents, besides the derived ``expired`` and the
+# configuration (``max_concurrency``, ``max_queue``). Spelled out here, not
+# imported from a twin, so a renamed or missing counter fails the tests.
+COUNTER_NAMES = (
+    "offered",
+    "started",
+    "completed",
+    "rejected_full",
+    "expired_on_arrival",
+    "expired_in_queue",
+    "cancelled",
+    "in_flight",
+    "assigned",
+    "queued",
+    "peak_in_flight",
+    "peak_queued",
+    "queue_wait_ns_total",
+)
+
+# Real-thread tests never wait longer than this for something that should take
+# milliseconds: long enough for a loaded 2-core machine, short enough to fail.
+JOIN_TIMEOUT_S = 10.0
+
+# The C twin mirrors the Python twin's API exactly, so the Python class is the
+# static type of both.
+QueueClass = type[AdmissionQueue]
+
+T = TypeVar("T")
+
+
+def load_twin(name: str) -> QueueClass:
+    """The ``AdmissionQueue`` class of the ``"c"`` or ``"py"`` twin.
+
+    A missing C twin skips the test only when the Python twin was asked for on
+    purpose (``PRAZO_NO_EXTENSIONS=1``, or an interpreter without C
+    extensions); otherwise it fails, so ``make test`` can never pass quietly
+    on the Python twin alone.
+    """
+    if name == "py":
+        return AdmissionQueue
+    if name != "c":
+        raise ValueError(f"name must be 'c' or 'py', got {name!r}")
+    try:
+        queue_class: QueueClass = importlib.import_module("prazo.core._queue_c").AdmissionQueue
+    except (ImportError, AttributeError) as exc:
+        if not extension_wanted():
+            pytest.skip(f"C twin not available and PRAZO_NO_EXTENSIONS is set ({exc})")
+        pytest.fail(
+            f"the C twin prazo.core._queue_c.AdmissionQueue cannot be loaded ({exc}); "
+            "build it (`make build`) or set PRAZO_NO_EXTENSIONS=1 to test the Python twin alone",
+            pytrace=False,
+        )
+    return queue_class
+
+
+class FakeClock:
+    """A monotonic clock in integer nanoseconds that moves only when told to.
+
+    Pass ``clock.ns`` as ``now_ns=`` to every core call, so a test decides
+    exactly when each deadline passes::
+
+        clock = FakeClock()
+        d = clock.deadline_in(10)      # 10 ms from the fake now
+        clock.advance(10)
+        assert d.expired(now_ns=clock.ns)
+    """
+
+    def __init__(self, start_ns: int = 1_000_000 * NS_PER_MS) -> None:
+        self.ns = start_ns
+
+    def advance(self, ms: float) -> int:
+        """Move forward by ``ms`` milliseconds; return the new ``ns``."""
+        if ms < 0:
+            raise ValueError("a monotonic clock never goes back")
+        self.ns += round(ms * NS_PER_MS)
+        return self.ns
+
+    def deadline_in(self, ms: float) -> Deadline:
+        """The deadline ``ms`` milliseconds after the fake now (negative: passed)."""
+        return Deadline.after_ms(ms, now_ns=self.ns)
+
+
+class ConcurrencyMeter:
+    """Counts the bodies running at once, under a lock, and keeps the peak.
+
+    >>> meter = ConcurrencyMeter()
+    >>> with meter:
+    ...     pass
+    >>> meter.peak
+    1
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.current = 0
+        self.peak = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.current += 1
+            self.peak = max(self.peak, self.current)
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self.current -= 1
+
+
+def spawn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+    """Run ``fn`` in a new daemon thread; its outcome lands in the returned future."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects whatever the thread raised
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.001)
+
+
+def assert_conservation(stats: Mapping[str, int]) -> None:
+    """Every offered arrival is accounted for exactly once (DESIGN.md invariant 3)."""
+    accounted = (
+        stats["started"]
+        + stats["rejected_full"]
+        + stats["expired"]
+        + stats["cancelled"]
+        + stats["queued"]
+        + stats["assigned"]
+    )
+    assert stats["offered"] == accounted, f"conservation broken: {dict(stats)}"
+    assert stats["expired"] == stats["expired_on_arrival"] + stats["expired_in_queue"], dict(stats)
+
+
+def assert_counters(q: AdmissionQueue, **expected: int) -> None:
+    """The named counters of ``q.stats()`` have these values, and conservation holds."""
+    stats = q.stats()
+    assert_conservation(stats)
+    assert {name: stats[name] for name in expected} == expected

@@ -1,0 +1,40 @@
+"""Fixtures shared by the test suite: both admission-queue twins and a fake clock.
+
+Every core test takes ``impl`` and so runs once against the C twin
+(``prazo.core._queue_c``) and once against the Python twin
+(``prazo.core._queue_py``). A missing C twin fails the ``c`` run unless
+``PRAZO_NO_EXTENSIONS=1`` asks for the Python twin alone (see
+``_helpers.load_twin``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_twin
+
+
+@pytest.fixture(scope="session", params=TWIN_NAMES)
+def impl(request: pytest.FixtureRequest) -> QueueClass:
+    """The ``AdmissionQueue`` class of one twin (ids ``c`` and ``py``)."""
+    return load_twin(request.param)
+
+
+@pytest.fixture(scope="session")
+def twin_pair() -> tuple[QueueClass, QueueClass]:
+    """The C and the Python twin, to be driven in lockstep.
+
+    With ``PRAZO_NO_EXTENSIONS=1`` and no C twin built, the Python twin is
+    paired with itself so the lockstep harness and the model still run.
+    """
+    python_twin = load_twin("py")
+    try:
+        c_twin = load_twin("c")
+    except pytest.skip.Exception:
+        return python_twin, python_twin
+    return c_twin, python_twin
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fresh fake monotonic clock; pass ``clock.ns`` as ``now_ns=``."""
+    return FakeClock()

@@ -1,0 +1,363 @@
+"""Both twins in lockstep on one fake clock, checked against a model after every step.
+
+A Hypothesis ``RuleBasedStateMachine`` puts work items with random relative
+deadlines (already passed, short, long, none), takes them with
+``get(block=False)``, finishes them, moves the clock, sweeps with
+``expire_overdue``, makes non-blocking gate arrivals, and sometimes shuts the
+queue down. Every step is applied to the C twin and the Python twin and to a
+small model of the slots and the waiting line; after every step the
+invariants of DESIGN.md hold:
+
+1. no item is returned by ``get`` at a time >= its deadline;
+2. ``0 <= in_flight <= max_concurrency`` and ``0 <= queued <= max_queue``;
+3. conservation: ``offered == started + rejected_full + expired + cancelled + queued + assigned``;
+4. work conservation: never an idle slot while an entry waits;
+5. start order is FIFO (LIFO) among live items: the model serves its line
+   from the oldest (newest) end, and every returned item must be the model's;
+6. both twins give the same outcome, the same ``on_expired`` reports and the
+   same ``stats()`` for every step.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pytest
+from _helpers import COUNTER_NAMES, FakeClock, QueueClass, assert_conservation
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from prazo.core import (
+    NS_PER_MS,
+    REASON_EXPIRED_ON_ARRIVAL,
+    REASON_QUEUE_FULL,
+    Deadline,
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+)
+from prazo.core._queue_py import NO_DEADLINE_NS, AdmissionQueue
+
+# What a step answered: ("returned", value) or ("raised", exception name, reason).
+Outcome = tuple[Any, ...]
+
+# Relative budgets in ms: zero and negatives are already passed on arrival.
+# Budgets and clock steps share a coarse grid so that "now == deadline", the
+# edge where off-by-one bugs live, happens often.
+GRID_MS = (1, 5, 10, 20)
+BUDGETS_MS = st.one_of(st.none(), st.sampled_from((-5, 0, *GRID_MS)), st.integers(min_value=-5, max_value=60))
+CLOCK_STEPS_MS = st.one_of(st.sampled_from(GRID_MS), st.integers(min_value=0, max_value=40))
+
+# Shutdown is terminal, so it is only allowed late in a run.
+SHUTDOWN_AFTER_STEPS = 30
+
+
+def returned(value: Any) -> Outcome:
+    return ("returned", value)
+
+
+def raised(error: type, reason: str | None = None) -> Outcome:
+    return ("raised", error.__name__, reason)
+
+
+def outcome_of(call: Callable[[], Any]) -> Outcome:
+    """Run one operation and describe its result the way the model does."""
+    try:
+        return returned(call())
+    except (QueueFull, DeadlineExceeded) as exc:
+        return raised(type(exc), exc.reason)
+    except (ShutDown, queue.Empty, ValueError) as exc:
+        return raised(type(exc))
+
+
+class StepRefused(Exception):
+    """The model's answer for a step that raises instead of returning."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+@dataclass
+class Entry:
+    item: int
+    deadline_ns: int
+    enqueued_ns: int
+
+
+class QueueModel:
+    """The admission queue of ``_queue_py``'s docstring, written as plainly as possible.
+
+    Each method returns what the operation returns, or raises
+    ``StepRefused`` with the outcome the real queue must raise; expired work
+    items are appended to ``reports`` in the order ``on_expired`` must see them.
+    """
+
+    def __init__(self, max_concurrency: int, max_queue: int, order: str) -> None:
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self.lifo = order == "lifo"
+        self.waiting: list[Entry] = []
+        self.ready: list[Entry] = []
+        self.shut = False
+        self.reports: list[int] = []
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def _count(self, name: str, delta: int = 1) -> None:
+        self.counters[name] += delta
+        for level, peak in (("in_flight", "peak_in_flight"), ("queued", "peak_queued")):
+            self.counters[peak] = max(self.counters[peak], self.counters[level])
+
+    @property
+    def held(self) -> int:
+        """Slots taken by a started gate arrival or an item returned by get."""
+        return self.counters["in_flight"] - self.counters["assigned"]
+
+    def would_wait(self, deadline_ns: int, now: int) -> bool:
+        """True when a gate arrival now would block (so the machine must not make it)."""
+        return (
+            not self.shut
+            and now < deadline_ns
+            and self.counters["in_flight"] >= self.max_concurrency
+            and self.counters["queued"] < self.max_queue
+        )
+
+    def _admit(self, deadline_ns: int, now: int) -> bool:
+        if self.shut:
+            raise StepRefused(raised(ShutDown))
+        self._count("offered")
+        if now >= deadline_ns:
+            self._count("expired_on_arrival")
+            raise StepRefused(raised(DeadlineExceeded, REASON_EXPIRED_ON_ARRIVAL))
+        if self.counters["in_flight"] < self.max_concurrency:
+            self._count("in_flight")
+            return True
+        if self.counters["queued"] >= self.max_queue:
+            self._count("rejected_full")
+            raise StepRefused(raised(QueueFull, REASON_QUEUE_FULL))
+        return False
+
+    def _hand_over(self, now: int) -> None:
+        while self.waiting:
+            entry = self.waiting.pop() if self.lifo else self.waiting.pop(0)
+            self._count("queued", -1)
+            if now >= entry.deadline_ns:
+                self._count("expired_in_queue")
+                self.reports.append(entry.item)
+                continue
+            self._count("assigned")
+            self.ready.append(entry)
+            return
+        self._count("in_flight", -1)
+
+    def put(self, entry: Entry, now: int) -> None:
+        if self._admit(entry.deadline_ns, now):
+            self._count("assigned")
+            self.ready.append(entry)
+        else:
+            self.waiting.append(entry)
+            self._count("queued")
+
+    def acquire(self, deadline_ns: int, now: int) -> None:
+        if self._admit(deadline_ns, now):
+            self._count("started")
+            return
+        raise AssertionError("the machine must never make a gate arrival that waits")
+
+    def get(self, now: int) -> int:
+        while self.ready:
+            entry = self.ready.pop(0)
+            self._count("assigned", -1)
+            if now >= entry.deadline_ns:
+                self._count("expired_in_queue")
+                self.reports.append(entry.item)
+                self._hand_over(now)
+                continue
+            self._count("started")
+            self._count("queue_wait_ns_total", now - entry.enqueued_ns)
+            return entry.item
+        if self.shut and not self.waiting:
+            raise StepRefused(raised(ShutDown))
+        raise StepRefused(raised(queue.Empty))
+
+    def release(self, now: int) -> None:
+        if self.held <= 0:
+            raise StepRefused(raised(ValueError))
+        self._count("completed")
+        self._hand_over(now)
+
+    def expire_overdue(self, now: int) -> int:
+        overdue = [entry for entry in self.waiting if now >= entry.deadline_ns]
+        self.waiting = [entry for entry in self.waiting if now < entry.deadline_ns]
+        self._count("queued", -len(overdue))
+        self._count("expired_in_queue", len(overdue))
+        self.reports.extend(entry.item for entry in overdue)
+        return len(overdue)
+
+    def shutdown(self, cancel_waiting: bool) -> list[int]:
+        self.shut = True
+        if not cancel_waiting:
+            return []
+        cancelled = [entry.item for entry in self.waiting]
+        self._count("cancelled", len(cancelled))
+        self._count("queued", -len(cancelled))
+        self.waiting = []
+        return cancelled
+
+    def answer(self, step: Callable[[], Any]) -> Outcome:
+        try:
+            return returned(step())
+        except StepRefused as refused:
+            return refused.outcome
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Drives two twins and the model with the same steps on one fake clock.
+
+    Subclassed per run by ``lockstep_machine`` to set the twins and the order.
+    """
+
+    twin_classes: tuple[QueueClass, QueueClass]
+    order: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.steps = 0
+        self.next_item = 0
+        self.deadlines: dict[int, int] = {}
+
+    @initialize(max_concurrency=st.integers(1, 3), max_queue=st.integers(0, 4))
+    def create(self, max_concurrency: int, max_queue: int) -> None:
+        self.reports: tuple[list[Any], list[Any]] = ([], [])
+        self.queues: list[AdmissionQueue] = [
+            twin(max_concurrency, max_queue, order=self.order, on_expired=reports.append)
+            for twin, reports in zip(self.twin_classes, self.reports)
+        ]
+        self.model = QueueModel(max_concurrency, max_queue, self.order)
+
+    def step(self, operation: Callable[[AdmissionQueue], Any], model_step: Callable[[], Any]) -> Outcome:
+        """Apply one operation to both twins and the model; all three must agree."""
+        self.steps += 1
+        self.model.reports.clear()
+        expected = self.model.answer(model_step)
+        for q, reports in zip(self.queues, self.reports):
+            reports.clear()
+            assert outcome_of(partial(operation, q)) == expected, f"{q!r} disagrees with the model"
+            assert reports == self.model.reports, f"{q!r} reported other expired items"
+        return expected
+
+    def deadline(self, budget_ms: int | None) -> tuple[Deadline | None, int]:
+        if budget_ms is None:
+            return None, NO_DEADLINE_NS
+        deadline = Deadline.at_ns(self.clock.ns + budget_ms * NS_PER_MS)
+        return deadline, deadline.ns
+
+    # -- work-queue face ---------------------------------------------------------
+
+    @rule(budget_ms=BUDGETS_MS)
+    def put(self, budget_ms: int | None) -> None:
+        deadline, deadline_ns = self.deadline(budget_ms)
+        item, now = self.next_item, self.clock.ns
+        self.next_item += 1
+        self.deadlines[item] = deadline_ns
+        self.step(
+            lambda q: q.put(item, deadline, now_ns=now),
+            lambda: self.model.put(Entry(item, deadline_ns, now), now),
+        )
+
+    @rule(nowait=st.booleans())
+    def get(self, nowait: bool) -> None:
+        now = self.clock.ns
+        outcome = self.step(
+            (lambda q: q.get_nowait(now_ns=now)) if nowait else (lambda q: q.get(block=False, now_ns=now)),
+            lambda: self.model.get(now),
+        )
+        if outcome[0] == "returned":
+            # Invariant 1: a returned item starts strictly before its deadline.
+            assert now < self.deadlines[outcome[1]]
+
+    @rule(as_task_done=st.booleans())
+    def finish(self, as_task_done: bool) -> None:
+        now = self.clock.ns
+        self.step(
+            (lambda q: q.task_done(now_ns=now)) if as_task_done else (lambda q: q.release(now_ns=now)),
+            lambda: self.model.release(now),
+        )
+
+    @rule()
+    def expire_overdue(self) -> None:
+        now = self.clock.ns
+        self.step(lambda q: q.expire_overdue(now_ns=now), lambda: self.model.expire_overdue(now))
+
+    # -- gate face, only where it cannot block ----------------------------------------
+
+    @rule(budget_ms=BUDGETS_MS)
+    def acquire(self, budget_ms: int | None) -> None:
+        deadline, deadline_ns = self.deadline(budget_ms)
+        now = self.clock.ns
+        if self.model.would_wait(deadline_ns, now):
+            return
+        self.step(lambda q: q.acquire(deadline, now_ns=now), lambda: self.model.acquire(deadline_ns, now))
+
+    # -- time and lifecycle -------------------------------------------------------------
+
+    @rule(ms=CLOCK_STEPS_MS)
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    @precondition(lambda self: self.steps >= SHUTDOWN_AFTER_STEPS and not self.model.shut)
+    @rule(cancel_waiting=st.booleans())
+    def shutdown(self, cancel_waiting: bool) -> None:
+        self.step(
+            lambda q: q.shutdown(cancel_waiting=cancel_waiting),
+            lambda: self.model.shutdown(cancel_waiting),
+        )
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def twins_and_model_agree_on_every_counter(self) -> None:
+        reference, candidate = (q.stats() for q in self.queues)
+        assert reference == candidate
+        assert {name: reference[name] for name in COUNTER_NAMES} == self.model.counters
+        for q in self.queues:
+            assert q.qsize() == self.model.counters["queued"]
+            assert q.is_shutdown == self.model.shut
+
+    @invariant()
+    def bounds_conservation_and_no_stranded_waiter(self) -> None:
+        stats = self.queues[0].stats()
+        assert 0 <= stats["in_flight"] <= stats["max_concurrency"]
+        assert 0 <= stats["queued"] <= stats["max_queue"]
+        assert 0 <= stats["assigned"] <= stats["in_flight"]
+        assert_conservation(stats)
+        if stats["in_flight"] < stats["max_concurrency"]:
+            assert stats["queued"] == 0, f"an idle slot while entries wait: {stats}"
+
+
+def lockstep_machine(twins: tuple[QueueClass, QueueClass], line_order: str) -> type[LockstepMachine]:
+    class Lockstep(LockstepMachine):
+        twin_classes = twins
+        order = line_order
+
+    return Lockstep
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_twins_agree_with_each_other_and_the_model(twin_pair: tuple[QueueClass, QueueClass], order: str) -> None:
+    run_state_machine_as_test(
+        lockstep_machine(twin_pair, order),
+        settings=settings(max_examples=200, stateful_step_count=50, deadline=None),
+    )
