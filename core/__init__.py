@@ -29,24 +29,24 @@ from .errors import (
 )
 
 __all__ = [
-    "AdmissionQueue",
-    "Deadline",
-    "DeadlineExceeded",
-    "DownstreamOverloaded",
     "IMPLEMENTATION",
     "NS_PER_MS",
     "NS_PER_SECOND",
-    "QueueFull",
-    "ShutDown",
-    "current_deadline",
-    "deadline_context",
-    "deadline_scope",
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DOWNSTREAM_OVERLOADED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
     "REASON_QUEUE_FULL",
+    "AdmissionQueue",
+    "Deadline",
+    "DeadlineExceeded",
+    "DownstreamOverloaded",
+    "QueueFull",
+    "ShutDown",
+    "current_deadline",
+    "deadline_context",
+    "deadline_scope",
 ]
 
 
@@ -67,7 +67,8 @@ if _want_extension():
             RuntimeWarning,
             stacklevel=2,
         )
-        from ._queue_py import AdmissionQueue
+        from ._queue_py import AdmissionQueue  # type: ignore[assignment]
+
         IMPLEMENTATION = "py"
     else:
         IMPLEMENTATION = "c"

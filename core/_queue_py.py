@@ -48,7 +48,10 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
+
+from typing_extensions import Self
 
 from .deadline import Deadline
 from .errors import (
@@ -60,7 +63,7 @@ from .errors import (
     ShutDown,
 )
 
-__all__ = ["AdmissionQueue", "Slot", "NO_DEADLINE_NS"]
+__all__ = ["NO_DEADLINE_NS", "AdmissionQueue", "Slot"]
 
 _log = logging.getLogger("prazo")
 
@@ -87,7 +90,7 @@ _COUNTERS = (
 )
 
 
-def _deadline_ns(deadline: Optional[Deadline]) -> int:
+def _deadline_ns(deadline: Deadline | None) -> int:
     if deadline is None:
         return NO_DEADLINE_NS
     if isinstance(deadline, Deadline):
@@ -95,7 +98,7 @@ def _deadline_ns(deadline: Optional[Deadline]) -> int:
     raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
 
 
-def _clock(now_ns: Optional[int]) -> int:
+def _clock(now_ns: int | None) -> int:
     if now_ns is None:
         return time.monotonic_ns()
     if isinstance(now_ns, bool) or not isinstance(now_ns, int):
@@ -131,9 +134,9 @@ def _validate_on_expired(on_expired: object) -> None:
 class _Entry:
     """One waiting arrival: a work item, or a gate waiter (``cond`` is set)."""
 
-    __slots__ = ("deadline_ns", "enqueued_ns", "item", "cond", "state")
+    __slots__ = ("cond", "deadline_ns", "enqueued_ns", "item", "state")
 
-    def __init__(self, deadline_ns: int, enqueued_ns: int, item: Any, cond: Optional[threading.Condition]) -> None:
+    def __init__(self, deadline_ns: int, enqueued_ns: int, item: Any, cond: threading.Condition | None) -> None:
         self.deadline_ns = deadline_ns
         self.enqueued_ns = enqueued_ns
         self.item = item
@@ -148,9 +151,9 @@ class Slot:
     ``DeadlineExceeded`` before the body runs); ``__exit__`` releases it.
     """
 
-    __slots__ = ("_queue", "_deadline", "_now_ns", "_held", "started_ns")
+    __slots__ = ("_deadline", "_held", "_now_ns", "_queue", "started_ns")
 
-    def __init__(self, q: "AdmissionQueue", deadline: Optional[Deadline], now_ns: Optional[int]) -> None:
+    def __init__(self, q: AdmissionQueue, deadline: Deadline | None, now_ns: int | None) -> None:
         self._queue = q
         self._deadline = deadline
         self._now_ns = now_ns
@@ -159,7 +162,7 @@ class Slot:
         #: instant its deadline was last checked); 0 until entered.
         self.started_ns = 0
 
-    def __enter__(self) -> "Slot":
+    def __enter__(self) -> Self:
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
         self.started_ns = self._queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns))
@@ -198,7 +201,7 @@ class AdmissionQueue:
         max_queue: int,
         *,
         order: str = "fifo",
-        on_expired: Optional[Callable[[Any], object]] = None,
+        on_expired: Callable[[Any], object] | None = None,
     ) -> None:
         self._max_concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
         self._max_queue = _validate_size(max_queue, "max_queue", 0)
@@ -206,8 +209,8 @@ class AdmissionQueue:
         _validate_on_expired(on_expired)
         self._on_expired = on_expired
         self._lock = threading.Lock()
-        self._waiting: Deque[_Entry] = deque()
-        self._ready: Deque[_Entry] = deque()
+        self._waiting: deque[_Entry] = deque()
+        self._ready: deque[_Entry] = deque()
         self._ready_cond = threading.Condition(self._lock)
         self._shutdown = False
         # The counters (see _COUNTERS); ints written under the lock.
@@ -251,7 +254,7 @@ class AdmissionQueue:
         """True when an arrival now would get ``QueueFull``."""
         return self._in_flight >= self._max_concurrency and self._queued >= self._max_queue
 
-    def stats(self) -> Dict[str, int]:
+    def stats(self) -> dict[str, int]:
         """A snapshot of the counters, read without taking the lock."""
         snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
@@ -271,8 +274,7 @@ class AdmissionQueue:
             raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
         if self._in_flight < self._max_concurrency:
             self._in_flight += 1
-            if self._in_flight > self._peak_in_flight:
-                self._peak_in_flight = self._in_flight
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
             return True
         if self._queued >= self._max_queue:
             self._rejected_full += 1
@@ -282,15 +284,14 @@ class AdmissionQueue:
     def _enqueue_locked(self, entry: _Entry) -> None:
         self._waiting.append(entry)
         self._queued += 1
-        if self._queued > self._peak_queued:
-            self._peak_queued = self._queued
+        self._peak_queued = max(self._peak_queued, self._queued)
 
     def _pop_next_locked(self) -> _Entry:
         entry = self._waiting.pop() if self._lifo else self._waiting.popleft()
         self._queued -= 1
         return entry
 
-    def _expire_entry_locked(self, entry: _Entry, expired_items: List[Any]) -> None:
+    def _expire_entry_locked(self, entry: _Entry, expired_items: list[Any]) -> None:
         self._expired_in_queue += 1
         if entry.cond is not None:
             entry.state = _EXPIRED
@@ -298,7 +299,7 @@ class AdmissionQueue:
         else:
             expired_items.append(entry.item)
 
-    def _hand_over_locked(self, now: int, expired_items: List[Any]) -> None:
+    def _hand_over_locked(self, now: int, expired_items: list[Any]) -> None:
         """Give the slot in hand to the next live waiting entry, or free it."""
         while self._waiting:
             entry = self._pop_next_locked()
@@ -321,26 +322,26 @@ class AdmissionQueue:
         self._started += 1
         self._queue_wait_ns_total += now - entry.enqueued_ns
 
-    def _report_expired(self, items: List[Any]) -> None:
+    def _report_expired(self, items: list[Any]) -> None:
         """Tell ``on_expired`` about each expired work item (no lock held)."""
         if self._on_expired is None:
             return
         for item in items:
             try:
                 self._on_expired(item)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a callback bug must not break the queue; it is logged
                 _log.exception("prazo: on_expired callback raised for %r", item)
 
     # -- gate face -----------------------------------------------------------
 
-    def slot(self, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> Slot:
+    def slot(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> Slot:
         """A context manager holding one slot for the body of a ``with``."""
         _deadline_ns(deadline)
         if now_ns is not None:
             _clock(now_ns)
         return Slot(self, deadline, now_ns)
 
-    def acquire(self, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+    def acquire(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
         Raises ``QueueFull`` at once when the line is full, and
@@ -351,7 +352,7 @@ class AdmissionQueue:
 
     def _acquire(self, deadline_ns: int, now: int) -> int:
         """Take a slot; return the monotonic time at which it started."""
-        expired_items: List[Any] = []
+        expired_items: list[Any] = []
         try:
             with self._lock:
                 if self._admit_locked(deadline_ns, now):
@@ -400,7 +401,7 @@ class AdmissionQueue:
         if entry.state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
 
-    def _abandon_locked(self, entry: _Entry, now: int, expired_items: List[Any]) -> None:
+    def _abandon_locked(self, entry: _Entry, now: int, expired_items: list[Any]) -> None:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
         if entry.state == _WAITING:
             self._waiting.remove(entry)
@@ -413,10 +414,10 @@ class AdmissionQueue:
             entry.state = _CANCELLED
             self._hand_over_locked(now, expired_items)
 
-    def release(self, *, now_ns: Optional[int] = None) -> None:
+    def release(self, *, now_ns: int | None = None) -> None:
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
         now = _clock(now_ns)
-        expired_items: List[Any] = []
+        expired_items: list[Any] = []
         with self._lock:
             if self._in_flight - self._assigned <= 0:
                 raise ValueError("release() called more times than a slot was taken")
@@ -426,7 +427,7 @@ class AdmissionQueue:
 
     # -- work-queue face -------------------------------------------------------
 
-    def put(self, item: Any, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+    def put(self, item: Any, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
         """Offer ``item``; never blocks.
 
         A free slot is assigned to it at once (so rejection never depends on
@@ -444,11 +445,11 @@ class AdmissionQueue:
             else:
                 self._enqueue_locked(entry)
 
-    def put_nowait(self, item: Any, deadline: Optional[Deadline] = None, *, now_ns: Optional[int] = None) -> None:
+    def put_nowait(self, item: Any, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
         self.put(item, deadline, now_ns=now_ns)
 
-    def get(self, block: bool = True, timeout: Optional[float] = None, *, now_ns: Optional[int] = None) -> Any:
+    def get(self, block: bool = True, timeout: float | None = None, *, now_ns: int | None = None) -> Any:
         """Take the next live item that holds a slot; pair with ``task_done()``.
 
         Items that expired after their slot was assigned are reported through
@@ -465,7 +466,7 @@ class AdmissionQueue:
             _clock(now_ns)
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            expired_items: List[Any] = []
+            expired_items: list[Any] = []
             try:
                 with self._lock:
                     while self._ready:
@@ -495,24 +496,24 @@ class AdmissionQueue:
             finally:
                 self._report_expired(expired_items)
 
-    def get_nowait(self, *, now_ns: Optional[int] = None) -> Any:
+    def get_nowait(self, *, now_ns: int | None = None) -> Any:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns: Optional[int] = None) -> None:
+    def task_done(self, *, now_ns: int | None = None) -> None:
         """Give back the slot of an item taken by ``get()``."""
         self.release(now_ns=now_ns)
 
-    def expire_overdue(self, *, now_ns: Optional[int] = None) -> int:
+    def expire_overdue(self, *, now_ns: int | None = None) -> int:
         """Remove every waiting entry whose deadline has passed; return how many.
 
         Gate waiters already leave at their own deadline; this is how work
         items, which cannot wake themselves, get the same treatment.
         """
         now = _clock(now_ns)
-        expired_items: List[Any] = []
+        expired_items: list[Any] = []
         with self._lock:
-            keep: Deque[_Entry] = deque()
+            keep: deque[_Entry] = deque()
             count = 0
             for entry in self._waiting:
                 if now >= entry.deadline_ns:
@@ -541,7 +542,7 @@ class AdmissionQueue:
                     return True
         return False
 
-    def shutdown(self, *, cancel_waiting: bool = False) -> List[Any]:
+    def shutdown(self, *, cancel_waiting: bool = False) -> list[Any]:
         """Refuse new arrivals with ``ShutDown``; optionally cancel the waiting line.
 
         Entries already holding a slot always finish. With
@@ -549,7 +550,7 @@ class AdmissionQueue:
         ``cancelled``: gate waiters raise ``ShutDown`` and the work items are
         returned (oldest first) so the caller can answer them.
         """
-        cancelled: List[Any] = []
+        cancelled: list[Any] = []
         with self._lock:
             self._shutdown = True
             if cancel_waiting:

@@ -18,11 +18,10 @@ import math
 import time
 from contextvars import Context, ContextVar, Token, copy_context
 from numbers import Real
-from typing import Optional
 
 from .errors import REASON_DEADLINE_EXCEEDED, DeadlineExceeded
 
-__all__ = ["Deadline", "deadline_scope", "deadline_context", "current_deadline", "NS_PER_SECOND", "NS_PER_MS"]
+__all__ = ["NS_PER_MS", "NS_PER_SECOND", "Deadline", "current_deadline", "deadline_context", "deadline_scope"]
 
 NS_PER_SECOND = 1_000_000_000
 NS_PER_MS = 1_000_000
@@ -32,12 +31,11 @@ _INT64_MAX = 2**63 - 1
 _INT64_MIN = -(2**63)
 
 
-def _now(now_ns: Optional[int]) -> int:
+def _now(now_ns: int | None) -> int:
     if now_ns is None:
         return time.monotonic_ns()
-    if type(now_ns) is not int:
-        if isinstance(now_ns, bool) or not isinstance(now_ns, int):
-            raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
+    if type(now_ns) is not int and (isinstance(now_ns, bool) or not isinstance(now_ns, int)):
+        raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
     return now_ns
 
 
@@ -86,17 +84,17 @@ class Deadline:
         self._ns = _checked_ns(ns, "ns")
 
     @classmethod
-    def after(cls, seconds: float, *, now_ns: Optional[int] = None) -> "Deadline":
+    def after(cls, seconds: float, *, now_ns: int | None = None) -> Deadline:
         """The deadline ``seconds`` from now (or from ``now_ns``)."""
         return cls(_checked_ns(_now(now_ns) + _duration_to_ns(seconds, NS_PER_SECOND, "seconds"), "seconds"))
 
     @classmethod
-    def after_ms(cls, ms: float, *, now_ns: Optional[int] = None) -> "Deadline":
+    def after_ms(cls, ms: float, *, now_ns: int | None = None) -> Deadline:
         """The deadline ``ms`` milliseconds from now (or from ``now_ns``)."""
         return cls(_checked_ns(_now(now_ns) + _duration_to_ns(ms, NS_PER_MS, "ms"), "ms"))
 
     @classmethod
-    def at_ns(cls, monotonic_ns: int) -> "Deadline":
+    def at_ns(cls, monotonic_ns: int) -> Deadline:
         """The deadline at an absolute ``time.monotonic_ns()`` value."""
         if type(monotonic_ns) is int and _INT64_MIN <= monotonic_ns <= _INT64_MAX:
             # Hot path of every request: skip __init__'s general checks.
@@ -112,23 +110,23 @@ class Deadline:
         """The deadline as ``time.monotonic_ns()`` nanoseconds."""
         return self._ns
 
-    def remaining_ns(self, *, now_ns: Optional[int] = None) -> int:
+    def remaining_ns(self, *, now_ns: int | None = None) -> int:
         """Nanoseconds left; negative once the deadline has passed."""
         return self._ns - _now(now_ns)
 
-    def remaining(self, *, now_ns: Optional[int] = None) -> float:
+    def remaining(self, *, now_ns: int | None = None) -> float:
         """Seconds left; negative once the deadline has passed."""
         return (self._ns - _now(now_ns)) / NS_PER_SECOND
 
-    def remaining_ms(self, *, now_ns: Optional[int] = None) -> float:
+    def remaining_ms(self, *, now_ns: int | None = None) -> float:
         """Milliseconds left; negative once the deadline has passed."""
         return (self._ns - _now(now_ns)) / NS_PER_MS
 
-    def expired(self, *, now_ns: Optional[int] = None) -> bool:
+    def expired(self, *, now_ns: int | None = None) -> bool:
         """True once now is at or past the deadline."""
         return _now(now_ns) >= self._ns
 
-    def check(self, *, now_ns: Optional[int] = None) -> None:
+    def check(self, *, now_ns: int | None = None) -> None:
         """Raise ``DeadlineExceeded`` if the deadline has passed.
 
         The cooperative cancellation point: call it inside long loops.
@@ -141,22 +139,22 @@ class Deadline:
             return self._ns == other._ns
         return NotImplemented
 
-    def __lt__(self, other: "Deadline") -> bool:
+    def __lt__(self, other: Deadline) -> bool:
         if isinstance(other, Deadline):
             return self._ns < other._ns
         return NotImplemented
 
-    def __le__(self, other: "Deadline") -> bool:
+    def __le__(self, other: Deadline) -> bool:
         if isinstance(other, Deadline):
             return self._ns <= other._ns
         return NotImplemented
 
-    def __gt__(self, other: "Deadline") -> bool:
+    def __gt__(self, other: Deadline) -> bool:
         if isinstance(other, Deadline):
             return self._ns > other._ns
         return NotImplemented
 
-    def __ge__(self, other: "Deadline") -> bool:
+    def __ge__(self, other: Deadline) -> bool:
         if isinstance(other, Deadline):
             return self._ns >= other._ns
         return NotImplemented
@@ -168,21 +166,21 @@ class Deadline:
         return f"Deadline(ns={self._ns}, remaining_ms={self.remaining_ms():.1f})"
 
 
-_current: ContextVar[Optional[Deadline]] = ContextVar("prazo.deadline", default=None)
+_current: ContextVar[Deadline | None] = ContextVar("prazo.deadline", default=None)
 
 
-def current_deadline() -> Optional[Deadline]:
+def current_deadline() -> Deadline | None:
     """The deadline of the innermost ``deadline_scope``, or None."""
     return _current.get()
 
 
-def _earlier(deadline: Optional[Deadline], outer: Optional[Deadline]) -> Optional[Deadline]:
+def _earlier(deadline: Deadline | None, outer: Deadline | None) -> Deadline | None:
     if deadline is None or (outer is not None and outer._ns <= deadline._ns):
         return outer
     return deadline
 
 
-def deadline_context(deadline: Optional[Deadline], *, replace: bool = False) -> Context:
+def deadline_context(deadline: Deadline | None, *, replace: bool = False) -> Context:
     """A copy of the current context in which ``deadline`` is current.
 
     The same rule as ``deadline_scope`` (the earlier deadline wins), for code
@@ -220,13 +218,13 @@ class deadline_scope:
 
     __slots__ = ("_deadline", "_token")
 
-    def __init__(self, deadline: Optional[Deadline]) -> None:
+    def __init__(self, deadline: Deadline | None) -> None:
         if deadline is not None and not isinstance(deadline, Deadline):
             raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
         self._deadline = deadline
-        self._token: Optional[Token[Optional[Deadline]]] = None
+        self._token: Token[Deadline | None] | None = None
 
-    def __enter__(self) -> Optional[Deadline]:
+    def __enter__(self) -> Deadline | None:
         if self._token is not None:
             raise RuntimeError("deadline_scope is not reentrant; create a new one")
         effective = _earlier(self._deadline, _current.get())

@@ -11,16 +11,16 @@ from __future__ import annotations
 import queue
 
 __all__ = [
-    "QueueFull",
-    "DeadlineExceeded",
-    "ShutDown",
-    "DownstreamOverloaded",
-    "REASON_QUEUE_FULL",
-    "REASON_DOWNSTREAM_OVERLOADED",
-    "REASON_EXPIRED_ON_ARRIVAL",
-    "REASON_EXPIRED_IN_QUEUE",
     "REASON_DEADLINE_EXCEEDED",
+    "REASON_DOWNSTREAM_OVERLOADED",
+    "REASON_EXPIRED_IN_QUEUE",
+    "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
+    "REASON_QUEUE_FULL",
+    "DeadlineExceeded",
+    "DownstreamOverloaded",
+    "QueueFull",
+    "ShutDown",
 ]
 
 REASON_QUEUE_FULL = "queue-full"
