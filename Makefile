@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.prazo-installed
 EXTRAS := test,servers,clients,metrics,dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo bench check clean
+.PHONY: all venv build test demo bench check sanitize clean
 
 all: test
 
@@ -35,6 +35,17 @@ bench: build
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench
 	$(VENV)/bin/mypy
+
+# The core suite against a C twin built with AddressSanitizer + UBSan (-O0 -g3),
+# in build/asan so the normal build is left alone.
+ASAN_DIR := build/asan
+sanitize: $(STAMP)
+	rm -rf $(ASAN_DIR) $(ASAN_DIR)-tmp
+	PRAZO_SANITIZE=1 PRAZO_DEBUG_BUILD=1 $(PY) setup.py -q build_ext -b $(ASAN_DIR) -t $(ASAN_DIR)-tmp --force
+	cp core/*.py $(ASAN_DIR)/prazo/core/
+	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1 \
+		PYTHONPATH=$(ASAN_DIR) $(PY) -m pytest -p no:cacheprovider -q \
+		tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_seed_scenario.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/*.so .pytest_cache .hypothesis .benchmarks
