@@ -205,6 +205,15 @@ class QueueModel:
         self.reports.extend(entry.item for entry in overdue)
         return len(overdue)
 
+    def cancel(self, item: int) -> bool:
+        for entry in self.waiting:
+            if entry.item == item:
+                self.waiting.remove(entry)
+                self._count("queued", -1)
+                self._count("cancelled")
+                return True
+        return False
+
     def shutdown(self, cancel_waiting: bool) -> list[int]:
         self.shut = True
         if not cancel_waiting:
@@ -237,6 +246,8 @@ class LockstepMachine(RuleBasedStateMachine):
         self.steps = 0
         self.next_item = 0
         self.deadlines: dict[int, int] = {}
+        # The very objects put, so cancel() can find them by identity.
+        self.items: list[int] = []
 
     @initialize(max_concurrency=st.integers(1, 3), max_queue=st.integers(0, 4))
     def create(self, max_concurrency: int, max_queue: int) -> None:
@@ -271,6 +282,7 @@ class LockstepMachine(RuleBasedStateMachine):
         deadline, deadline_ns = self.deadline(budget_ms)
         item, now = self.next_item, self.clock.ns
         self.next_item += 1
+        self.items.append(item)
         self.deadlines[item] = deadline_ns
         self.step(
             lambda q: q.put(item, deadline, now_ns=now),
@@ -295,6 +307,12 @@ class LockstepMachine(RuleBasedStateMachine):
             (lambda q: q.task_done(now_ns=now)) if as_task_done else (lambda q: q.release(now_ns=now)),
             lambda: self.model.release(now),
         )
+
+    @precondition(lambda self: self.items)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        item = data.draw(st.sampled_from(self.items), label="item")
+        self.step(lambda q: q.cancel(item), lambda: self.model.cancel(item))
 
     @rule()
     def expire_overdue(self) -> None:
