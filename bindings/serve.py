@@ -1,0 +1,311 @@
+"""``prazo serve``: run a WSGI app on a real server with admission at the server's own queue.
+
+::
+
+    prazo serve myapp:app --server waitress --threads 4 --max-queue 16 \\
+        --default-budget-ms 1000 --max-budget-ms 30000 --host 0.0.0.0 --port 8000
+
+It prints one line saying what runs where and with which limits, serves
+until SIGTERM or Ctrl-C, then shuts down gracefully: new requests are refused
+(503 ``shutting-down``) and every admitted request finishes, for at most
+``--shutdown-timeout`` seconds. Options not given fall back to the
+``PRAZO_*`` environment variables, then to the defaults (see
+``prazo.bindings.servers.resolve_settings``).
+
+Servers: ``waitress`` (the default: production-grade, pure Python),
+``gunicorn`` (``--workers`` processes of ``AdmissionWorker``; POSIX only),
+``cheroot``, ``werkzeug`` and ``wsgiref`` (development servers).
+
+For the ``prazo`` command line: ``add_serve_arguments(parser)`` declares the
+options on a (sub)parser and ``run_serve(args, out)`` runs them;
+``main_serve(argv)`` is the same as a standalone program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any, TextIO
+
+from .servers import (
+    ENV_DEFAULT_BUDGET_MS,
+    ENV_MAX_BUDGET_MS,
+    ENV_MAX_QUEUE,
+    ENV_MAX_UPSTREAM_MS,
+    ENV_TRUST_REQUEST_START,
+    ENV_TRUSTED_PROXIES,
+    ServerSettings,
+    resolve_settings,
+)
+from .wsgi import WSGIApp
+
+__all__ = ["SERVERS", "add_serve_arguments", "build_serve_parser", "load_app", "main_serve", "run_serve"]
+
+SERVERS = ("waitress", "gunicorn", "cheroot", "werkzeug", "wsgiref")
+DEFAULT_SERVER = "waitress"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``prazo serve`` on ``parser`` (a subparser of the ``prazo`` command)."""
+    parser.add_argument("app", metavar="MODULE:APP", help="the WSGI application, e.g. myproject.wsgi:application")
+    parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="worker threads (default 4)")
+    parser.add_argument(
+        "--max-queue", type=int, default=None, metavar="M", help=f"requests waiting for a thread (${ENV_MAX_QUEUE})"
+    )
+    parser.add_argument(
+        "--default-budget-ms",
+        type=float,
+        default=None,
+        metavar="B",
+        help=f"budget of a request without a budget header (${ENV_DEFAULT_BUDGET_MS}, default 1000)",
+    )
+    parser.add_argument(
+        "--max-budget-ms",
+        type=float,
+        default=None,
+        metavar="C",
+        help=f"the most any request may ask for (${ENV_MAX_BUDGET_MS}, default 30000)",
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, metavar="H", help=f"default {DEFAULT_HOST}")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
+    parser.add_argument("--workers", type=int, default=1, metavar="W", help="gunicorn worker processes (default 1)")
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds admitted requests get to finish on SIGTERM (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--trust-request-start",
+        action="store_true",
+        default=None,
+        help=f"take the time queued in a front proxy (X-Request-Start) off the budget (${ENV_TRUST_REQUEST_START})",
+    )
+    parser.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=None,
+        metavar="ADDR",
+        help=f"only from this proxy address or network; repeatable (${ENV_TRUSTED_PROXIES})",
+    )
+    parser.add_argument(
+        "--max-upstream-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help=f"cap of that correction (${ENV_MAX_UPSTREAM_MS}, default 5000)",
+    )
+
+
+def build_serve_parser(prog: str = "prazo serve") -> argparse.ArgumentParser:
+    """A standalone parser for ``prazo serve``."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    add_serve_arguments(parser)
+    return parser
+
+
+def load_app(spec: str) -> WSGIApp:
+    """Import ``module:attribute`` (dotted attributes allowed) from the current directory or ``sys.path``."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"app must look like MODULE:APP, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+    for name in attribute.split("."):
+        try:
+            target = getattr(target, name)
+        except AttributeError:
+            raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not callable(target):
+        raise TypeError(f"{spec} is not a WSGI callable (got {type(target).__name__})")
+    return target  # type: ignore[no-any-return]
+
+
+def _server_version(server: str) -> str:
+    try:
+        return f"{server} {metadata.version(server)}"
+    except metadata.PackageNotFoundError:
+        return server  # wsgiref ships with Python
+
+
+def _startup_line(args: argparse.Namespace, settings: ServerSettings, port: object) -> str:
+    workers = f" x{args.workers} workers" if args.server == "gunicorn" else ""
+    return (
+        f"prazo serve: {args.app} on http://{args.host}:{port} with {_server_version(args.server)}{workers} — "
+        f"{settings.describe()} shutdown_timeout={args.shutdown_timeout:g}s"
+    )
+
+
+def _on_sigterm(action: Callable[[], object]) -> None:
+    """Run ``action`` when SIGTERM arrives (from the main thread, which owns signal handlers)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: action())
+
+
+def _raise_system_exit() -> None:
+    raise SystemExit(0)
+
+
+def _in_background(action: Callable[[], object]) -> Callable[[], None]:
+    """``action`` started in a thread: stopping a server must not run in the thread serving it."""
+    return lambda: threading.Thread(target=action, name="prazo-serve-stop", daemon=True).start()
+
+
+def _serve_waitress(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    from .waitress import create_server
+
+    server = create_server(app, host=args.host, port=args.port, settings=settings)
+    server.task_dispatcher.shutdown_timeout = args.shutdown_timeout
+    print(_startup_line(args, settings, server.effective_port), file=out, flush=True)
+    # waitress's run() ends on SystemExit/KeyboardInterrupt by draining its
+    # dispatcher: prazo's finishes every admitted request first.
+    _on_sigterm(_raise_system_exit)
+    server.run()
+    return 0
+
+
+def _serve_socketserver(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    if args.server == "werkzeug":
+        from .werkzeug import make_server
+    else:
+        from .wsgiref import make_server  # type: ignore[assignment]
+    server = make_server(args.host, args.port, app, settings=settings)
+    server.shutdown_timeout = args.shutdown_timeout
+    print(_startup_line(args, settings, server.server_address[1]), file=out, flush=True)
+    _on_sigterm(_in_background(server.shutdown))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()  # waits until admitted requests are done
+    return 0
+
+
+def _serve_cheroot(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    from .cheroot import create_server
+
+    server = create_server(app, (args.host, args.port), shutdown_timeout=args.shutdown_timeout, settings=settings)
+    server.prepare()
+    print(_startup_line(args, settings, server.bind_addr[1]), file=out, flush=True)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        server.stop()
+        stopped.set()
+
+    _on_sigterm(_in_background(stop))
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        stop()
+    stopped.wait()
+    return 0
+
+
+def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    from gunicorn.app.base import BaseApplication
+
+    # The worker processes read their limits from the environment, as they do
+    # when gunicorn is started by hand.
+    os.environ.update(_settings_environment(settings))
+    # Bound here, so the startup line names the real port (also with --port 0);
+    # gunicorn takes the listening socket over as fd://N.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    listener = socket.create_server((args.host, args.port), family=family, backlog=2048)
+    listener.set_inheritable(True)
+    options = {
+        "bind": f"fd://{listener.fileno()}",
+        "workers": args.workers,
+        "threads": settings.threads,
+        "worker_class": "prazo.bindings.gunicorn.AdmissionWorker",
+        "graceful_timeout": math.ceil(args.shutdown_timeout),
+    }
+
+    class PrazoGunicorn(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for name, value in options.items():
+                self.cfg.set(name, value)
+
+        def load(self) -> WSGIApp:
+            return app
+
+    print(_startup_line(args, settings, listener.getsockname()[1]), file=out, flush=True)
+    PrazoGunicorn().run()
+    return 0
+
+
+def _settings_environment(settings: ServerSettings) -> dict[str, str]:
+    environment = {
+        ENV_MAX_QUEUE: str(settings.max_queue),
+        ENV_DEFAULT_BUDGET_MS: repr(settings.default_budget_ms),
+        ENV_MAX_BUDGET_MS: repr(settings.max_budget_ms),
+        ENV_TRUST_REQUEST_START: "1" if settings.trust_request_start else "0",
+        ENV_MAX_UPSTREAM_MS: repr(settings.max_upstream_ms),
+    }
+    if settings.trusted_proxies is not None:
+        environment[ENV_TRUSTED_PROXIES] = ",".join(settings.trusted_proxies)
+    return environment
+
+
+_RUNNERS: dict[str, Callable[[WSGIApp, argparse.Namespace, ServerSettings, TextIO], int]] = {
+    "waitress": _serve_waitress,
+    "gunicorn": _serve_gunicorn,
+    "cheroot": _serve_cheroot,
+    "werkzeug": _serve_socketserver,
+    "wsgiref": _serve_socketserver,
+}
+
+
+def _check(args: argparse.Namespace) -> ServerSettings:
+    """Validate what argparse cannot; ``ValueError``/``TypeError`` name the option."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers != 1 and args.server != "gunicorn":
+        raise ValueError("--workers is for --server gunicorn only (the other servers run one process)")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    return resolve_settings(
+        threads=args.threads,
+        max_queue=args.max_queue,
+        default_budget_ms=args.default_budget_ms,
+        max_budget_ms=args.max_budget_ms,
+        trust_request_start=args.trust_request_start,
+        trusted_proxies=args.trusted_proxy,
+        max_upstream_ms=args.max_upstream_ms,
+    )
+
+
+def run_serve(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve as ``args`` (from ``add_serve_arguments``) say; the exit status (2 for bad options)."""
+    try:
+        settings = _check(args)
+        app = load_app(args.app)
+    except (TypeError, ValueError) as exc:
+        print(f"prazo serve: error: {exc}", file=sys.stderr)
+        return 2
+    return _RUNNERS[args.server](app, args, settings, out)
+
+
+def main_serve(argv: list[str] | None = None) -> int:
+    """``prazo serve`` as a standalone program; returns the exit status."""
+    return run_serve(build_serve_parser().parse_args(argv), sys.stdout)

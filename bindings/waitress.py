@@ -1,0 +1,341 @@
+"""prazo inside waitress: admission at waitress's own task queue.
+
+waitress reads every request completely (head and body) in its I/O thread
+and then queues the connection for a worker thread. ``create_server``
+replaces that queue with prazo's, as waitress's task dispatcher::
+
+    from prazo.bindings.waitress import create_server
+
+    server = create_server(app, host="127.0.0.1", port=8080,
+                           threads=4, max_queue=16, default_budget_ms=1000)
+    server.run()            # or prazo.bindings.waitress.serve(app, ...)
+
+Effects, per request:
+
+- the deadline starts when waitress has received the whole request, from
+  its budget headers (see ``prazo.bindings.headers``) capped at
+  ``max_budget_ms``;
+- ``threads`` requests run the app at once and ``max_queue`` more wait;
+  beyond that the answer is an immediate 503 (``X-Prazo-Reason:
+  queue-full``, ``Retry-After``) written by the I/O thread: no worker is used;
+- a request whose deadline passes while it waits is answered 504
+  (``expired-in-queue``) at its deadline, by the I/O thread, and the app
+  never runs;
+- the app runs in ``deadline_scope`` with ``prazo.deadline``,
+  ``prazo.queue_wait_ms`` in its environ (``prazo.bindings.wsgi.run_admitted``);
+- a refused request leaves its connection usable: the body was already read,
+  so keep-alive follows the usual HTTP rules.
+
+Graceful shutdown: ``run()`` ending with Ctrl-C / ``SystemExit``, and
+``shutdown(server)`` from another thread, stop admitting (new requests get 503
+``shutting-down``), let every admitted request finish and flush its response.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from waitress import wasyncore
+from waitress.channel import HTTPChannel
+from waitress.server import BaseWSGIServer, MultiSocketServer
+from waitress.server import create_server as _waitress_create_server
+from waitress.task import ErrorTask
+from waitress.utilities import Error
+
+from .servers import AdmissionDispatcher, AdmittedApp, ServerSettings, Ticket, resolve_settings
+from .wsgi import MiddlewareCounters, WSGIApp, rejection_response
+
+__all__ = ["AdmissionChannel", "WaitressDispatcher", "create_server", "serve", "shutdown"]
+
+_log = logging.getLogger("prazo.waitress")
+
+# How long one turn of the I/O loop may block while shutdown pumps it.
+_PUMP_INTERVAL_S = 0.02
+
+
+class _Refusal(Error):
+    """A waitress request error that carries prazo's refusal (503/504)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        status, _, body = rejection_response(exc)
+        super().__init__(body.decode("ascii"))
+        self.exc = exc
+        self.code = int(status[:3])
+        self.reason = status[4:]
+
+    def to_response(self, ident: str | None = None) -> tuple[str, list[tuple[str, str]], bytes]:
+        return rejection_response(self.exc)
+
+
+class _RefusalTask(ErrorTask):
+    """Answers a prazo refusal without closing the connection.
+
+    waitress's ``ErrorTask`` always closes, because its errors come from
+    requests it could not parse. A refused request was read completely, so
+    the connection can serve the next request (the usual keep-alive rules
+    of ``Task.build_response_header`` still apply).
+    """
+
+    def execute(self) -> None:
+        error = self.request.error
+        if not isinstance(error, _Refusal):
+            super().execute()
+            return
+        status, headers, body = error.to_response()
+        self.status = status
+        self.response_headers.extend(headers)
+        self.content_length = len(body)
+        self.write(body)
+
+
+class AdmissionChannel(HTTPChannel):
+    """waitress's ``HTTPChannel`` whose refusals keep the connection open."""
+
+    error_task_class = _RefusalTask
+
+
+def _request_environ(channel: Any) -> dict[str, str]:
+    """The ``HTTP_*`` keys (and ``REMOTE_ADDR``) a ``BudgetPolicy`` reads, from a parsed request."""
+    request = channel.requests[0]
+    environ = {"HTTP_" + name: value for name, value in request.headers.items()}
+    peer = channel.addr[0] if channel.addr else None
+    if isinstance(peer, str):
+        environ["REMOTE_ADDR"] = peer
+    return environ
+
+
+class WaitressDispatcher:
+    """waitress's task dispatcher, replaced by prazo's admission queue.
+
+    Effects: ``add_task(channel)`` — called by waitress once a request has
+    been received completely, with the channel's ``requests_lock`` held —
+    stamps the arrival, computes the deadline and submits the channel. A
+    worker thread runs ``channel.service()`` for admitted requests. A refused
+    request gets its answer by setting ``channel.requests[0].error`` and
+    having the I/O thread run ``channel.service()`` through the trigger
+    (never inline: ``add_task`` holds ``requests_lock`` and ``service()``
+    takes it).
+
+    ``create_server`` wires it in; it is the server's ``task_dispatcher``:
+
+    >>> server = create_server(lambda environ, start_response: [], host="127.0.0.1", port=0, max_queue=8)
+    >>> server.task_dispatcher.settings.capacity
+    12
+    >>> server.task_dispatcher.shutdown(timeout=1)
+    True
+    >>> server.close()
+    """
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.policy = settings.policy()
+        self.counters = MiddlewareCounters()
+        self.dispatcher = AdmissionDispatcher(
+            settings.threads, settings.max_queue, serve=self._serve, reject=self._reject, name="prazo-waitress"
+        )
+        self._refused: deque[Any] = deque()
+        self._refused_lock = threading.Lock()
+        self._answering_scheduled = False
+        self._io_thread: int | None = None
+        self._map: dict[int, Any] | None = None
+        #: Seconds admitted requests get to finish when ``run()`` ends on
+        #: Ctrl-C / ``SystemExit`` (waitress calls ``shutdown()`` without one).
+        self.shutdown_timeout = 5.0
+
+    def wrap(self, app: WSGIApp) -> AdmittedApp:
+        """The app as waitress must call it (see ``prazo.bindings.servers.AdmittedApp``)."""
+        return AdmittedApp(app, self.dispatcher, self.policy, self.counters)
+
+    def stats(self) -> dict[str, int]:
+        """The queue's counters and the refusals sent."""
+        return {**self.dispatcher.stats(), **self.counters.snapshot()}
+
+    # -- waitress's dispatcher interface ---------------------------------------------
+
+    def set_thread_count(self, count: int) -> None:
+        """Start the workers; ``count`` must be the configured ``threads`` (the pool is fixed)."""
+        if count != self.settings.threads:
+            raise ValueError(f"count must be {self.settings.threads} (prazo's worker pool is fixed), got {count}")
+        self.dispatcher.start()
+
+    def add_task(self, channel: Any) -> None:
+        """Offer the request at the head of ``channel``; never blocks, never serves inline."""
+        arrival_ns = time.monotonic_ns()
+        if not self.dispatcher.is_worker_thread():
+            self._io_thread = threading.get_ident()
+        self._map = channel.server._map
+        deadline, incoming = self.policy.deadline_for(_request_environ(channel), arrival_ns)
+        if incoming.invalid:
+            self.counters.add("invalid_budget_header", incoming.invalid)
+        self.dispatcher.submit(Ticket(channel, deadline, arrival_ns, incoming))
+
+    def shutdown(self, cancel_pending: bool = True, timeout: float | None = None) -> bool:
+        """Stop admitting; finish every admitted request and flush its answer.
+
+        waitress calls this when ``run()`` ends with Ctrl-C or ``SystemExit``;
+        the I/O loop has stopped then, so this thread turns it while it waits
+        (answers must still reach the clients). Requests still waiting after
+        ``timeout`` seconds (default ``shutdown_timeout``) are answered 503
+        ``shutting-down``.
+        ``cancel_pending`` is accepted for waitress's interface: prazo always
+        answers what it cannot finish. True when every admitted request ran.
+        """
+        if timeout is None:
+            timeout = self.shutdown_timeout
+        # Only the I/O thread may turn the loop; elsewhere it is still running.
+        pump = self._io_thread == threading.get_ident()
+        outcome: list[bool] = []
+        drain = threading.Thread(
+            target=lambda: outcome.append(self.dispatcher.shutdown(timeout)),
+            name="prazo-waitress-drain",
+            daemon=True,
+        )
+        end = time.monotonic() + timeout
+        drain.start()
+        while drain.is_alive():
+            if pump:
+                self._pump()
+            else:
+                drain.join(_PUMP_INTERVAL_S)
+        while pump and self._output_pending() and time.monotonic() < end:
+            self._pump()
+        return bool(outcome and outcome[0])
+
+    # -- internals -------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._map:
+            wasyncore.loop(timeout=_PUMP_INTERVAL_S, map=self._map, use_poll=True, count=1)
+        else:
+            time.sleep(_PUMP_INTERVAL_S)
+
+    def _output_pending(self) -> bool:
+        channels = list(self._map.values()) if self._map else []
+        return any(getattr(channel, "total_outbufs_len", 0) for channel in channels)
+
+    def _serve(self, ticket: Ticket) -> None:
+        ticket.item.service()
+
+    def _reject(self, ticket: Ticket, exc: BaseException) -> None:
+        channel = ticket.item
+        self.counters.count_response(exc)
+        requests = channel.requests
+        if not requests:
+            return  # the channel was cancelled meanwhile: nobody to answer
+        requests[0].error = _Refusal(exc)
+        with self._refused_lock:
+            self._refused.append(channel)
+            schedule = not self._answering_scheduled
+            self._answering_scheduled = True
+        if schedule:
+            try:
+                channel.server.trigger.pull_trigger(self._answer_refused)
+            except OSError:
+                # The trigger is closed: the server is gone, and its
+                # connections with it.
+                with self._refused_lock:
+                    self._refused.clear()
+                    self._answering_scheduled = False
+
+    def _answer_refused(self) -> None:
+        """Run in the I/O thread: answer every refused request queued so far.
+
+        One thunk drains the whole backlog, including refusals queued while it
+        runs (``service()`` can offer a pipelined request that is refused in
+        turn): a thunk must never pull the trigger with another thunk, which
+        would deadlock on the trigger's lock.
+        """
+        while True:
+            with self._refused_lock:
+                if not self._refused:
+                    self._answering_scheduled = False
+                    return
+                channel = self._refused.popleft()
+            try:
+                channel.service()
+            except Exception:  # noqa: BLE001 - the other refused requests still need their answer
+                _log.exception("prazo: answering a refused request on %r failed", channel)
+
+
+def _listening_servers(server: Any) -> list[BaseWSGIServer]:
+    socket_map = server.map if isinstance(server, MultiSocketServer) else server._map
+    return [entry for entry in list(socket_map.values()) if isinstance(entry, BaseWSGIServer)]
+
+
+def create_server(
+    app: WSGIApp,
+    *,
+    threads: int | None = None,
+    max_queue: int | None = None,
+    default_budget_ms: float | None = None,
+    max_budget_ms: float | None = None,
+    settings: ServerSettings | None = None,
+    **waitress_options: Any,
+) -> Any:
+    """A waitress server whose task queue is prazo's admission queue.
+
+    Returns what ``waitress.create_server`` returns (``effective_port``,
+    ``run()``, ``close()``, ``print_listen()`` work as usual); its
+    ``task_dispatcher`` is a ``WaitressDispatcher``. Every limit not given
+    comes from the environment (``PRAZO_MAX_QUEUE``, ...) or its default
+    (threads 4, four waiting requests per thread, 1000 ms default budget,
+    30000 ms at most); ``settings`` (a ``ServerSettings``, e.g. one that
+    trusts ``X-Request-Start``) replaces them all. ``waitress_options`` are
+    waitress's own (``host``, ``port``, ``listen``, ...), except ``threads``.
+    """
+    settings = resolve_settings(
+        threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
+        settings=settings,
+    )  # fmt: skip
+    dispatcher = WaitressDispatcher(settings)
+    server = _waitress_create_server(
+        dispatcher.wrap(app), _dispatcher=dispatcher, threads=settings.threads, **waitress_options
+    )
+    for listener in _listening_servers(server):
+        listener.channel_class = AdmissionChannel
+    # waitress starts the workers itself only for its own dispatcher.
+    dispatcher.set_thread_count(settings.threads)
+    return server
+
+
+def shutdown(server: Any, timeout: float = 5.0) -> bool:
+    """Stop a server from ``create_server`` gracefully, from any thread, while ``run()`` runs.
+
+    Stops accepting connections, refuses new requests (503 ``shutting-down``),
+    lets every admitted request finish and its answer be sent, then closes
+    every connection so ``run()`` returns. True when every admitted request
+    ran within ``timeout`` seconds.
+    """
+    dispatcher = server.task_dispatcher
+    if not isinstance(dispatcher, WaitressDispatcher):
+        raise TypeError("server must come from prazo.bindings.waitress.create_server")
+    listeners = _listening_servers(server)
+    socket_map = server.map if isinstance(server, MultiSocketServer) else server._map
+    trigger = listeners[0].trigger
+
+    def stop_accepting() -> None:
+        for listener in listeners:
+            listener.accepting = False
+            wasyncore.dispatcher.close(listener)
+
+    end = time.monotonic() + timeout
+    trigger.pull_trigger(stop_accepting)
+    finished = dispatcher.shutdown(timeout=timeout)
+    while dispatcher._output_pending() and time.monotonic() < end:
+        time.sleep(_PUMP_INTERVAL_S)
+    trigger.pull_trigger(lambda: wasyncore.close_all(socket_map))
+    return finished
+
+
+def serve(app: WSGIApp, **kw: Any) -> None:
+    """Like ``waitress.serve``: build the server with ``create_server(app, **kw)`` and run it."""
+    logging.basicConfig()
+    server = create_server(app, **kw)
+    dispatcher: WaitressDispatcher = server.task_dispatcher
+    server.print_listen("Serving on http://{}:{}")
+    _log.warning("prazo admission: %s", dispatcher.settings.describe())
+    server.run()

@@ -1,0 +1,95 @@
+"""prazo inside werkzeug's development server: fixed workers behind the admission queue.
+
+``werkzeug.serving.make_server(..., threaded=True)`` starts one thread per
+connection and has no queue at all. ``make_server`` here returns a werkzeug
+``BaseWSGIServer`` whose accept loop feeds prazo's admission queue and whose
+``threads`` fixed workers serve (see ``prazo.bindings.wsgiref.AdmissionServerMixin``)::
+
+    from prazo.bindings.werkzeug import make_server
+
+    server = make_server("127.0.0.1", 8080, app, threads=4, max_queue=16)
+    server.serve_forever()          # server.shutdown() from another thread
+
+The deadline starts when the request head has arrived (a connection that has
+not sent anything yet waits without a worker); full → 503 written by the
+accepting side, expired while waiting → 504 at its deadline, in both cases
+without running the app. werkzeug closes every connection after one response
+(it does not implement keep-alive), so a refusal closes too — politely, with
+a lingering close, so a client still uploading its body reads the 503.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
+
+from .servers import ServerSettings, resolve_settings
+from .wsgi import WSGIApp
+from .wsgiref import AdmissionServerMixin
+
+__all__ = ["AdmissionWSGIServer", "make_server"]
+
+
+class AdmissionWSGIServer(AdmissionServerMixin, BaseWSGIServer):
+    """werkzeug's ``BaseWSGIServer`` with fixed workers behind prazo's queue.
+
+    >>> server = make_server("127.0.0.1", 0, lambda e, s: [], threads=2, max_queue=6)
+    >>> server.settings.capacity, server.multithread
+    (8, True)
+    >>> server.server_close()
+    """
+
+    multithread = True
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        app: WSGIApp,
+        *,
+        settings: ServerSettings,
+        handler: type[WSGIRequestHandler] | None = None,
+        passthrough_errors: bool = False,
+        ssl_context: Any = None,
+        fd: int | None = None,
+    ) -> None:
+        self._init_admission(settings, "prazo-werkzeug")
+        super().__init__(host, port, self.admission.wrap(app), handler, passthrough_errors, ssl_context, fd)
+
+
+def make_server(
+    host: str,
+    port: int,
+    app: WSGIApp,
+    *,
+    threads: int | None = None,
+    max_queue: int | None = None,
+    default_budget_ms: float | None = None,
+    max_budget_ms: float | None = None,
+    settings: ServerSettings | None = None,
+    request_handler: type[WSGIRequestHandler] | None = None,
+    passthrough_errors: bool = False,
+    ssl_context: Any = None,
+    fd: int | None = None,
+) -> AdmissionWSGIServer:
+    """Like ``werkzeug.serving.make_server``, with prazo's admission queue instead of a thread per connection.
+
+    Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
+    ...) or its default, or all of them from ``settings``; see
+    ``prazo.bindings.servers.resolve_settings``. The rest are werkzeug's.
+    """
+    settings = resolve_settings(
+        threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
+        settings=settings,
+    )  # fmt: skip
+    return AdmissionWSGIServer(
+        host,
+        port,
+        app,
+        settings=settings,
+        handler=request_handler,
+        passthrough_errors=passthrough_errors,
+        ssl_context=ssl_context,
+        fd=fd,
+    )

@@ -1,0 +1,321 @@
+"""What the server-embedding tests share: one test app, real clients, each server started alike.
+
+The app (``app``) is also what the gunicorn subprocess serves
+(``_server_harness:app``), so every server runs exactly the same code:
+
+``/work?ms=M&mark=PATH&gate=PATH``
+    creates ``mark`` (the test learns the app is running), waits until
+    ``gate`` exists (the test releases it), sleeps ``M`` ms and answers 200
+    with the remaining budget; every wait is bounded.
+``/calls``
+    how many times ``/work`` ran the app, as a decimal body.
+
+Every server is started through ``start_server(kind, ...)`` and stopped
+gracefully with ``RunningServer.stop()``; clients use ``http.client`` and raw
+sockets on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+TESTS_DIR = Path(__file__).resolve().parent
+SERVER_KINDS = ("waitress", "werkzeug", "wsgiref", "cheroot", "gunicorn")
+
+# Bounds of every wait in the app and the clients: far above anything a
+# healthy run needs on a loaded 2-core machine, far below the suite's budget.
+APP_WAIT_S = 15.0
+CLIENT_TIMEOUT_S = 20.0
+
+_calls_lock = threading.Lock()
+_calls = 0
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < end:
+        time.sleep(0.002)
+
+
+def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The one test application (see the module docstring)."""
+    global _calls
+    path = environ.get("PATH_INFO", "")
+    if path == "/calls":
+        with _calls_lock:
+            body = str(_calls).encode()
+    elif path == "/work":
+        query = {key: values[0] for key, values in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        with _calls_lock:
+            _calls += 1
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        if length:
+            environ["wsgi.input"].read(length)
+        if "mark" in query:
+            Path(query["mark"]).touch()
+        if "gate" in query:
+            _wait_for(lambda: os.path.exists(query["gate"]), APP_WAIT_S)
+        time.sleep(int(query.get("ms", "0")) / 1000)
+        deadline = environ.get("prazo.deadline")
+        body = b"no deadline" if deadline is None else f"remaining_ms={deadline.remaining_ms():.0f}".encode()
+    else:
+        start_response("404 Not Found", [("Content-Length", "0")])
+        return []
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+@dataclass
+class Outcome:
+    """What one client saw."""
+
+    status: int
+    reason: str | None
+    body: bytes
+    elapsed_s: float
+    connection: str | None = None
+
+
+def request(
+    port: int, path: str, headers: dict[str, str] | None = None, method: str = "GET", body: bytes = b""
+) -> Outcome:
+    """One request on a fresh connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
+    try:
+        start = time.monotonic()
+        conn.request(method, path, body=body or None, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        return Outcome(
+            response.status,
+            response.getheader("X-Prazo-Reason"),
+            data,
+            time.monotonic() - start,
+            response.getheader("Connection"),
+        )
+    finally:
+        conn.close()
+
+
+class Burst:
+    """``n`` clients that connect first and then send at once, each on its own connection.
+
+    ``outcomes`` fills in as responses arrive; ``wait(count)`` waits for that
+    many. Connecting first means every request reaches the server within a
+    few milliseconds, whatever the machine's load.
+    """
+
+    def __init__(self, port: int, paths: Iterable[str], headers: dict[str, str] | None = None) -> None:
+        self.outcomes: list[Outcome] = []
+        self.errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._paths = list(paths)
+        self._connected = threading.Barrier(len(self._paths) + 1)
+        self._threads = [
+            threading.Thread(target=self._client, args=(port, path, headers or {}), daemon=True) for path in self._paths
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._connected.wait(CLIENT_TIMEOUT_S)
+
+    def _client(self, port: int, path: str, headers: dict[str, str]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
+        try:
+            conn.connect()
+            self._connected.wait(CLIENT_TIMEOUT_S)
+            start = time.monotonic()
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            outcome = Outcome(response.status, response.getheader("X-Prazo-Reason"), data, time.monotonic() - start)
+            with self._lock:
+                self.outcomes.append(outcome)
+        except BaseException as exc:  # noqa: BLE001 - the test asserts there were none
+            with self._lock:
+                self.errors.append(exc)
+        finally:
+            conn.close()
+
+    def wait(self, count: int, timeout: float = CLIENT_TIMEOUT_S) -> list[Outcome]:
+        _wait_for(lambda: len(self.outcomes) + len(self.errors) >= count, timeout)
+        with self._lock:
+            return list(self.outcomes)
+
+    def join(self) -> list[Outcome]:
+        for thread in self._threads:
+            thread.join(CLIENT_TIMEOUT_S)
+        assert not self.errors, self.errors
+        return list(self.outcomes)
+
+
+def statuses(outcomes: Iterable[Outcome]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    return counts
+
+
+class RunningServer:
+    """One server on 127.0.0.1 serving ``app``; ``stop()`` shuts it down gracefully."""
+
+    def __init__(
+        self,
+        kind: str,
+        port: int,
+        stop: Callable[[], Any],
+        thread: threading.Thread | None = None,
+        stats: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.port = port
+        self._stop = stop
+        self._thread = thread
+        # The queue's counters when the server runs in this process (None for gunicorn).
+        self.stats = stats
+        self.stopped = False
+
+    def wait_offered(self, count: int) -> None:
+        """Wait until the queue has seen ``count`` arrivals (gunicorn: a generous pause instead)."""
+        if self.stats is None:
+            time.sleep(1.0)
+            return
+        stats = self.stats
+        _wait_for(lambda: stats()["offered"] >= count, CLIENT_TIMEOUT_S)
+        assert stats()["offered"] >= count, stats()
+
+    def calls(self) -> int:
+        return int(request(self.port, "/calls").body)
+
+    def stop(self) -> Any:
+        """Graceful shutdown; returns what the server's shutdown returned."""
+        result = self._stop()
+        if self._thread is not None:
+            self._thread.join(CLIENT_TIMEOUT_S)
+            assert not self._thread.is_alive(), f"{self.kind} did not stop"
+        self.stopped = True
+        return result
+
+
+def _in_thread(target: Callable[[], Any], name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def start_server(
+    kind: str, *, threads: int, max_queue: int, default_budget_ms: float = 1000, max_budget_ms: float = 30000
+) -> RunningServer:
+    """Start server ``kind`` (one of ``SERVER_KINDS``) with prazo's admission serving ``app``."""
+    limits = {
+        "threads": threads,
+        "max_queue": max_queue,
+        "default_budget_ms": default_budget_ms,
+        "max_budget_ms": max_budget_ms,
+    }
+    if kind == "waitress":
+        from prazo.bindings import waitress as prazo_waitress
+
+        server = prazo_waitress.create_server(app, host="127.0.0.1", port=0, **limits)
+        thread = _in_thread(server.run, "waitress-io")
+        stop = lambda: prazo_waitress.shutdown(server, 10.0)
+        return RunningServer(kind, server.effective_port, stop, thread, server.task_dispatcher.stats)
+    if kind in ("werkzeug", "wsgiref"):
+        if kind == "werkzeug":
+            from prazo.bindings.werkzeug import make_server
+        else:
+            from prazo.bindings.wsgiref import WSGIRequestHandler, make_server
+
+            class QuietHandler(WSGIRequestHandler):
+                def log_message(self, *args: Any) -> None:
+                    pass
+
+        extra = {} if kind == "werkzeug" else {"handler_class": QuietHandler}
+        server = make_server("127.0.0.1", 0, app, **limits, **extra)
+        server.shutdown_timeout = 10.0
+        thread = _in_thread(server.serve_forever, f"{kind}-accept")
+        return RunningServer(kind, server.server_address[1], server.shutdown, thread, server.stats)
+    if kind == "cheroot":
+        from prazo.bindings.cheroot import create_server
+
+        server = create_server(app, ("127.0.0.1", 0), shutdown_timeout=10, **limits)
+        server.prepare()
+        thread = _in_thread(server.serve, "cheroot-serve")
+        return RunningServer(kind, server.bind_addr[1], server.stop, thread, server.requests.stats)
+    if kind == "gunicorn":
+        return _start_gunicorn(**limits)
+    raise ValueError(f"kind must be one of {SERVER_KINDS}, got {kind!r}")
+
+
+def _start_gunicorn(threads: int, max_queue: int, default_budget_ms: float, max_budget_ms: float) -> RunningServer:
+    env = dict(os.environ)
+    env.update(
+        PRAZO_MAX_QUEUE=str(max_queue),
+        PRAZO_DEFAULT_BUDGET_MS=str(default_budget_ms),
+        PRAZO_MAX_BUDGET_MS=str(max_budget_ms),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable, "-m", "gunicorn",
+        "-k", "prazo.bindings.gunicorn.AdmissionWorker",
+        "--threads", str(threads), "--workers", "1",
+        "--bind", "127.0.0.1:0", "--graceful-timeout", "10", "--keep-alive", "5",
+        "--no-control-socket", "--error-logfile", "-", "--log-level", "info",
+        "_server_harness:app",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    log: list[str] = []
+    booted = threading.Event()
+    found: dict[str, int] = {}
+
+    def read_log() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            log.append(line)
+            match = re.search(r"Listening at: http://127\.0\.0\.1:(\d+)", line)
+            if match:
+                found["port"] = int(match.group(1))
+            if "Booting worker" in line:
+                booted.set()
+
+    threading.Thread(target=read_log, daemon=True).start()
+    if not booted.wait(CLIENT_TIMEOUT_S) or "port" not in found:
+        process.kill()
+        raise AssertionError("gunicorn did not start:\n" + "".join(log))
+    port = found["port"]
+    # The worker has booted when its first request is answered.
+    end = time.monotonic() + CLIENT_TIMEOUT_S
+    while True:
+        try:
+            if request(port, "/calls").status == 200:
+                break
+        except OSError:
+            if time.monotonic() > end or process.poll() is not None:
+                process.kill()
+                raise AssertionError("gunicorn never answered:\n" + "".join(log)) from None
+            time.sleep(0.05)
+
+    def stop() -> int:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(CLIENT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError("gunicorn did not stop:\n" + "".join(log)) from None
+
+    server = RunningServer("gunicorn", port, stop)
+    server.log = log  # type: ignore[attr-defined]
+    server.process = process  # type: ignore[attr-defined]
+    return server

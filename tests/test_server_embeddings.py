@@ -1,0 +1,280 @@
+"""Every server embedding, on loopback with real HTTP: the same scenarios for each server.
+
+waitress, werkzeug, wsgiref and cheroot run in this process; gunicorn runs as
+a real ``gunicorn -k prazo.bindings.gunicorn.AdmissionWorker`` subprocess.
+All of them serve ``_server_harness.app``. Timing never decides an outcome:
+requests are held at a gate file the test opens, and every wait is bounded
+generously.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _helpers import wait_until
+from _server_harness import (
+    CLIENT_TIMEOUT_S,
+    SERVER_KINDS,
+    Burst,
+    RunningServer,
+    request,
+    start_server,
+    statuses,
+)
+
+SOCKET_KINDS = tuple(kind for kind in SERVER_KINDS if kind != "waitress")
+
+
+@pytest.fixture
+def servers() -> Iterator[list[RunningServer]]:
+    """Servers a test starts; whatever is still running at the end is stopped."""
+    started: list[RunningServer] = []
+    yield started
+    for server in started:
+        if not server.stopped:
+            server.stop()
+
+
+def _start(servers: list[RunningServer], kind: str, **limits: int) -> RunningServer:
+    server = start_server(kind, **limits)
+    servers.append(server)
+    return server
+
+
+def _hold(server: RunningServer, tmp_path: Path, name: str = "holder") -> tuple[Burst, Path]:
+    """One request that occupies a worker until the returned gate file is created."""
+    gate, mark = tmp_path / f"{name}.gate", tmp_path / f"{name}.running"
+    holder = Burst(server.port, [f"/work?gate={gate}&mark={mark}"])
+    wait_until(mark.exists, f"{name} to run the app")
+    return holder, gate
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_burst_beyond_capacity_gets_exactly_the_excess_refused_at_once(
+    kind: str, servers: list[RunningServer], tmp_path: Path
+) -> None:
+    threads, max_queue, excess = 2, 3, 4
+    server = _start(servers, kind, threads=threads, max_queue=max_queue)
+    calls_before = server.calls()
+    gate = tmp_path / "gate"
+    burst = Burst(server.port, [f"/work?gate={gate}"] * (threads + max_queue + excess))
+
+    # Every admitted request is still held in the app: the refusals cannot
+    # have waited for a worker.
+    early = burst.wait(excess)
+    assert statuses(early) == {503: excess}
+    assert {outcome.reason for outcome in early} == {"queue-full"}
+
+    gate.touch()
+    outcomes = burst.join()
+    assert statuses(outcomes) == {200: threads + max_queue, 503: excess}
+    assert server.calls() - calls_before == threads + max_queue
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_budget_running_out_in_the_queue_is_a_504_without_the_app(
+    kind: str, servers: list[RunningServer], tmp_path: Path
+) -> None:
+    server = _start(servers, kind, threads=1, max_queue=4)
+    calls_before = server.calls()
+    holder, gate = _hold(server, tmp_path)
+
+    waiting = Burst(server.port, ["/work"] * 3, headers={"X-Request-Budget-Ms": "300"})
+    outcomes = waiting.wait(3)
+    assert statuses(outcomes) == {504: 3}
+    assert {outcome.reason for outcome in outcomes} == {"expired-in-queue"}
+    # Answered at their own deadline, while the worker is still busy.
+    assert all(0.25 <= outcome.elapsed_s < CLIENT_TIMEOUT_S / 2 for outcome in outcomes)
+
+    gate.touch()
+    assert statuses(holder.join()) == {200: 1}
+    assert server.calls() - calls_before == 1
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_seed_scenario_4_threads_queue_20_gives_24_ok_and_16_refused(
+    kind: str, servers: list[RunningServer], tmp_path: Path
+) -> None:
+    """The seed article's numbers: 40 simultaneous requests, 300 ms each, a 2 s budget."""
+    server = _start(servers, kind, threads=4, max_queue=20)
+    calls_before = server.calls()
+    gate = tmp_path / "gate"
+    burst = Burst(server.port, [f"/work?ms=300&gate={gate}"] * 40, headers={"X-Request-Budget-Ms": "2000"})
+    # The first wave waits at the gate until all 16 refusals are out, so the
+    # split never depends on how fast the machine reads 40 connections.
+    early = burst.wait(16)
+    assert statuses(early) == {503: 16}
+    gate.touch()
+    outcomes = burst.join()
+    assert statuses(outcomes) == {200: 24, 503: 16}
+    assert server.calls() - calls_before == 24
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_graceful_shutdown_loses_no_admitted_request(kind: str, servers: list[RunningServer]) -> None:
+    server = _start(servers, kind, threads=2, max_queue=4)
+    offered_before = server.stats()["offered"] if server.stats else 0
+    burst = Burst(server.port, ["/work?ms=300"] * 6)
+    server.wait_offered(offered_before + 6)
+
+    result = server.stop()
+
+    outcomes = burst.join()
+    assert statuses(outcomes) == {200: 6}
+    if kind == "gunicorn":
+        assert result == 0
+    elif kind == "waitress":
+        assert result is True
+    with pytest.raises(OSError):
+        request(server.port, "/calls")
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_client_uploading_a_large_body_to_a_full_server_reads_the_503(
+    kind: str, servers: list[RunningServer], tmp_path: Path
+) -> None:
+    server = _start(servers, kind, threads=1, max_queue=0)
+    holder, gate = _hold(server, tmp_path)
+    size = 8 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sock.sendall(b"POST /work HTTP/1.1\r\nHost: test\r\nContent-Length: %d\r\n\r\n" % size)
+        # A reset would surface here (EPIPE/ECONNRESET) or in the read below.
+        sock.sendall(b"x" * size)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = response.read()
+    assert response.status == 503, body
+    assert response.getheader("X-Prazo-Reason") == "queue-full"
+    assert response.getheader("Retry-After") == "1"
+    gate.touch()
+    assert statuses(holder.join()) == {200: 1}
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_app_runs_with_the_request_budget_and_a_spent_budget_never_runs_it(
+    kind: str, servers: list[RunningServer]
+) -> None:
+    server = _start(servers, kind, threads=2, max_queue=2, default_budget_ms=1000, max_budget_ms=5000)
+    calls_before = server.calls()
+
+    asked = request(server.port, "/work", headers={"X-Request-Budget-Ms": "700"})
+    assert asked.status == 200
+    assert 0 < int(asked.body.split(b"=")[1]) <= 700
+    capped = request(server.port, "/work", headers={"X-Request-Budget-Ms": "999999"})
+    assert 4000 < int(capped.body.split(b"=")[1]) <= 5000
+    default = request(server.port, "/work", headers={"X-Request-Budget-Ms": "soon"})
+    assert 0 < int(default.body.split(b"=")[1]) <= 1000
+
+    spent = request(server.port, "/work", headers={"X-Request-Budget-Ms": "0"})
+    assert (spent.status, spent.reason) == (504, "expired-on-arrival")
+    assert server.calls() - calls_before == 3
+
+
+@pytest.mark.parametrize("kind", SOCKET_KINDS)
+def test_head_arriving_in_pieces_gets_its_deadline_from_the_whole_head(kind: str, servers: list[RunningServer]) -> None:
+    """The first bytes arrive without the budget: the ticket is provisional until the head is parsed."""
+    server = _start(servers, kind, threads=1, max_queue=2)
+    calls_before = server.calls()
+
+    def send_in_pieces(budget_ms: int) -> http.client.HTTPResponse:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S)
+        sock.sendall(b"GET /work HTTP/1.1\r\nHost: test\r\n")
+        time.sleep(0.4)
+        sock.sendall(b"X-Request-Budget-Ms: %d\r\nConnection: close\r\n\r\n" % budget_ms)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        response.read()
+        sock.close()
+        return response
+
+    late = send_in_pieces(150)  # its budget ran out while its head was still arriving
+    assert (late.status, late.getheader("X-Prazo-Reason")) == (504, "expired-in-queue")
+    assert send_in_pieces(5000).status == 200
+    assert server.calls() - calls_before == 1
+
+
+def test_waitress_keeps_the_connection_after_a_refusal(servers: list[RunningServer], tmp_path: Path) -> None:
+    server = _start(servers, "waitress", threads=1, max_queue=0)
+    holder, gate = _hold(server, tmp_path)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=CLIENT_TIMEOUT_S)
+    conn.request("GET", "/work")
+    refused = conn.getresponse()
+    refused.read()
+    assert refused.status == 503
+    assert refused.getheader("Connection") != "close"
+    gate.touch()
+    assert statuses(holder.join()) == {200: 1}
+    conn.request("GET", "/calls")  # the same connection
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def test_waitress_answers_pipelined_requests_refused_one_after_another(
+    servers: list[RunningServer], tmp_path: Path
+) -> None:
+    """Each refusal's answer offers the next pipelined request, refused in turn, in the I/O thread."""
+    server = _start(servers, "waitress", threads=1, max_queue=0)
+    holder, gate = _hold(server, tmp_path)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sock.sendall(b"GET /work HTTP/1.1\r\nHost: test\r\n\r\n" * 3)
+        received = b""
+        while received.count(b"503 Service Unavailable: queue-full\n") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    answers = [int(status) for status in re.findall(rb"^HTTP/1\.1 (\d{3}) ", received, re.MULTILINE)]
+    assert answers == [503, 503, 503]
+    gate.touch()
+    assert statuses(holder.join()) == {200: 1}
+
+
+def test_waitress_stops_gracefully_on_systemexit_in_run(tmp_path: Path) -> None:
+    """``run()`` ending with SystemExit (as Ctrl-C does) drains the queue, turning the I/O loop itself."""
+    from _server_harness import app
+    from prazo.bindings.waitress import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=1, max_queue=3)
+    dispatcher = server.task_dispatcher
+    burst = Burst(server.effective_port, ["/work?ms=200"] * 4)
+    stop_requested = threading.Event()
+
+    def run_until_all_offered() -> None:
+        original_loop = server.asyncore.loop
+
+        def loop(*args: object, **kwargs: object) -> None:
+            kwargs["count"] = 1
+            while not stop_requested.is_set():
+                original_loop(*args, **kwargs)
+            raise SystemExit
+
+        server.asyncore = type("Shim", (), {"loop": staticmethod(loop)})
+        server.run()
+
+    runner = threading.Thread(target=run_until_all_offered, daemon=True)
+    runner.start()
+    wait_until(lambda: dispatcher.stats()["offered"] >= 4, "all four requests to be offered")
+    stop_requested.set()
+    runner.join(CLIENT_TIMEOUT_S)
+    assert not runner.is_alive()
+    assert statuses(burst.join()) == {200: 4}
+    server.close()
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_silent_connections_hold_neither_a_worker_nor_a_place_in_line(kind: str, servers: list[RunningServer]) -> None:
+    server = _start(servers, kind, threads=1, max_queue=0)
+    silent = [socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) for _ in range(3)]
+    try:
+        time.sleep(0.3)  # let the server accept them
+        outcome = request(server.port, "/work")
+        assert (outcome.status, outcome.reason) == (200, None)
+    finally:
+        for sock in silent:
+            sock.close()

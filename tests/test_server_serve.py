@@ -1,0 +1,93 @@
+"""``prazo serve``: each server as a real process, its startup line, serving, and a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, request, statuses
+from prazo.bindings.serve import load_app, main_serve
+
+_LAUNCH = "import sys; from prazo.bindings.serve import main_serve; sys.exit(main_serve(sys.argv[1:]))"
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(CLIENT_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
+    kind: str, processes: list[subprocess.Popen]
+) -> None:
+    command = [
+        sys.executable, "-c", _LAUNCH, "_server_harness:app", "--server", kind, "--port", "0",
+        "--threads", "2", "--max-queue", "3", "--default-budget-ms", "1500", "--shutdown-timeout", "10",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ)
+    )
+    processes.append(process)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert f"with {kind}" in line
+    assert "threads=2 max_queue=3 (capacity 5) default_budget_ms=1500 max_budget_ms=30000" in line
+    match = re.search(r"http://127\.0\.0\.1:(\d+) ", line)
+    assert match, line
+    port = int(match.group(1))
+
+    end = time.monotonic() + CLIENT_TIMEOUT_S
+    while True:  # gunicorn's worker boots after the line is printed
+        try:
+            first = request(port, "/work")
+            break
+        except OSError:
+            assert time.monotonic() < end and process.poll() is None, "the server never answered"
+            time.sleep(0.05)
+    assert first.status == 200 and 1000 < int(first.body.split(b"=")[1]) <= 1500
+
+    burst = Burst(port, ["/work?ms=300"] * 4)
+    time.sleep(1.0)  # generous: four loopback requests reach the queue in milliseconds
+    process.send_signal(signal.SIGTERM)
+    assert statuses(burst.join()) == {200: 4}
+    assert process.wait(CLIENT_TIMEOUT_S) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no_such_module_anywhere:app"], "cannot import 'no_such_module_anywhere'"),
+        (["_server_harness"], "app must look like MODULE:APP"),
+        (["_server_harness:nothing"], "has no attribute 'nothing'"),
+        (["_server_harness:TESTS_DIR"], "is not a WSGI callable"),
+        (["_server_harness:app", "--max-queue", "-1"], "max_queue must be >= 0"),
+        (["_server_harness:app", "--threads", "0"], "threads must be >= 1"),
+        (["_server_harness:app", "--default-budget-ms", "nan"], "default_budget_ms must not be NaN"),
+        (["_server_harness:app", "--port", "70000"], "--port must be between 0 and 65535"),
+        (["_server_harness:app", "--workers", "2"], "--workers is for --server gunicorn only"),
+        (["_server_harness:app", "--trust-request-start", "--trusted-proxy", "nope"], "trusted_proxies: 'nope'"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_problem(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(TESTS_DIR)
+    assert main_serve(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_load_app_follows_dotted_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(TESTS_DIR)
+    assert load_app("_server_harness:app").__name__ == "app"
+    assert load_app("os.path:join") is os.path.join

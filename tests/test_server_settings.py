@@ -1,0 +1,134 @@
+"""Settings of the server embeddings: arguments, ``PRAZO_*`` variables, defaults and clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from _server_harness import TESTS_DIR
+from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy
+from prazo.bindings.servers import ServerSettings, resolve_settings
+
+
+def test_defaults_without_arguments_or_environment() -> None:
+    settings = resolve_settings(environ={})
+    assert (settings.threads, settings.max_queue, settings.capacity) == (4, 16, 20)
+    assert (settings.default_budget_ms, settings.max_budget_ms) == (1000, 30000)
+    assert type(settings.policy()) is BudgetPolicy
+
+
+def test_environment_fills_what_the_arguments_leave_out() -> None:
+    environ = {
+        "PRAZO_MAX_QUEUE": " 7 ",
+        "PRAZO_DEFAULT_BUDGET_MS": "250.5",
+        "PRAZO_MAX_BUDGET_MS": "9000",
+        "PRAZO_TRUST_REQUEST_START": "yes",
+        "PRAZO_TRUSTED_PROXIES": "10.0.0.0/8, 127.0.0.1",
+        "PRAZO_MAX_UPSTREAM_MS": "1500",
+    }
+    settings = resolve_settings(threads=3, environ=environ)
+    assert (settings.threads, settings.max_queue, settings.capacity) == (3, 7, 10)
+    assert (settings.default_budget_ms, settings.max_budget_ms) == (250.5, 9000)
+    assert settings.trusted_proxies == ("10.0.0.0/8", "127.0.0.1")
+    policy = settings.policy()
+    assert isinstance(policy, FrontProxyBudgetPolicy)
+    assert policy.max_upstream_ms == 1500
+    assert "capacity 10" in settings.describe() and "X-Request-Start from 10.0.0.0/8,127.0.0.1" in settings.describe()
+
+
+def test_arguments_win_over_the_environment() -> None:
+    environ = {"PRAZO_MAX_QUEUE": "7", "PRAZO_DEFAULT_BUDGET_MS": "250", "PRAZO_TRUST_REQUEST_START": "1"}
+    settings = resolve_settings(max_queue=0, default_budget_ms=600, trust_request_start=False, environ=environ)
+    assert (settings.max_queue, settings.default_budget_ms, settings.trust_request_start) == (0, 600, False)
+
+
+def test_a_complete_settings_object_is_taken_as_it_is() -> None:
+    settings = ServerSettings(threads=2, max_queue=1)
+    assert resolve_settings(settings=settings, environ={"PRAZO_MAX_QUEUE": "9"}) is settings
+    with pytest.raises(TypeError, match="either settings or the individual limits"):
+        resolve_settings(settings=settings, max_queue=3)
+    with pytest.raises(TypeError, match="settings must be a ServerSettings"):
+        resolve_settings(settings={"threads": 2})  # type: ignore[arg-type]
+
+
+def test_the_process_environment_is_read_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRAZO_MAX_QUEUE", "11")
+    assert resolve_settings(threads=1).capacity == 12
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PRAZO_MAX_QUEUE", "many", "PRAZO_MAX_QUEUE must be an integer >= 0"),
+        ("PRAZO_MAX_QUEUE", "-1", "PRAZO_MAX_QUEUE must be an integer >= 0"),
+        ("PRAZO_MAX_QUEUE", "1.5", "PRAZO_MAX_QUEUE must be an integer"),
+        ("PRAZO_DEFAULT_BUDGET_MS", "fast", "PRAZO_DEFAULT_BUDGET_MS must be a number of milliseconds"),
+        ("PRAZO_DEFAULT_BUDGET_MS", "nan", "PRAZO_DEFAULT_BUDGET_MS must be a finite number"),
+        ("PRAZO_DEFAULT_BUDGET_MS", "0", "PRAZO_DEFAULT_BUDGET_MS must be a finite number of milliseconds > 0"),
+        ("PRAZO_MAX_BUDGET_MS", "inf", "PRAZO_MAX_BUDGET_MS must be a finite number"),
+        ("PRAZO_TRUST_REQUEST_START", "maybe", "PRAZO_TRUST_REQUEST_START must be 1/0"),
+        ("PRAZO_MAX_UPSTREAM_MS", "-5", "PRAZO_MAX_UPSTREAM_MS must be a finite number"),
+    ],
+)
+def test_malformed_variables_are_named_in_the_error(name: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        resolve_settings(environ={name: value})
+
+
+def test_trusting_the_proxy_takes_a_real_bool() -> None:
+    with pytest.raises(TypeError, match="trust_request_start must be a bool"):
+        resolve_settings(trust_request_start="no", environ={})  # type: ignore[arg-type]
+
+
+def test_untrusted_proxy_list_is_validated_when_trusting() -> None:
+    with pytest.raises(ValueError, match="trusted_proxies: 'bogus'"):
+        resolve_settings(environ={"PRAZO_TRUST_REQUEST_START": "1", "PRAZO_TRUSTED_PROXIES": "10.0.0.1,bogus"})
+    with pytest.raises(TypeError, match="trusted_proxies"):
+        resolve_settings(trusted_proxies="10.0.0.1", environ={})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"threads": 0, "max_queue": 1}, ValueError, "threads must be >= 1"),
+        ({"threads": "4", "max_queue": 1}, TypeError, "threads must be an int"),
+        ({"threads": True, "max_queue": 1}, TypeError, "threads must be an int"),
+        ({"threads": 1, "max_queue": -1}, ValueError, "max_queue must be >= 0"),
+        ({"threads": 1, "max_queue": 1, "default_budget_ms": float("nan")}, ValueError, "default_budget_ms"),
+        ({"threads": 1, "max_queue": 1, "trust_request_start": "yes"}, TypeError, "trust_request_start"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        ServerSettings(**kwargs)
+
+
+def test_gunicorn_settings_come_from_threads_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prazo.bindings.gunicorn import settings_for
+
+    cfg = SimpleNamespace(threads=3, is_ssl=False, http_protocols=["h1"])
+    monkeypatch.setenv("PRAZO_MAX_QUEUE", "5")
+    assert settings_for(cfg).capacity == 8
+    monkeypatch.setenv("PRAZO_MAX_QUEUE", "five")
+    with pytest.raises(RuntimeError, match="prazo: PRAZO_MAX_QUEUE"):
+        settings_for(cfg)
+    monkeypatch.setenv("PRAZO_MAX_QUEUE", "5")
+    with pytest.raises(RuntimeError, match="TLS"):
+        settings_for(SimpleNamespace(threads=3, is_ssl=True, http_protocols=["h1"]))
+    with pytest.raises(RuntimeError, match="HTTP/1"):
+        settings_for(SimpleNamespace(threads=3, is_ssl=False, http_protocols=["h2", "h1"]))
+
+
+def test_gunicorn_refuses_to_start_with_a_malformed_variable() -> None:
+    env = {**os.environ, "PRAZO_MAX_QUEUE": "lots", "PYTHONPATH": str(TESTS_DIR)}
+    command = [
+        sys.executable, "-m", "gunicorn", "-k", "prazo.bindings.gunicorn.AdmissionWorker",
+        "--bind", "127.0.0.1:0", "--no-control-socket", "_server_harness:app",
+    ]  # fmt: skip
+    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "PRAZO_MAX_QUEUE must be an integer >= 0, got 'lots'" in result.stderr
