@@ -38,6 +38,19 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:
             self._warn(exc)
 
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        """Replace an in-place .so atomically.
+
+        Overwriting it in place would change the pages of a library that a
+        running process (a test run, a server) has mapped, and crash it.
+        """
+        if not str(outfile).endswith((".so", ".pyd")):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        tmp = f"{outfile}.tmp-{os.getpid()}"
+        result = super().copy_file(infile, tmp, *args, **kwargs)
+        os.replace(tmp, outfile)
+        return (outfile, result[1])
+
     @staticmethod
     def _warn(exc):
         sys.stderr.write(
