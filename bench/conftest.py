@@ -1,12 +1,14 @@
-"""pytest-benchmark set-up for the core suite: both twins, per-operation units, handoff summary.
+"""pytest-benchmark set-up for the suites: both twins, per-operation units, handoff summary.
 
 Run with ``make bench`` (or ``.venv/bin/python -m pytest bench --benchmark-only``).
 
 * ``twin`` runs a benchmark once per twin (ids ``c`` and ``py``). A missing
   C twin fails the ``c`` run unless ``PRAZO_NO_EXTENSIONS=1`` asks for the
   Python twin alone, as in the test suite.
-* One benchmark round is ``INNER_LOOPS`` (1000) operations, and the table is
-  always in microseconds, so its numbers read directly as ns per operation.
+* One benchmark round is ``INNER_LOOPS`` (1000) operations (WSGI requests,
+  for the middleware), and the table is in microseconds, so its numbers read
+  directly as ns per operation. The pool's rounds are whole batches of tasks
+  (``extra_info["tasks_per_round"]``) and keep pytest-benchmark's own unit.
 * Handoff benchmarks time a whole ping-pong round; the one-way latencies
   (release → waiter running) they record are printed as median and p99 at
   the end of the run.
@@ -14,7 +16,8 @@ Run with ``make bench`` (or ``.venv/bin/python -m pytest bench --benchmark-only`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 from prazo.bindings.benchmarks import (
@@ -88,10 +91,13 @@ def handoff_benchmark(request: pytest.FixtureRequest, benchmark: object) -> Call
 
 
 def pytest_benchmark_scale_unit(
-    config: pytest.Config, unit: str, benchmarks: object, best: object, worst: object, sort: str
+    config: pytest.Config, unit: str, benchmarks: Sequence[Any], best: object, worst: object, sort: str
 ) -> tuple[str, float] | None:
     # Microseconds per 1000-operation round are nanoseconds per operation;
-    # an explicit --benchmark-time-unit still wins.
+    # a group of whole pool batches keeps the automatic unit, and an explicit
+    # --benchmark-time-unit still wins.
+    if any("tasks_per_round" in bench["extra_info"] for bench in benchmarks):
+        return None
     if unit == "seconds" and config.getoption("benchmark_time_unit", None) in (None, "auto"):
         return "u", 1e6
     return None

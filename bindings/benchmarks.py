@@ -74,13 +74,19 @@ __all__ = [
     "TwinOperation",
     "admission_gate",
     "best_ns_per_op",
+    "check_counts",
     "empty_loop",
+    "format_times",
     "handoff_gates",
     "handoff_placements",
+    "make_target",
     "measure_handoffs",
     "pinned",
     "placement_cpus",
+    "ratio_of",
     "render_core_report",
+    "render_heading",
+    "render_targets",
     "run_core_bench",
     "summarize_handoff",
 ]
@@ -532,12 +538,17 @@ class BenchSettings:
     handoff_samples: int = 2000
 
     def __post_init__(self) -> None:
-        for name, minimum in (("inner", 1), ("repeat", 1), ("handoff_samples", 2)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-            if value < minimum:
-                raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        check_counts(self, inner=1, repeat=1, handoff_samples=2)
+
+
+def check_counts(settings: object, **minimums: int) -> None:
+    """Check that each named field of ``settings`` is an int at least its minimum (TypeError / ValueError)."""
+    for name, minimum in minimums.items():
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 QUICK = BenchSettings(repeat=10, handoff_samples=200)
@@ -585,7 +596,7 @@ class CoreBenchReport:
 
     def ratio(self, key: str) -> float | None:
         """A row's cost relative to its baseline row."""
-        return _ratio(self.ns(key), self.ns(self.rows[key].baseline))
+        return ratio_of(self.ns(key), self.ns(self.rows[key].baseline))
 
     def handoff_median_us(self, placement: str, key: str) -> float | None:
         summary = self.handoff.get(placement, {}).get(key)
@@ -595,26 +606,26 @@ class CoreBenchReport:
         """The targets of the issue, as ratios measured in this one run."""
         c_slot = self.ns("c:slot")
         found = [
-            _target(
+            make_target(
                 "C gate vs a Lock acquire+release pair",
-                _ratio(c_slot, self.ns("lock-pair")),
+                ratio_of(c_slot, self.ns("lock-pair")),
                 "<= 1.0x",
                 lambda r: r <= 1.0,
             ),
-            _target(
+            make_target(
                 "C gate speed-up over BoundedSemaphore",
-                _ratio(self.ns("bounded-semaphore"), c_slot),
+                ratio_of(self.ns("bounded-semaphore"), c_slot),
                 ">= 10x",
                 lambda r: r >= 10,
             ),
-            _target(
-                "C gate speed-up over the Python twin", _ratio(self.ns("py:slot"), c_slot), ">= 5x", lambda r: r >= 5
+            make_target(
+                "C gate speed-up over the Python twin", ratio_of(self.ns("py:slot"), c_slot), ">= 5x", lambda r: r >= 5
             ),
         ]
         for twin in ("c", "py"):
             key = _depth_key(twin, DEPTHS[1])
             found.append(
-                _target(
+                make_target(
                     f"{twin} depth {_spaced(DEPTHS[1])} vs depth {DEPTHS[0]}",
                     self.ratio(key) if key in self.rows else None,
                     "<= 1.2x",
@@ -623,9 +634,9 @@ class CoreBenchReport:
             )
         for placement in self.handoff:
             found.append(
-                _target(
+                make_target(
                     f"C handoff median vs the Python twin's ({placement})",
-                    _ratio(self.handoff_median_us(placement, "c"), self.handoff_median_us(placement, "py")),
+                    ratio_of(self.handoff_median_us(placement, "c"), self.handoff_median_us(placement, "py")),
                     "<= 0.5x",
                     lambda r: r <= 0.5,
                 )
@@ -635,22 +646,27 @@ class CoreBenchReport:
     def context(self) -> list[tuple[str, float | None]]:
         """Like-for-like ratios that explain the gate targets (a ``with`` block costs more than two calls)."""
         return [
-            ("C `with q.slot(d)` vs `with threading.Lock`", _ratio(self.ns("c:slot"), self.ns("lock-with"))),
-            ("C q.acquire(d)+q.release() vs the Lock pair", _ratio(self.ns("c:acquire-release"), self.ns("lock-pair"))),
+            ("C `with q.slot(d)` vs `with threading.Lock`", ratio_of(self.ns("c:slot"), self.ns("lock-with"))),
+            (
+                "C q.acquire(d)+q.release() vs the Lock pair",
+                ratio_of(self.ns("c:acquire-release"), self.ns("lock-pair")),
+            ),
             (
                 "C q.acquire(d)+q.release() speed-up over BoundedSemaphore",
-                _ratio(self.ns("bounded-semaphore"), self.ns("c:acquire-release")),
+                ratio_of(self.ns("bounded-semaphore"), self.ns("c:acquire-release")),
             ),
         ]
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is not positive."""
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return numerator / denominator
 
 
-def _target(label: str, value: float | None, limit: str, test: Callable[[float], bool]) -> Target:
+def make_target(label: str, value: float | None, limit: str, test: Callable[[float], bool]) -> Target:
+    """A ``Target`` whose verdict is ``test(value)`` (None when ``value`` could not be measured)."""
     return Target(label, value, limit, None if value is None else test(value))
 
 
@@ -748,20 +764,42 @@ _RATIO_OF = {
 }
 
 
-def _times(ratio: float | None) -> str:
+def format_times(ratio: float | None) -> str:
+    """A ratio as ``1.23x``, or ``-`` when it could not be measured."""
     return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def render_heading(title: str, detail: str, notes: Sequence[str], paint: Paint = plain) -> list[str]:
+    """The first lines of every ``prazo bench`` report: what ran, on what, and any notes."""
+    return [
+        paint(title, "bold") + f" — {detail}",
+        f"{platform.python_implementation()} {platform.python_version()} on {platform.system()}, "
+        f"{os.cpu_count()} CPUs — " + paint("on a shared machine the numbers are noisy; compare ratios", "dim"),
+        *(paint(f"note: {note}", "warn") for note in notes),
+    ]
+
+
+def render_targets(targets: Sequence[Target], width: int, paint: Paint = plain) -> list[str]:
+    """The ``targets`` block: one ``[pass]`` / ``[MISS]`` / ``[n/a ]`` line per target."""
+    out = ["", paint("targets", "bold")]
+    for t in targets:
+        verdict, role = ("n/a ", "dim") if t.met is None else ("pass", "ok") if t.met else ("MISS", "bad")
+        out.append(
+            f"  {paint(f'[{verdict}]', role)} {t.label:<{width - 2}}{format_times(t.ratio):>8}  (target {t.limit})"
+        )
+    return out
 
 
 def render_core_report(report: CoreBenchReport, paint: Paint = plain) -> str:
     """The ``prazo bench core`` table: ns/op with ratios, handoff latency, targets."""
     s = report.settings
-    out = [
-        paint("prazo bench core", "bold") + f" — twins: {', '.join(report.twins)} · {s.inner} ops per sample · "
-        f"best of {s.repeat} · ns/op net of the empty loop ({report.loop_overhead_ns:.1f} ns/op)",
-        f"{platform.python_implementation()} {platform.python_version()} on {platform.system()}, "
-        f"{os.cpu_count()} CPUs — " + paint("on a shared machine the numbers are noisy; compare ratios", "dim"),
-    ]
-    out += [paint(f"note: {note}", "warn") for note in report.notes]
+    out = render_heading(
+        "prazo bench core",
+        f"twins: {', '.join(report.twins)} · {s.inner} ops per sample · best of {s.repeat} · "
+        f"ns/op net of the empty loop ({report.loop_overhead_ns:.1f} ns/op)",
+        report.notes,
+        paint,
+    )
     targets, context = report.targets(), report.context()
     labels = [row.label for row in report.rows.values()] + [t.label for t in targets] + [label for label, _ in context]
     width = max(len(label) for label in labels) + 2
@@ -784,11 +822,8 @@ def render_core_report(report: CoreBenchReport, paint: Paint = plain) -> str:
                 f"  {label:<{width - 2}}{summary.median_us:>10.1f}  {summary.p99_us:>8.1f}"
                 + paint(f"  {summary.samples} samples", "dim")
             )
-    out += ["", paint("targets", "bold")]
-    for t in targets:
-        verdict, role = ("n/a ", "dim") if t.met is None else ("pass", "ok") if t.met else ("MISS", "bad")
-        out.append(f"  {paint(f'[{verdict}]', role)} {t.label:<{width - 2}}{_times(t.ratio):>8}  (target {t.limit})")
+    out += render_targets(targets, width, paint)
     out += ["", paint("context", "bold")]
     for label, ratio in context:
-        out.append(f"         {label:<{width - 2}}{_times(ratio):>8}")
+        out.append(f"         {label:<{width - 2}}{format_times(ratio):>8}")
     return "\n".join(out)

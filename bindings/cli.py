@@ -5,8 +5,11 @@
     prazo demo [flags]         the default demo: the seed's A -> B cascade over real HTTP
     prazo demo http [flags]    the same, by name
     prazo demo core [flags]    the seed scenario on the admission queue, real threads
-    prazo bench                the default benchmark (today: the core comparisons)
+    prazo bench [--quick]      the default benchmarks: core, wsgi and pool, one after another
     prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
+    prazo bench wsgi [flags]   the WSGI middleware's cost per request against a semaphore limiter
+    prazo bench pool [flags]   AdmissionPool throughput against ThreadPoolExecutor
+    prazo serve MODULE:APP [--server waitress|gunicorn|werkzeug|wsgiref|cheroot] [limits]
     prazo --version
 
 ``--impl c|py`` (before or after the command) forces one twin of the
@@ -312,21 +315,78 @@ def _add_demo(commands: _Commands) -> _Commands:
 # -- bench ------------------------------------------------------------------------
 
 
+def _bench_settings(args: argparse.Namespace) -> BenchSettings:
+    settings = QUICK if getattr(args, "quick", False) else BenchSettings()
+    return dataclasses.replace(settings, **_given(args, BenchSettings))  # type: ignore[arg-type]
+
+
 def _run_bench_core(args: argparse.Namespace, out: TextIO) -> int:
     twins, notes = select_twins(getattr(args, "impl", None))
-    settings = QUICK if getattr(args, "quick", False) else BenchSettings()
-    settings = dataclasses.replace(settings, **_given(args, BenchSettings))  # type: ignore[arg-type]
-    print(render_core_report(run_core_bench(twins, settings, notes=notes), make_paint(out)), file=out)
+    print(render_core_report(run_core_bench(twins, _bench_settings(args), notes=notes), make_paint(out)), file=out)
+    return 0
+
+
+def _run_bench_wsgi(args: argparse.Namespace, out: TextIO) -> int:
+    from prazo.bindings.bench_wsgi import render_wsgi_report, run_wsgi_bench
+
+    twins, notes = select_twins(getattr(args, "impl", None))
+    print(render_wsgi_report(run_wsgi_bench(twins, _bench_settings(args), notes=notes), make_paint(out)), file=out)
+    return 0
+
+
+def _run_bench_pool(args: argparse.Namespace, out: TextIO) -> int:
+    from prazo.bindings.bench_pool import QUICK_POOL, PoolBenchSettings, render_pool_report, run_pool_bench
+    from prazo.core import IMPLEMENTATION
+
+    settings = QUICK_POOL if getattr(args, "quick", False) else PoolBenchSettings()
+    settings = dataclasses.replace(settings, **_given(args, PoolBenchSettings))  # type: ignore[arg-type]
+    impl = getattr(args, "impl", None)
+    notes = []
+    if impl is not None and impl != IMPLEMENTATION:
+        notes.append(
+            f"AdmissionPool runs on the twin prazo.core picked ({IMPLEMENTATION}); --impl {impl} does not apply "
+            "to it (PRAZO_NO_EXTENSIONS=1 selects the Python twin)"
+        )
+    report = run_pool_bench(settings, twin=IMPLEMENTATION, notes=notes)
+    print(render_pool_report(report, make_paint(out)), file=out)
+    return 0
+
+
+def _run_bench_all(args: argparse.Namespace, out: TextIO) -> int:
+    for index, run in enumerate((_run_bench_core, _run_bench_wsgi, _run_bench_pool)):
+        if index:
+            print(file=out)
+        run(args, out)
     return 0
 
 
 # ``prazo bench`` with no topic runs this (looked up at call time, so it can be repointed).
-DEFAULT_BENCH: Handler = _run_bench_core
+DEFAULT_BENCH: Handler = _run_bench_all
+
+
+def _add_quick(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--quick", action="store_true", default=argparse.SUPPRESS, help=f"a fast, rough run ({what})")
+
+
+def _add_sampling(parser: argparse.ArgumentParser, unit: str, defaults: BenchSettings) -> None:
+    """``--inner`` and ``--repeat`` of a loop benchmark whose operation is one ``unit``."""
+    parser.add_argument(
+        "--inner", type=_integer(1), metavar="N", help=f"{unit}s per timed sample (default {defaults.inner})"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_integer(1),
+        metavar="N",
+        help=f"timed samples per {unit}; the best counts (default {defaults.repeat})",
+    )
 
 
 def _add_bench(commands: _Commands) -> _Commands:
-    defaults = BenchSettings()
+    from prazo.bindings.bench_pool import QUICK_POOL, PoolBenchSettings
+
+    defaults, pool_defaults = BenchSettings(), PoolBenchSettings()
     topics = _add_command_with_topics(commands, "bench", "run benchmarks", lambda: DEFAULT_BENCH)
+    _add_quick(commands.choices["bench"], "every benchmark with its --quick settings")
     core = _add_topic(
         topics,
         "core",
@@ -335,26 +395,43 @@ def _add_bench(commands: _Commands) -> _Commands:
         "with ratios against the stdlib baseline and the targets of the C twin.",
         _run_bench_core,
     )
-    core.add_argument(
-        "--inner", type=_integer(1), metavar="N", help=f"operations per timed sample (default {defaults.inner})"
-    )
-    core.add_argument(
-        "--repeat",
-        type=_integer(1),
-        metavar="N",
-        help=f"timed samples per operation; the best counts (default {defaults.repeat})",
-    )
+    _add_sampling(core, "operation", defaults)
     core.add_argument(
         "--handoff-samples",
         type=_integer(2),
         metavar="N",
         help=f"handoffs timed per competitor (default {defaults.handoff_samples})",
     )
-    core.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"a fast, rough run (repeat {QUICK.repeat}, {QUICK.handoff_samples} handoffs)",
+    _add_quick(core, f"repeat {QUICK.repeat}, {QUICK.handoff_samples} handoffs")
+    wsgi = _add_topic(
+        topics,
+        "wsgi",
+        "the WSGI middleware's cost per request against a BoundedSemaphore limiter",
+        "In-process WSGI requests, uncontended: the bare app, a BoundedSemaphore limiter middleware and "
+        "AdmissionMiddleware on each twin; the overhead of each over the bare app, and the target.",
+        _run_bench_wsgi,
     )
+    _add_sampling(wsgi, "request", defaults)
+    _add_quick(wsgi, f"repeat {QUICK.repeat}")
+    pool = _add_topic(
+        topics,
+        "pool",
+        "AdmissionPool throughput against ThreadPoolExecutor on no-op tasks",
+        "Batches of no-op tasks submitted and then waited for, end to end: ThreadPoolExecutor against "
+        "AdmissionPool with a deadline on every task, and the target.",
+        _run_bench_pool,
+    )
+    pool.add_argument("--tasks", type=_integer(1), metavar="N", help=f"tasks per batch (default {pool_defaults.tasks})")
+    pool.add_argument(
+        "--batches",
+        type=_integer(1),
+        metavar="N",
+        help=f"timed batches per competitor; the best counts (default {pool_defaults.batches})",
+    )
+    pool.add_argument(
+        "--workers", type=_integer(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"
+    )
+    _add_quick(pool, f"{QUICK_POOL.batches} batches")
     return topics
 
 
@@ -371,6 +448,23 @@ def _version() -> str:
     return f"prazo {version} (core implementation: {IMPLEMENTATION})"
 
 
+# -- serve ------------------------------------------------------------------------
+
+
+def _add_serve(commands: _Commands) -> None:
+    from prazo.bindings.serve import add_serve_arguments, run_serve
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a WSGI app with admission at the server's own queue",
+        description="Serve MODULE:APP on waitress, gunicorn, werkzeug, wsgiref or cheroot with prazo's "
+        "bounded queue and deadlines at the server's own queue (PRAZO_MAX_QUEUE, PRAZO_DEFAULT_BUDGET_MS and "
+        "PRAZO_MAX_BUDGET_MS are honoured; flags win).",
+    )
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=run_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prazo",
@@ -381,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(commands)
     _add_bench(commands)
+    _add_serve(commands)
     return parser
 
 

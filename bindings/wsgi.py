@@ -52,9 +52,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextvars import copy_context
+from contextvars import Context
 from functools import partial
-from typing import Any
+from types import GeneratorType
+from typing import Any, ClassVar
 
 from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
 from prazo.core import (
@@ -68,7 +69,8 @@ from prazo.core import (
     DownstreamOverloaded,
     QueueFull,
     ShutDown,
-    deadline_scope,
+    current_deadline,
+    deadline_context,
 )
 
 __all__ = [
@@ -241,83 +243,92 @@ def request_deadline(
     return deadline, incoming
 
 
-def _count_app_refusal(counters: MiddlewareCounters | None, exc: BaseException) -> None:
+def _refuse(
+    exc: DeadlineExceeded | DownstreamOverloaded,
+    start_response: StartResponse,
+    counters: MiddlewareCounters | None,
+    retry_after_s: int,
+) -> list[bytes]:
+    """Answer a refusal the app raised; call it inside the ``except`` that caught ``exc``."""
     if counters is not None:
-        kind = "app_deadline_exceeded" if isinstance(exc, DeadlineExceeded) else "app_downstream_overloaded"
-        counters.add(kind)
+        counters.add("app_deadline_exceeded" if isinstance(exc, DeadlineExceeded) else "app_downstream_overloaded")
+    # With exc_info, PEP 3333 makes the server replace headers not yet sent,
+    # or re-raise ``exc`` if they were: exactly the rule we want.
+    body = send_rejection(start_response, exc, retry_after_s=retry_after_s, exc_info=sys.exc_info())
+    if counters is not None:
+        counters.count_response(exc)
+    return body
+
+
+def _release_when_done(body: list[bytes] | tuple[bytes, ...], release: Callable[[], object]) -> Iterator[bytes]:
+    """A list or tuple body that calls ``release()`` once: exhausted, closed or collected.
+
+    Iterating a list runs no app code, so no context is needed, and nothing
+    else is either: a generator's ``finally`` runs exactly once, whether it
+    ends, is closed, or is dropped unfinished (the interpreter closes it).
+    The caller primes it with one ``next()``, so that a ``close()`` before
+    the first chunk still runs ``finally``.
+    """
+    try:
+        yield b""  # taken by the priming next(), never seen by the server
+        yield from body
+    finally:
+        release()
 
 
 class AdmittedResponse:
-    """The response iterable of an admitted request; see ``run_admitted``.
+    """The response iterable of an admitted request whose body runs app code.
 
-    Effects: calls the app (at construction) and its body inside a copy of
-    the caller's context where ``deadline_scope(deadline)`` is current, so
-    streaming generators see the deadline too. ``release()`` is called
+    ``run_admitted`` returns one when the app's body is not a plain list or
+    tuple (a generator, a framework's response iterable, ...). Effects: each
+    chunk is produced inside ``context``, where the request's deadline is
+    current, so streaming generators see it too. ``release()`` is called
     exactly once, at the first of: the body is exhausted, ``close()`` is
-    called, or the app raises (calling it or iterating it). The app's own
-    ``close()`` is called exactly once, from ``close()``. If the app raises
-    ``DeadlineExceeded`` / ``DownstreamOverloaded`` while the server has not
-    sent the headers yet, the response becomes a 504 / 503; once they are
-    sent (a body chunk or ``write()`` went out) the exception propagates and
-    the server closes the connection. Either way the slot is released.
+    called, the body raises, or the response is garbage collected. The app's
+    own ``close()`` is called exactly once, from ``close()``. If the body
+    raises ``DeadlineExceeded`` / ``DownstreamOverloaded`` while the server
+    has not sent the headers yet, the response becomes a 504 / 503; once they
+    are sent the exception propagates and the server closes the connection.
+
+    >>> def numbers():
+    ...     yield b"1"
+    ...     yield b"2"
+    >>> from contextvars import copy_context
+    >>> released = []
+    >>> response = AdmittedResponse(numbers(), copy_context(), None, lambda: released.append(1))
+    >>> list(response), released
+    ([b'1', b'2'], [1])
+    >>> response.close(); released
+    [1]
     """
 
-    __slots__ = (
-        "_closed",
-        "_context",
-        "_counters",
-        "_release_once",
-        "_result",
-        "_retry_after_s",
-        "_start_response",
-    )
+    __slots__ = ("_claim", "_closed", "_context", "_counters", "_result", "_retry_after_s", "_start_response")
 
     def __init__(
         self,
-        app: WSGIApp,
-        environ: Environ,
+        result: Iterable[bytes],
+        context: Context,
         start_response: StartResponse,
-        deadline: Deadline,
         release: Callable[[], object],
         counters: MiddlewareCounters | None = None,
         retry_after_s: int = 1,
     ) -> None:
         # A one-element list: list.pop() is atomic, so concurrent paths
         # (close() racing exhaustion, the finaliser) release exactly once.
-        self._release_once = [release]
-        self._context = copy_context()
+        self._claim = [release]
+        self._result = result
+        self._context = context
         self._start_response = start_response
         self._counters = counters
         self._retry_after_s = retry_after_s
-        self._result: Iterable[bytes] = ()
         self._closed = False
-        effective = self._context.run(deadline_scope(deadline).__enter__)
-        environ[DEADLINE_KEY] = deadline if effective is None else effective
-        try:
-            self._result = self._context.run(app, environ, start_response)
-        except (DeadlineExceeded, DownstreamOverloaded) as exc:
-            self._finish()
-            self._result = self._refuse(exc)
-        except BaseException:
-            self._finish()
-            raise
-
-    def _refuse(self, exc: DeadlineExceeded | DownstreamOverloaded) -> list[bytes]:
-        """Answer an app-raised refusal; the server re-raises it once headers are out."""
-        _count_app_refusal(self._counters, exc)
-        # With exc_info, PEP 3333 makes the server replace headers not yet
-        # sent, or re-raise ``exc`` if they were: exactly the rule we want.
-        body = send_rejection(self._start_response, exc, retry_after_s=self._retry_after_s, exc_info=sys.exc_info())
-        if self._counters is not None:
-            self._counters.count_response(exc)
-        return body
 
     def _finish(self) -> None:
         # The truth test spares the common repeat calls an exception;
         # pop() stays the atomic claim when two paths race.
-        if self._release_once:
+        if self._claim:
             try:
-                release = self._release_once.pop()
+                release = self._claim.pop()
             except IndexError:
                 return
             release()
@@ -327,12 +338,10 @@ class AdmittedResponse:
 
     def _stream(self) -> Iterator[bytes]:
         run = self._context.run
+        result = self._result
         try:
-            if type(self._result) in _INERT_BODIES:
-                # Iterating a list or tuple runs no app code: no context needed.
-                yield from self._result
-                return
-            iterator = run(iter, self._result)
+            # iter() of a generator is the generator itself: no app code runs, no context switch needed.
+            iterator = result if type(result) is GeneratorType else run(iter, result)
             # iter(callable, sentinel) ends, in C, when ``next`` raises
             # StopIteration: each chunk costs one context switch and no
             # Python-level exception, which matters on every request.
@@ -341,7 +350,7 @@ class AdmittedResponse:
             self._finish()
             # Serve the refusal instead; the app's iterable is still closed
             # by close(), as PEP 3333 requires.
-            yield from self._refuse(exc)
+            yield from _refuse(exc, self._start_response, self._counters, self._retry_after_s)
         finally:
             self._finish()
 
@@ -351,10 +360,9 @@ class AdmittedResponse:
             return
         self._closed = True
         try:
-            if type(self._result) not in _INERT_BODIES:
-                close = getattr(self._result, "close", None)
-                if close is not None:
-                    self._context.run(close)
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                self._context.run(close)
         finally:
             self._finish()
 
@@ -362,6 +370,38 @@ class AdmittedResponse:
         # A safety net for servers that drop the iterable without close():
         # the slot must never leak, or capacity shrinks for good.
         self._finish()
+
+
+def _call_admitted(
+    app: WSGIApp,
+    environ: Environ,
+    start_response: StartResponse,
+    deadline: Deadline,
+    release: Callable[[], object],
+    queue_wait_ns: int,
+    counters: MiddlewareCounters | None,
+    retry_after_s: int,
+) -> Iterable[bytes]:
+    """``run_admitted`` with positional arguments only: keywords cost on every request."""
+    try:
+        environ[QUEUE_WAIT_MS_KEY] = queue_wait_ns / NS_PER_MS
+        outer = current_deadline()
+        context = deadline_context(deadline)
+        # With an outer deadline the earlier one wins (a callee never extends
+        # its caller's); the environ shows the one actually in force.
+        environ[DEADLINE_KEY] = deadline if outer is None else context.run(current_deadline)
+        result = context.run(app, environ, start_response)
+    except (DeadlineExceeded, DownstreamOverloaded) as exc:
+        release()
+        return _refuse(exc, start_response, counters, retry_after_s)
+    except BaseException:
+        release()
+        raise
+    if type(result) in _INERT_BODIES:
+        body = _release_when_done(result, release)
+        next(body)
+        return body
+    return AdmittedResponse(result, context, start_response, release, counters, retry_after_s)
 
 
 def run_admitted(
@@ -374,16 +414,20 @@ def run_admitted(
     *,
     counters: MiddlewareCounters | None = None,
     retry_after_s: int = 1,
-) -> AdmittedResponse:
+) -> Iterable[bytes]:
     """Run a request that already holds a slot; return its response iterable.
 
-    Sets ``prazo.deadline`` and ``prazo.queue_wait_ms`` in ``environ``, calls
-    ``app`` inside the deadline scope and calls ``release()`` exactly once
-    (see ``AdmittedResponse``). ``counters`` records app-raised refusals.
+    Sets ``prazo.deadline`` and ``prazo.queue_wait_ms`` in ``environ`` and
+    calls ``app`` in a copy of the current context where ``deadline`` is
+    current (an earlier one already current wins). ``release()`` is called
+    exactly once: at once if the app raises, otherwise when the body is
+    exhausted, closed, raises or is garbage collected — whichever comes
+    first. ``DeadlineExceeded`` / ``DownstreamOverloaded`` raised by the app
+    become a 504 / 503 while no output has been sent, and are counted in
+    ``counters``. A list or tuple body comes back wrapped in a generator (it
+    runs no app code); any other body in an ``AdmittedResponse``.
     """
-    environ[QUEUE_WAIT_MS_KEY] = queue_wait_ns / NS_PER_MS
-    # Positional on purpose: this runs on every request and keywords cost.
-    return AdmittedResponse(app, environ, start_response, deadline, release, counters, retry_after_s)
+    return _call_admitted(app, environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s)
 
 
 def _nothing_to_release() -> None:
@@ -431,7 +475,12 @@ class AdmissionMiddleware:
     >>> app = AdmissionMiddleware(hello, max_concurrency=4, max_queue=16)
     >>> app.stats()["max_concurrency"]
     4
+
+    ``queue_class`` is the admission queue it builds, the twin ``prazo.core``
+    picked; a subclass may name the other twin (the benchmarks compare both).
     """
+
+    queue_class: ClassVar[type[AdmissionQueue]] = AdmissionQueue
 
     def __init__(
         self,
@@ -449,7 +498,10 @@ class AdmissionMiddleware:
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
         self._app = app
         self._policy = BudgetPolicy(default_budget_ms, max_budget_ms)
-        self._queue = AdmissionQueue(max_concurrency, max_queue, order=order)
+        self._queue = self.queue_class(max_concurrency, max_queue, order=order)
+        # Bound once: every request calls both.
+        self._acquire = self._queue.acquire
+        self._release = self._queue.release
         self._bypass = _validate_bypass(bypass)
         self._retry_after_s = _validate_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
@@ -478,30 +530,30 @@ class AdmissionMiddleware:
         deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
         if self._bypass and environ.get("PATH_INFO", "") in self._bypass:
             self._counters.add("bypassed")
-            return run_admitted(
+            return _call_admitted(
                 self._app,
                 environ,
                 start_response,
                 deadline,
                 _nothing_to_release,
                 0,
-                counters=self._counters,
-                retry_after_s=self._retry_after_s,
+                self._counters,
+                self._retry_after_s,
             )
         try:
-            self._queue.acquire(deadline)
+            self._acquire(deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
             self._counters.count_response(exc)
             return send_rejection(start_response, exc, retry_after_s=self._retry_after_s)
-        return run_admitted(
+        return _call_admitted(
             self._app,
             environ,
             start_response,
             deadline,
-            self._queue.release,
+            self._release,
             time.monotonic_ns() - arrival_ns,
-            counters=self._counters,
-            retry_after_s=self._retry_after_s,
+            self._counters,
+            self._retry_after_s,
         )
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""The ``prazo`` command: ``demo core`` on both twins, ``bench core``, flags and errors.
+"""The ``prazo`` command: ``demo core`` on both twins, ``bench core``/``wsgi``/``pool``, flags and errors.
 
 The demo runs real threads, so its parameters keep every outcome decided by
 the admission queue and not by timing: the work (and the budget, where it
@@ -11,10 +11,33 @@ import argparse
 import io
 import re
 import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
-from _helpers import TWIN_NAMES, QueueClass, load_twin
+from _helpers import JOIN_TIMEOUT_S, TWIN_NAMES, QueueClass, load_twin
 from prazo.bindings import cli
+from prazo.bindings.bench_pool import (
+    POOL_COMPETITORS,
+    PoolBenchSettings,
+    PoolCompetitor,
+    noop,
+    open_batch,
+    render_pool_report,
+    run_pool_bench,
+)
+from prazo.bindings.bench_wsgi import (
+    KIND_PLAIN,
+    REQUEST_KINDS,
+    RequestKind,
+    SemaphoreLimiter,
+    middleware_for,
+    minimal_environ,
+    render_wsgi_report,
+    run_wsgi_bench,
+    serve_requests,
+)
 from prazo.bindings.benchmarks import (
     DEPTHS,
     GROUP_DEPTH,
@@ -41,7 +64,8 @@ from prazo.bindings.demo_core import (
     render_seed_result,
     run_seed_scenario,
 )
-from prazo.core import NS_PER_MS
+from prazo.bindings.pool import AdmissionPool
+from prazo.core import IMPLEMENTATION, NS_PER_MS, Deadline
 
 # Two slots, two places in line, six arrivals: two start, two wait, two are refused.
 SMALL = ["--concurrency", "2", "--queue", "2", "--arrivals", "6", "--work-ms", "250"]
@@ -173,6 +197,9 @@ def test_bad_flags_exit_2_naming_the_flag(flags: list[str], message: str, capsys
         (["--help"], ["demo", "bench", "--impl", "--version"]),
         (["demo", "core", "--help"], ["--arrivals", "--concurrency", "--queue", "--work-ms", "--budget-ms", "--order"]),
         (["bench", "core", "--help"], ["--inner", "--repeat", "--handoff-samples", "--quick"]),
+        (["bench", "--help"], ["core", "wsgi", "pool", "--quick"]),
+        (["bench", "wsgi", "--help"], ["--inner", "--repeat", "--quick"]),
+        (["bench", "pool", "--help"], ["--tasks", "--batches", "--workers", "--quick"]),
     ],
 )
 def test_help_names_every_option(argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -361,3 +388,171 @@ def test_handoff_ping_pong_times_every_round_and_leaves_no_thread(impl: QueueCla
     assert gate.waiting() == 0
     summary = summarize_handoff(ping_pong.latencies_ns)
     assert summary.samples == 20 and summary.median_us <= summary.p99_us
+
+
+# -- prazo bench wsgi -------------------------------------------------------------------
+
+
+def test_bench_wsgi_report_has_every_request_kind_for_one_twin() -> None:
+    report = run_wsgi_bench({"py": load_twin("py")}, TINY_BENCH, notes=["the C twin is left out"])
+    assert set(report.ns) == {f"{kind.key}:{who}" for kind in REQUEST_KINDS for who in ("bare", "semaphore", "py")}
+    assert all(ns > 0 for ns in report.ns.values())
+    for kind in REQUEST_KINDS:
+        assert report.overhead_ns(kind, "bare") == 0
+        assert report.vs_semaphore(kind, "semaphore") == pytest.approx(1.0)
+    assert report.vs_semaphore(KIND_PLAIN, "c") is None  # no C twin in this run
+    [target] = report.targets()
+    assert target.met is None
+    text = render_wsgi_report(report)
+    assert "note: the C twin is left out" in text
+    assert all(kind.label in text for kind in REQUEST_KINDS)
+    assert "[n/a ] C middleware overhead vs the BoundedSemaphore limiter's" in text
+
+
+def test_bench_wsgi_with_both_twins_gives_the_target_a_verdict() -> None:
+    report = run_wsgi_bench({"c": load_twin("c"), "py": load_twin("py")}, TINY_BENCH)
+    [target] = report.targets()
+    assert target.ratio == report.vs_semaphore(KIND_PLAIN, "c")
+    assert target.met is (target.ratio <= 0.5)
+    assert len(re.findall(r"\[(pass|MISS)\]", render_wsgi_report(report))) == 1
+
+
+@pytest.mark.parametrize("kind", REQUEST_KINDS, ids=[kind.key for kind in REQUEST_KINDS])
+def test_the_middleware_benchmark_admits_every_request(impl: QueueClass, kind: RequestKind) -> None:
+    """Timing refusals instead of requests would be a fast and wrong benchmark."""
+    middleware = middleware_for(kind.app, impl)
+    serve_requests(middleware, minimal_environ(budget_ms=kind.budget_ms))(25)
+    stats = middleware.stats()
+    assert (stats["started"], stats["completed"], stats["in_flight"]) == (25, 25, 0)
+    assert stats["responses_503"] == stats["responses_504"] == stats["invalid_budget_header"] == 0
+
+
+class CountingBody:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter([b"ok"])
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_semaphore_limiter_releases_once_however_the_request_ends() -> None:
+    body = CountingBody()
+    failure: list[BaseException] = []
+
+    def app(environ: dict[str, object], start_response: object) -> CountingBody:
+        if failure:
+            raise failure.pop()
+        return body
+
+    def start(status: str, headers: list[tuple[str, str]]) -> None:
+        return None
+
+    limiter = SemaphoreLimiter(app, max_concurrency=1)
+    first = limiter(minimal_environ(), start)
+    assert list(first) == [b"ok"]
+    first.close()
+    first.close()  # a second close() releases nothing (a BoundedSemaphore would raise)
+    assert body.closed == 1
+    limiter(minimal_environ(), start).close()  # closed before any chunk: still released
+    failure.append(KeyError("the app failed"))
+    with pytest.raises(KeyError):
+        limiter(minimal_environ(), start)  # released at once
+    # With one slot, any missed release blocks the next request: run them where a hang fails instead.
+    worker = threading.Thread(target=serve_requests(limiter, minimal_environ()), args=(3,), daemon=True)
+    worker.start()
+    worker.join(JOIN_TIMEOUT_S)
+    assert not worker.is_alive()
+    assert body.closed == 5
+
+
+def test_bench_wsgi_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "wsgi", "--impl", "py", "--inner", "20", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prazo bench wsgi — twins: py · 20 requests per sample · best of 2" in out
+    assert "BoundedSemaphore limiter" in out and "prazo py AdmissionMiddleware" in out
+    assert "targets" in out
+
+
+# -- prazo bench pool -------------------------------------------------------------------
+
+TINY_POOL = PoolBenchSettings(tasks=200, batches=2, workers=2)
+
+
+def test_bench_pool_report_times_every_competitor() -> None:
+    report = run_pool_bench(TINY_POOL, twin="c", notes=["a note"])
+    assert set(report.throughput) == {competitor.key for competitor in POOL_COMPETITORS}
+    assert all(0 < summary.median <= summary.best for summary in report.throughput.values())
+    assert report.speedup("thread-pool") == pytest.approx(1.0)
+    [target] = report.targets()
+    assert target.ratio == report.speedup("submit-until") and target.met is (target.ratio >= 2)
+    text = render_pool_report(report)
+    assert "note: a note" in text and "batches of 200 no-op tasks" in text
+    assert all(competitor.label in text for competitor in POOL_COMPETITORS)
+    assert len(re.findall(r"\[(pass|MISS)\]", text)) == 1
+
+
+def test_a_pool_batch_with_failed_tasks_is_an_error_not_a_result() -> None:
+    def submit_expired(pool: AdmissionPool, tasks: int) -> list[Future[None]]:
+        return [pool.submit_until(Deadline.after(-1), noop) for _ in range(tasks)]
+
+    expired = PoolCompetitor("expired", "every task already expired", POOL_COMPETITORS[1].make_pool, submit_expired)
+    with (
+        pytest.raises(RuntimeError, match="200 of 200 tasks failed in every task already expired"),
+        open_batch(expired, TINY_POOL),
+    ):
+        pass
+
+
+def test_pool_bench_settings_name_the_bad_argument() -> None:
+    with pytest.raises(ValueError, match="tasks"):
+        PoolBenchSettings(tasks=0)
+    with pytest.raises(TypeError, match="workers"):
+        PoolBenchSettings(workers=2.0)  # type: ignore[arg-type]
+
+
+def test_bench_pool_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "pool", "--tasks", "100", "--batches", "1", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"AdmissionPool on the {IMPLEMENTATION} twin · 2 workers · batches of 100 no-op tasks · best of 1" in out
+    assert "targets" in out
+
+
+def test_bench_pool_says_when_impl_does_not_apply(capsys: pytest.CaptureFixture[str]) -> None:
+    other = "py" if IMPLEMENTATION == "c" else "c"
+    assert cli.main(["bench", "pool", "--impl", other, "--tasks", "50", "--batches", "1", "--workers", "1"]) == 0
+    assert f"--impl {other} does not apply" in capsys.readouterr().out
+
+
+# -- prazo bench: every topic ------------------------------------------------------------
+
+
+def test_bench_alone_runs_core_wsgi_and_pool_with_quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, bool]] = []
+    for name in ("core", "wsgi", "pool"):
+
+        def fake(args: argparse.Namespace, out: object, name: str = name) -> int:
+            ran.append((name, getattr(args, "quick", False)))
+            return 0
+
+        monkeypatch.setattr(cli, f"_run_bench_{name}", fake)
+    assert cli.main(["bench", "--quick"]) == 0
+    assert cli.main(["bench"]) == 0
+    assert ran == [("core", True), ("wsgi", True), ("pool", True), ("core", False), ("wsgi", False), ("pool", False)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "pool", "--tasks", "0"], "argument --tasks: must be >= 1, got 0"),
+        (["bench", "pool", "--workers", "x"], "argument --workers: must be an integer, got 'x'"),
+        (["bench", "wsgi", "--repeat", "0"], "argument --repeat: must be >= 1, got 0"),
+    ],
+)
+def test_bench_topic_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

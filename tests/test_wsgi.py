@@ -550,6 +550,28 @@ def test_converted_refusal_releases_once_and_closes_the_app_body():
     assert counters.snapshot()["responses_503"] == 1
 
 
+@pytest.mark.parametrize("body", [[b"a", b"b"], (b"a", b"b")], ids=["list", "tuple"])
+def test_list_body_releases_once_at_exhaustion_close_or_collection(body):
+    response, release, _ = admitted(body_app(body))
+    assert release.count == 0  # held while the body is pending
+    iterator = iter(response)
+    assert next(iterator) == b"a"
+    assert release.count == 0
+    assert list(iterator) == [b"b"]
+    assert release.count == 1  # at exhaustion, before close()
+    response.close()
+    assert release.count == 1
+
+    response, release, _ = admitted(body_app(body))
+    response.close()  # the client went away before the first chunk
+    assert (release.count, list(response)) == (1, [])
+
+    response, release, _ = admitted(body_app(body))
+    del response  # a server that forgets close()
+    gc.collect()
+    assert release.count == 1
+
+
 def test_dropped_without_close_still_releases():
     middleware = AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0)
     response = middleware(make_environ(), Server().start_response)

@@ -1,0 +1,47 @@
+"""The WSGI middleware's cost per request, side by side with the bare app and a semaphore limiter.
+
+Every runner is defined once in ``prazo.bindings.bench_wsgi`` and shared with
+``prazo bench wsgi``; one round is ``INNER_LOOPS`` (1000) requests, so the
+table's microseconds per round read as nanoseconds per request. The overhead
+of a middleware is its row minus the bare app's row of the same group::
+
+    .venv/bin/python -m pytest bench/test_bench_wsgi.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from prazo.bindings.bench_wsgi import (
+    GROUP_WSGI,
+    REQUEST_KINDS,
+    RequestKind,
+    bare_requests,
+    middleware_requests,
+    semaphore_requests,
+)
+from prazo.bindings.benchmarks import LoopRunner
+
+LoopBenchmark = Callable[[LoopRunner, str], None]
+
+kinds = pytest.mark.parametrize("kind", REQUEST_KINDS, ids=[kind.key for kind in REQUEST_KINDS])
+
+
+def _group(kind: RequestKind) -> str:
+    return f"{GROUP_WSGI}, {kind.label}"
+
+
+@kinds
+def test_wsgi_bare_app(loop_benchmark: LoopBenchmark, kind: RequestKind) -> None:
+    loop_benchmark(bare_requests(kind), _group(kind))
+
+
+@kinds
+def test_wsgi_semaphore_limiter(loop_benchmark: LoopBenchmark, kind: RequestKind) -> None:
+    loop_benchmark(semaphore_requests(kind), _group(kind))
+
+
+@kinds
+def test_wsgi_admission_middleware(loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind) -> None:
+    loop_benchmark(middleware_requests(kind, twin), _group(kind))
