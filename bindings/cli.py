@@ -9,6 +9,7 @@
     prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
     prazo bench wsgi [flags]   the WSGI middleware's cost per request against a semaphore limiter
     prazo bench pool [flags]   AdmissionPool throughput against ThreadPoolExecutor
+    prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
     prazo serve MODULE:APP [--server waitress|gunicorn|werkzeug|wsgiref|cheroot] [limits]
     prazo --version
 
@@ -432,6 +433,17 @@ def _add_bench(commands: _Commands) -> _Commands:
         "--workers", type=_integer(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"
     )
     _add_quick(pool, f"{QUICK_POOL.batches} batches")
+    from prazo.bindings.bench_servers import add_bench_servers_arguments, run_bench_servers
+
+    servers = _add_topic(
+        topics,
+        "servers",
+        "each server embedding at 2x its capacity, stock vs prazo (not part of bare `prazo bench`: ~25 s)",
+        "The same app on waitress, gunicorn, cheroot, werkzeug and wsgiref at twice their capacity, with and "
+        "without prazo, in one run: answers within the deadline per second, p99 of successes, wasted work.",
+        run_bench_servers,
+    )
+    add_bench_servers_arguments(servers)
     return topics
 
 

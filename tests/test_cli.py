@@ -556,3 +556,15 @@ def test_bench_topic_bad_flags_exit_2(argv: list[str], message: str, capsys: pyt
         cli.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_servers_topic_is_wired_and_refuses_unknown_servers() -> None:
+    args = cli.build_parser().parse_args(["bench", "servers", "--servers", "waitress", "--duration", "0.5"])
+    assert args.handler.__name__ == "run_bench_servers"
+    assert cli.main(["bench", "servers", "--servers", "nginx"]) != 0
+
+
+def test_serve_command_is_wired() -> None:
+    args = cli.build_parser().parse_args(["serve", "examples.slow_app:app", "--server", "werkzeug", "--threads", "2"])
+    assert args.handler.__name__ == "run_serve"
+    assert (args.server, args.threads) == ("werkzeug", 2)
