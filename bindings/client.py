@@ -35,8 +35,6 @@ whole milliseconds and ``0`` would only tell the next hop to answer 504.
 from __future__ import annotations
 
 import importlib
-import math
-from numbers import Real
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prazo.core import (
@@ -48,7 +46,7 @@ from prazo.core import (
     current_deadline,
 )
 
-from .headers import outgoing_headers_for
+from .headers import checked_ms, outgoing_headers_for
 
 if TYPE_CHECKING:
     from .client_httpx import DeadlineTransport
@@ -115,14 +113,7 @@ class DownstreamOverloadedResponse(DownstreamOverloaded):
 
 def validate_margin_ms(margin_ms: object) -> float:
     """Check a ``margin_ms`` argument: a finite real number >= 0."""
-    if isinstance(margin_ms, bool) or not isinstance(margin_ms, Real):
-        raise TypeError(f"margin_ms must be a real number of milliseconds, not {type(margin_ms).__name__}")
-    value = float(margin_ms)
-    if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"margin_ms must be finite, got {value}")
-    if value < 0:
-        raise ValueError(f"margin_ms must be >= 0, got {value}")
-    return value
+    return checked_ms(margin_ms, "margin_ms")
 
 
 def outgoing_budget(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False) -> OutgoingBudget | None:

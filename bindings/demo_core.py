@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from prazo.bindings.headers import checked_ms
 from prazo.core import (
     NS_PER_MS,
     REASON_EXPIRED_IN_QUEUE,
@@ -96,12 +97,7 @@ def _check_int(name: str, value: object, minimum: int, maximum: int | None = Non
 
 
 def _check_ms(name: str, value: object, *, allow_negative: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if value < 0 and not allow_negative:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+    checked_ms(value, name, allow_negative=allow_negative)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ __all__ = [
     "IncomingBudget",
     "budget_from_environ",
     "budget_from_headers",
+    "checked_ms",
     "environ_key",
     "format_budget_ms",
     "format_grpc_timeout",
@@ -269,7 +270,13 @@ def budget_from_headers(headers: Mapping[str, Any]) -> IncomingBudget:
     return _incoming_budget(folded, _LOWER_NAMES)
 
 
-def _policy_ms(value: object, name: str) -> float:
+def checked_ms(value: object, name: str, *, positive: bool = False, allow_negative: bool = False) -> float:
+    """Check an argument that holds milliseconds; return it as a float.
+
+    It must be a finite real number (not a bool), ``>= 0`` — or ``> 0`` with
+    ``positive``, or any sign with ``allow_negative`` — and no more than
+    ``MAX_WIRE_MS``. Raises ``TypeError``/``ValueError`` naming ``name``.
+    """
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number of milliseconds, not {type(value).__name__}")
     ms = float(value)
@@ -277,9 +284,11 @@ def _policy_ms(value: object, name: str) -> float:
         raise ValueError(f"{name} must not be NaN")
     if math.isinf(ms):
         raise ValueError(f"{name} must be finite, got {ms}")
-    if ms <= 0:
+    if positive and ms <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
-    if ms > MAX_WIRE_MS:
+    if not allow_negative and ms < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if abs(ms) > MAX_WIRE_MS:
         raise ValueError(f"{name} must be at most {MAX_WIRE_MS} ms, got {value!r}")
     return ms
 
@@ -308,8 +317,8 @@ class BudgetPolicy:
     __slots__ = ("_default_budget_ms", "_default_budget_ns", "_has_upstream_hook", "_max_budget_ms")
 
     def __init__(self, default_budget_ms: float = 1000, max_budget_ms: float = 30000) -> None:
-        self._default_budget_ms = _policy_ms(default_budget_ms, "default_budget_ms")
-        self._max_budget_ms = _policy_ms(max_budget_ms, "max_budget_ms")
+        self._default_budget_ms = checked_ms(default_budget_ms, "default_budget_ms", positive=True)
+        self._max_budget_ms = checked_ms(max_budget_ms, "max_budget_ms", positive=True)
         # Per-request work is on every request's path: precompute the common
         # case (no header) and skip the hook unless a subclass provides one.
         self._default_budget_ns = int(self.budget_ms_for(_NO_BUDGET) * NS_PER_MS)

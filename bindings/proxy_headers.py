@@ -33,16 +33,14 @@ True
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from numbers import Real
 from typing import Any
 
 from prazo.core import NS_PER_MS
 
-from .headers import BudgetPolicy, environ_key
+from .headers import BudgetPolicy, checked_ms, environ_key
 
 __all__ = [
     "DEFAULT_MAX_UPSTREAM_MS",
@@ -120,14 +118,7 @@ def upstream_wait_ns(start_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> i
 
 
 def _max_upstream_ns(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"max_upstream_ms must be a real number of milliseconds, not {type(value).__name__}")
-    ms = float(value)
-    if math.isnan(ms) or math.isinf(ms):
-        raise ValueError(f"max_upstream_ms must be finite, got {ms}")
-    if ms < 0:
-        raise ValueError(f"max_upstream_ms must be >= 0, got {value!r}")
-    return int(ms * NS_PER_MS)
+    return int(checked_ms(value, "max_upstream_ms") * NS_PER_MS)
 
 
 def _networks(trusted_proxies: Iterable[str] | None) -> tuple[_Network, ...] | None:
