@@ -97,6 +97,7 @@ cdef class AdmissionQueue:
 
     cdef void _ring_push(self, Entry entry) noexcept nogil
     cdef Entry _ring_pop_next(self) noexcept nogil
+    cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil
     cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil
     cdef void _ready_push(self, Entry entry) noexcept nogil
     cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil

@@ -306,16 +306,20 @@ cdef class AdmissionQueue:
         prazo_add(&self._c.queued, -1)
         return entry
 
+    cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil:
+        """Take the entry ``position`` places from the head out of the line, keeping the order."""
+        cdef Py_ssize_t j
+        for j in range(position, self._ring_count - 1):
+            self._ring[(self._ring_head + j) % self._ring_cap] = self._ring[(self._ring_head + j + 1) % self._ring_cap]
+        self._ring_count -= 1
+        prazo_add(&self._c.queued, -1)
+
     cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil:
-        """Take a gate waiter out of the middle of the line, keeping the order."""
-        cdef Py_ssize_t i, j
+        """Take a gate waiter out of the middle of the line."""
+        cdef Py_ssize_t i
         for i in range(self._ring_count):
             if self._ring[(self._ring_head + i) % self._ring_cap].waiter == waiter:
-                for j in range(i, self._ring_count - 1):
-                    self._ring[(self._ring_head + j) % self._ring_cap] = \
-                        self._ring[(self._ring_head + j + 1) % self._ring_cap]
-                self._ring_count -= 1
-                prazo_add(&self._c.queued, -1)
+                self._ring_remove_at(i)
                 return
 
     cdef void _ready_push(self, Entry entry) noexcept nogil:
@@ -726,17 +730,13 @@ cdef class AdmissionQueue:
         never be handed out), False when it was not in line (already holding a
         slot, taken, expired or never put).
         """
-        cdef Py_ssize_t i, j
+        cdef Py_ssize_t i
         cdef PyObject *target = <PyObject *>item
         cdef bint found = False
         pthread_mutex_lock(&self._mutex)
         for i in range(self._ring_count):
             if self._ring[(self._ring_head + i) % self._ring_cap].item == target:
-                for j in range(i, self._ring_count - 1):
-                    self._ring[(self._ring_head + j) % self._ring_cap] = \
-                        self._ring[(self._ring_head + j + 1) % self._ring_cap]
-                self._ring_count -= 1
-                prazo_add(&self._c.queued, -1)
+                self._ring_remove_at(i)
                 prazo_add(&self._c.cancelled, 1)
                 found = True
                 break
