@@ -46,6 +46,9 @@ class OptionalBuildExt(build_ext):
         """
         if not str(outfile).endswith((".so", ".pyd")):
             return super().copy_file(infile, outfile, *args, **kwargs)
+        if not os.path.exists(infile):
+            # Its build failed and was already reported; the twin takes over.
+            return (outfile, 0)
         tmp = f"{outfile}.tmp-{os.getpid()}"
         result = super().copy_file(infile, tmp, *args, **kwargs)
         os.replace(tmp, outfile)
