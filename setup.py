@@ -1,7 +1,7 @@
-"""Build prazo: map core/ and bindings/ into the prazo namespace, cythonize the core.
+"""Build prazo: map core/ and bindings/ into the prazo namespace, cythonize the C twins.
 
 Environment:
-  PRAZO_NO_EXTENSIONS=1  skip the C twin entirely (prazo.core uses the Python twin)
+  PRAZO_NO_EXTENSIONS=1  skip the C extensions entirely (the Python twins run)
   PRAZO_DEBUG_BUILD=1    -O0 -g3, no NDEBUG (for gdb / valgrind)
   PRAZO_SANITIZE=1       add AddressSanitizer + UndefinedBehaviorSanitizer
 A compile failure never fails the install: it falls back to the Python twin
@@ -67,7 +67,8 @@ def _pxd_include_dir():
 
     Cython looks a module's .pxd up by its qualified name (prazo/core/_queue_c.pxd),
     but core/ is only mapped to prazo.core by setuptools, so we give Cython an
-    include directory where prazo/core is a link to core/.
+    include directory where prazo/core is a link to core/ (bindings/_wsgi_c.pyx
+    cimports it from there too).
     """
     include_dir = os.path.join("build", "cython-include")
     os.makedirs(os.path.join(include_dir, "prazo"), exist_ok=True)
@@ -98,25 +99,30 @@ def _extensions():
         sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
         compile_args += sanitize
         link_args += sanitize
-    ext = Extension(
-        "prazo.core._queue_c",
-        ["core/_queue_c.pyx"],
-        include_dirs=["core"],
-        extra_compile_args=compile_args,
-        extra_link_args=link_args,
-        define_macros=macros,
-    )
-    return cythonize(
-        [ext],
-        include_path=[_pxd_include_dir()],
-        language_level=3,
-        compiler_directives={
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "embedsignature": True,
-        },
-    )
+    options = {"extra_compile_args": compile_args, "extra_link_args": link_args, "define_macros": macros}
+    extensions = [
+        Extension("prazo.core._queue_c", ["core/_queue_c.pyx"], include_dirs=["core"], **options),
+        # The compiled common path of the WSGI middleware; it cimports the C twin's .pxd.
+        Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
+    ]
+    cythonized = []
+    for ext in extensions:
+        # One at a time, so a Cython error leaves out that extension only.
+        try:
+            cythonized += cythonize(
+                [ext],
+                include_path=[_pxd_include_dir()],
+                language_level=3,
+                compiler_directives={
+                    "boundscheck": False,
+                    "wraparound": False,
+                    "cdivision": True,
+                    "embedsignature": True,
+                },
+            )
+        except Exception as exc:  # Cython's CompileError, ...
+            OptionalBuildExt._warn(exc)
+    return cythonized
 
 
 setup(

@@ -18,6 +18,7 @@ from prazo.bindings.bench_wsgi import (
     REQUEST_KINDS,
     RequestKind,
     bare_requests,
+    middleware_for,
     middleware_requests,
     semaphore_requests,
 )
@@ -43,5 +44,11 @@ def test_wsgi_semaphore_limiter(loop_benchmark: LoopBenchmark, kind: RequestKind
 
 
 @kinds
-def test_wsgi_admission_middleware(loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind) -> None:
-    loop_benchmark(middleware_requests(kind, twin), _group(kind))
+@pytest.mark.parametrize("fast_path", [None, False], ids=["as-built", "python-path"])
+def test_wsgi_admission_middleware(
+    loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind, fast_path: bool | None
+) -> None:
+    """On each twin as built (the C twin's compiled path, if built), then on its Python path."""
+    if fast_path is False and not middleware_for(kind.app, twin).fast_path:
+        pytest.skip("this twin runs the Python path as built already")
+    loop_benchmark(middleware_requests(kind, twin, fast_path=fast_path), _group(kind))

@@ -13,7 +13,10 @@ Competitors, each measured against the bare app in the same run (the
 * ``SemaphoreLimiter``: the limiter one writes without prazo, a
   ``threading.BoundedSemaphore`` taken before the app is called and given back
   when the server closes the body (PEP 3333 correct);
-* ``AdmissionMiddleware`` on each twin of the admission queue.
+* ``AdmissionMiddleware`` on each twin of the admission queue, as built (on
+  the C twin that is its compiled path, ``prazo.bindings._wsgi_c``, when the
+  extension is built) and, where that differs, on its Python path
+  (``fast_path=False``) too.
 
 Three request kinds: a plain request (a one-chunk list body, no budget
 header) — the one the target is about —, the same with an
@@ -195,14 +198,18 @@ def _discard(data: bytes) -> None:
     """The ``write()`` callable of the benchmark's server: the bytes go nowhere."""
 
 
-def middleware_for(app: WSGIApp, queue_class: QueueClass) -> AdmissionMiddleware:
-    """``AdmissionMiddleware`` around ``app`` on the given twin, with room for every request."""
+def middleware_for(app: WSGIApp, queue_class: QueueClass, *, fast_path: bool | None = None) -> AdmissionMiddleware:
+    """``AdmissionMiddleware`` around ``app`` on the given twin, with room for every request.
+
+    ``fast_path`` as in ``AdmissionMiddleware``: None runs the compiled path
+    whenever it can, False the Python path.
+    """
     twin = queue_class
 
     class OnTwin(AdmissionMiddleware):
         queue_class = twin
 
-    return OnTwin(app, max_concurrency=_BENCH_CONCURRENCY, max_queue=_BENCH_CONCURRENCY)
+    return OnTwin(app, max_concurrency=_BENCH_CONCURRENCY, max_queue=_BENCH_CONCURRENCY, fast_path=fast_path)
 
 
 @dataclass(frozen=True)
@@ -235,19 +242,37 @@ def semaphore_requests(kind: RequestKind) -> LoopRunner:
     return serve_requests(SemaphoreLimiter(kind.app, _BENCH_CONCURRENCY), minimal_environ(budget_ms=kind.budget_ms))
 
 
-def middleware_requests(kind: RequestKind, queue_class: QueueClass) -> LoopRunner:
+def middleware_requests(kind: RequestKind, queue_class: QueueClass, *, fast_path: bool | None = None) -> LoopRunner:
     """Requests of ``kind`` served through ``AdmissionMiddleware`` on the twin ``queue_class``."""
-    return serve_requests(middleware_for(kind.app, queue_class), minimal_environ(budget_ms=kind.budget_ms))
+    return serve_requests(
+        middleware_for(kind.app, queue_class, fast_path=fast_path), minimal_environ(budget_ms=kind.budget_ms)
+    )
+
+
+def _python_path_key(twin: str) -> str:
+    return f"{twin}-python"
 
 
 def wsgi_competitors(kind: RequestKind, twins: Mapping[str, QueueClass]) -> dict[str, tuple[str, LoopRunner]]:
-    """``{key: (label, runner)}`` for one request kind: bare, semaphore, then prazo on each twin."""
+    """``{key: (label, runner)}`` for one request kind: bare, semaphore, then prazo on each twin.
+
+    A twin whose middleware runs the compiled path (key ``c``) gets a second
+    row on the Python path (key ``c-python``).
+    """
     competitors = {
         _key(kind, "bare"): ("bare app", bare_requests(kind)),
         _key(kind, "semaphore"): ("BoundedSemaphore limiter", semaphore_requests(kind)),
     }
     for name, queue_class in twins.items():
-        competitors[_key(kind, name)] = (f"prazo {name:<2} AdmissionMiddleware", middleware_requests(kind, queue_class))
+        label = f"prazo {name:<2} AdmissionMiddleware"
+        if not middleware_for(kind.app, queue_class).fast_path:
+            competitors[_key(kind, name)] = (label, middleware_requests(kind, queue_class))
+            continue
+        competitors[_key(kind, name)] = (f"{label}, compiled path", middleware_requests(kind, queue_class))
+        competitors[_key(kind, _python_path_key(name))] = (
+            f"{label}, Python path",
+            middleware_requests(kind, queue_class, fast_path=False),
+        )
     return competitors
 
 
@@ -255,7 +280,8 @@ def wsgi_competitors(kind: RequestKind, twins: Mapping[str, QueueClass]) -> dict
 class WsgiBenchReport:
     """Everything ``prazo bench wsgi`` measured: ns per request of each competitor, by key.
 
-    Keys are ``<kind>:<competitor>``, e.g. ``plain:bare``, ``plain:semaphore``, ``plain:c``.
+    Keys are ``<kind>:<competitor>``, e.g. ``plain:bare``, ``plain:semaphore``, ``plain:c``
+    (the C twin as built: its compiled path when there is one), ``plain:c-python``.
     """
 
     settings: BenchSettings
@@ -272,6 +298,11 @@ class WsgiBenchReport:
     def vs_semaphore(self, kind: RequestKind, competitor: str) -> float | None:
         """``competitor``'s overhead relative to the semaphore limiter's, for ``kind``."""
         return ratio_of(self.overhead_ns(kind, competitor), self.overhead_ns(kind, "semaphore"))
+
+    def competitors(self, kind: RequestKind) -> list[str]:
+        """The competitors measured for ``kind``, in table order."""
+        prefix = _key(kind, "")
+        return [key[len(prefix) :] for key in self.labels if key.startswith(prefix)]
 
     def targets(self) -> list[Target]:
         return [
@@ -317,7 +348,7 @@ def render_wsgi_report(report: WsgiBenchReport, paint: Paint = plain) -> str:
             paint(f"{GROUP_WSGI}: {kind.label}", "bold"),
             f"  {'':<{width - 2}}{'ns/req':>10}  {'overhead':>9}  {'vs semaphore':>12}",
         ]
-        for competitor in ("bare", "semaphore", *report.twins):
+        for competitor in report.competitors(kind):
             key = _key(kind, competitor)
             overhead = report.overhead_ns(kind, competitor)
             shown = "-" if overhead is None or competitor == "bare" else f"{overhead:.1f}"

@@ -43,6 +43,15 @@ set the budget, or None when the default applied).
 The response iterable is wrapped (that is how the slot follows the body), so
 a server's ``wsgi.file_wrapper`` sendfile shortcut does not apply behind the
 middleware; the file is still served, by iteration.
+
+The common case (no bypass path, no budget header or a plain integer
+``X-Request-Budget-Ms``, admitted, a list or tuple body) has a compiled twin,
+``prazo.bindings._wsgi_c``, used when it is built and the middleware's queue
+is the C twin of ``prazo.core`` (``PRAZO_NO_EXTENSIONS=1`` turns both off).
+This module is its specification: everything else it hands back to the
+functions below, so both paths answer, count and release identically.
+``AdmissionMiddleware(..., fast_path=False)`` keeps a middleware on the
+Python path; ``mw.fast_path`` says which one it runs.
 """
 
 from __future__ import annotations
@@ -51,14 +60,16 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import Context
 from functools import partial
-from types import GeneratorType
-from typing import Any, ClassVar
+from types import GeneratorType, ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
 from prazo.core import (
+    IMPLEMENTATION,
     NS_PER_MS,
     REASON_DEADLINE_EXCEEDED,
     REASON_DOWNSTREAM_OVERLOADED,
@@ -241,6 +252,17 @@ def request_deadline(
         counters.add("invalid_budget_header", incoming.invalid)
     environ[BUDGET_SOURCE_KEY] = incoming.source
     return deadline, incoming
+
+
+def _reject(
+    exc: QueueFull | DeadlineExceeded | ShutDown,
+    start_response: StartResponse,
+    counters: MiddlewareCounters,
+    retry_after_s: int,
+) -> list[bytes]:
+    """Answer and count a refusal by the queue: the app is never called."""
+    counters.count_response(exc)
+    return send_rejection(start_response, exc, retry_after_s=retry_after_s)
 
 
 def _refuse(
@@ -434,6 +456,52 @@ def _nothing_to_release() -> None:
     """The release of a bypassed request, which never took a slot."""
 
 
+def _import_compiled_path() -> ModuleType | None:
+    """``prazo.bindings._wsgi_c``, or None when the C twin of the queue is not in use or it is not built."""
+    if IMPLEMENTATION != "c":
+        return None
+    try:
+        from prazo.bindings import _wsgi_c
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        warnings.warn(
+            "\n" + "!" * 72 + "\n"
+            f"prazo: the compiled WSGI path is missing ({exc}); AdmissionMiddleware runs on its Python path.\n"
+            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return _wsgi_c
+
+
+_COMPILED_PATH = _import_compiled_path()
+
+
+def _compiled_path_for(
+    fast_path: object,
+    app: WSGIApp,
+    queue: AdmissionQueue,
+    policy: BudgetPolicy,
+    bypass: frozenset[str],
+    counters: MiddlewareCounters,
+    retry_after_s: int,
+) -> Any:
+    """The ``_wsgi_c.CompiledPath`` a middleware runs on, or None for the Python path (see ``fast_path``)."""
+    if fast_path is not None and not isinstance(fast_path, bool):
+        raise TypeError(f"fast_path must be True, False or None, not {type(fast_path).__name__}")
+    if fast_path is False:
+        return None
+    if _COMPILED_PATH is None:
+        missing = "the compiled extension prazo.bindings._wsgi_c, which is not built or PRAZO_NO_EXTENSIONS=1 disables"
+    elif not _COMPILED_PATH.supports(queue):
+        missing = f"the C twin of the admission queue, not {type(queue).__module__}.{type(queue).__qualname__}"
+    else:
+        return _COMPILED_PATH.CompiledPath(app, queue, policy, bypass, counters, retry_after_s)
+    if fast_path:
+        raise ValueError(f"fast_path=True needs {missing}")
+    return None
+
+
 def _validate_bypass(bypass: object) -> frozenset[str]:
     # A bare string is iterable too, and would silently bypass "/", "h", ...
     if isinstance(bypass, (str, bytes)) or not isinstance(bypass, Iterable):
@@ -469,6 +537,12 @@ class AdmissionMiddleware:
     (never 503/504 from admission) but still get a deadline, its scope and
     the environ keys, so a health check's own outgoing calls stay bounded.
 
+    ``fast_path``: None (the default) runs the common case on the compiled
+    twin (``prazo.bindings._wsgi_c``) whenever it is built and the queue is
+    the C twin; False always runs the Python path; True requires the compiled
+    one (``ValueError`` when it cannot run). Both behave identically; the
+    ``fast_path`` property says which one this middleware runs.
+
     >>> def hello(environ, start_response):
     ...     start_response("200 OK", [("Content-Type", "text/plain")])
     ...     return [b"hello"]
@@ -493,6 +567,7 @@ class AdmissionMiddleware:
         bypass: Iterable[str] = (),
         order: str = "fifo",
         retry_after_s: int = 1,
+        fast_path: bool | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
@@ -505,6 +580,9 @@ class AdmissionMiddleware:
         self._bypass = _validate_bypass(bypass)
         self._retry_after_s = _validate_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
+        self._compiled = _compiled_path_for(
+            fast_path, app, self._queue, self._policy, self._bypass, self._counters, self._retry_after_s
+        )
 
     @property
     def app(self) -> WSGIApp:
@@ -521,11 +599,17 @@ class AdmissionMiddleware:
         """The budget policy that turns headers into deadlines."""
         return self._policy
 
+    @property
+    def fast_path(self) -> bool:
+        """True when the common case runs on the compiled twin (see ``fast_path=``)."""
+        return self._compiled is not None
+
     def stats(self) -> dict[str, int]:
         """The queue's counters merged with the middleware's own."""
         return {**self._queue.stats(), **self._counters.snapshot()}
 
-    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+    def _call_python(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Serve one request on the Python path: every request, or those the compiled path hands over."""
         arrival_ns = time.monotonic_ns()
         deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
         if self._bypass and environ.get("PATH_INFO", "") in self._bypass:
@@ -543,8 +627,7 @@ class AdmissionMiddleware:
         try:
             self._acquire(deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
-            self._counters.count_response(exc)
-            return send_rejection(start_response, exc, retry_after_s=self._retry_after_s)
+            return _reject(exc, start_response, self._counters, self._retry_after_s)
         return _call_admitted(
             self._app,
             environ,
@@ -555,6 +638,16 @@ class AdmissionMiddleware:
             self._counters,
             self._retry_after_s,
         )
+
+    if TYPE_CHECKING:
+
+        def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]: ...
+
+    else:
+        # Assigned rather than called from a Python ``__call__``, so the
+        # compiled path costs no Python frame: ``serve`` runs the request on
+        # it, or calls ``_call_python`` when this middleware has none.
+        __call__ = _call_python if _COMPILED_PATH is None else _COMPILED_PATH.serve
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,10 @@
-"""AdmissionMiddleware and its pieces, called in-process as a WSGI server would."""
+"""AdmissionMiddleware and its pieces, called in-process as a WSGI server would.
+
+Every test that serves requests through a middleware runs twice (the
+``fast_path`` fixture): on the Python path and on the compiled one
+(``prazo.bindings._wsgi_c``), which must behave identically. Tests of the
+compiled path as such are in ``test_wsgi_fast_path.py``.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +47,23 @@ from prazo.core import (
     current_deadline,
     deadline_scope,
 )
+from prazo.core import _want_extension as extension_wanted
+
+# -- the two paths ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["python-path", "compiled-path"])
+def fast_path(request):
+    """``fast_path=`` for the middleware under test: False, then True (the compiled path, required).
+
+    The compiled run is skipped only when ``PRAZO_NO_EXTENSIONS=1`` asks for
+    the Python twins; otherwise ``fast_path=True`` raises if it is not built,
+    so ``make test`` can never pass without exercising it.
+    """
+    if request.param and not extension_wanted():
+        pytest.skip("PRAZO_NO_EXTENSIONS is set: there is no compiled WSGI path")
+    return request.param
+
 
 # -- a minimal in-process WSGI server ---------------------------------------------
 
@@ -107,18 +130,19 @@ def call(app, environ=None):
     return server, body
 
 
-def validated(app, **options):
+def validated(app, fast_path, **options):
     """validator(middleware(validator(app))): both sides are checked against PEP 3333."""
-    middleware = AdmissionMiddleware(validator(app), **options)
+    middleware = AdmissionMiddleware(validator(app), fast_path=fast_path, **options)
     return validator(middleware), middleware
 
 
 class Probe:
     """A WSGI app that records what it saw and can stream or fail on demand."""
 
-    def __init__(self, chunks=(b"ok",), fail_in_call=None, fail_at_chunk=None, fail_exc=None):
+    def __init__(self, chunks=(b"ok",), fail_in_call=None, fail_at_chunk=None, fail_exc=None, body_type=None):
         self.calls = 0
         self.chunks = list(chunks)
+        self.body_type = body_type  # list or tuple: return the chunks as one (no app code in the body)
         self.fail_in_call = fail_in_call
         self.fail_at_chunk = fail_at_chunk
         self.fail_exc = fail_exc
@@ -134,6 +158,8 @@ class Probe:
         start_response("200 OK", [("Content-Type", "text/plain")])
         if self.fail_in_call is not None:
             raise self.fail_in_call
+        if self.body_type is not None:
+            return self.body_type(self.chunks)
         return self._body()
 
     def _body(self):
@@ -158,9 +184,9 @@ def hold_slot(middleware, environ=None):
 # -- the happy path --------------------------------------------------------------
 
 
-def test_passes_through_and_sets_environ():
+def test_passes_through_and_sets_environ(fast_path):
     probe = Probe(chunks=[b"hel", b"lo"])
-    app, middleware = validated(probe, max_concurrency=2, max_queue=2)
+    app, middleware = validated(probe, fast_path, max_concurrency=2, max_queue=2)
     before = time.monotonic_ns()
     server, body = call(app, make_environ(**{BUDGET_ENVIRON_KEY: "800"}))
     assert (server.status, body) == ("200 OK", b"hello")
@@ -174,9 +200,9 @@ def test_passes_through_and_sets_environ():
     assert (stats["started"], stats["completed"], stats["in_flight"]) == (1, 1, 0)
 
 
-def test_app_and_streaming_body_run_inside_the_deadline_scope():
+def test_app_and_streaming_body_run_inside_the_deadline_scope(fast_path):
     probe = Probe(chunks=[b"a", b"b", b"c"])
-    app, _ = validated(probe, max_concurrency=1, max_queue=0)
+    app, _ = validated(probe, fast_path, max_concurrency=1, max_queue=0)
     call(app)
     deadline = probe.environ[DEADLINE_KEY]
     assert probe.deadline_in_call is deadline
@@ -184,18 +210,18 @@ def test_app_and_streaming_body_run_inside_the_deadline_scope():
     assert current_deadline() is None  # nothing leaks into the server's context
 
 
-def test_default_budget_when_no_header():
+def test_default_budget_when_no_header(fast_path):
     probe = Probe()
-    app, _ = validated(probe, max_concurrency=1, max_queue=0, default_budget_ms=250)
+    app, _ = validated(probe, fast_path, max_concurrency=1, max_queue=0, default_budget_ms=250)
     before = time.monotonic_ns()
     call(app)
     assert probe.environ[BUDGET_SOURCE_KEY] is None
     assert before + 250 * NS_PER_MS <= probe.environ[DEADLINE_KEY].ns <= time.monotonic_ns() + 250 * NS_PER_MS
 
 
-def test_an_outer_earlier_deadline_wins():
+def test_an_outer_earlier_deadline_wins(fast_path):
     probe = Probe()
-    app, _ = validated(probe, max_concurrency=1, max_queue=0)
+    app, _ = validated(probe, fast_path, max_concurrency=1, max_queue=0)
     outer = Deadline.after(0.5)
     with deadline_scope(outer):
         call(app)
@@ -215,9 +241,9 @@ def assert_refusal(server, body, status, reason, *, retry_after=None):
     assert server.header.get("Retry-After") == retry_after
 
 
-def test_queue_full_is_503_and_the_app_is_not_called():
+def test_queue_full_is_503_and_the_app_is_not_called(fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=0, retry_after_s=3)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0, retry_after_s=3)
     held = hold_slot(middleware)
     calls_before = probe.calls
     server, body = call(app)
@@ -229,9 +255,9 @@ def test_queue_full_is_503_and_the_app_is_not_called():
 
 
 @pytest.mark.parametrize("budget", ["0", "-25", "0.0"])
-def test_no_budget_left_is_504_expired_on_arrival(budget):
+def test_no_budget_left_is_504_expired_on_arrival(budget, fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=1)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=1)
     server, body = call(app, make_environ(**{BUDGET_ENVIRON_KEY: budget}))
     assert_refusal(server, body, "504 Gateway Timeout", "expired-on-arrival")
     assert probe.calls == 0
@@ -239,9 +265,9 @@ def test_no_budget_left_is_504_expired_on_arrival(budget):
     assert (stats["expired_on_arrival"], stats["responses_504"], stats["started"]) == (1, 1, 0)
 
 
-def test_deadline_passing_in_the_queue_is_504_expired_in_queue():
+def test_deadline_passing_in_the_queue_is_504_expired_in_queue(fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=1)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=1)
     held = hold_slot(middleware)
     calls_before = probe.calls
     started = time.monotonic()
@@ -259,9 +285,9 @@ def test_deadline_passing_in_the_queue_is_504_expired_in_queue():
     assert (stats["expired_in_queue"], stats["in_flight"], stats["queued"]) == (1, 0, 0)
 
 
-def test_shut_down_queue_answers_503():
+def test_shut_down_queue_answers_503(fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=1)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=1)
     middleware.queue.shutdown()
     server, body = call(app)
     assert_refusal(server, body, "503 Service Unavailable", "shutting-down", retry_after="1")
@@ -288,12 +314,12 @@ def test_shut_down_queue_answers_503():
     ],
 )
 @pytest.mark.parametrize("where", ["call", "first-chunk"])
-def test_app_refusals_keep_their_status(exc, status, reason, retry_after, counter, where):
+def test_app_refusals_keep_their_status(exc, status, reason, retry_after, counter, where, fast_path):
     if where == "call":
         probe = Probe(fail_in_call=exc)
     else:
         probe = Probe(chunks=[b"never"], fail_at_chunk=0, fail_exc=exc)
-    app, middleware = validated(probe, max_concurrency=1, max_queue=0)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0)
     server, body = call(app)
     assert_refusal(server, body, status, reason, retry_after=retry_after)
     # The app had called start_response("200 OK"); the refusal replaced it.
@@ -304,30 +330,30 @@ def test_app_refusals_keep_their_status(exc, status, reason, retry_after, counte
     assert (stats["in_flight"], stats["completed"]) == (0, 1)
 
 
-def test_generator_app_refusing_before_start_response():
+def test_generator_app_refusing_before_start_response(fast_path):
     def generator_app(environ, start_response):
         raise DeadlineExceeded("late")
         yield b""  # makes this a generator: start_response is never reached
 
-    app, middleware = validated(generator_app, max_concurrency=1, max_queue=0)
+    app, middleware = validated(generator_app, fast_path, max_concurrency=1, max_queue=0)
     server, body = call(app)
     assert_refusal(server, body, "504 Gateway Timeout", "late")
     assert server.statuses == ["504 Gateway Timeout"]
     assert middleware.stats()["in_flight"] == 0
 
 
-def test_unsafe_reason_from_the_app_is_replaced():
+def test_unsafe_reason_from_the_app_is_replaced(fast_path):
     probe = Probe(fail_in_call=DeadlineExceeded("bad\r\nX-Evil: 1"))
-    app, _ = validated(probe, max_concurrency=1, max_queue=0)
+    app, _ = validated(probe, fast_path, max_concurrency=1, max_queue=0)
     server, body = call(app)
     assert_refusal(server, body, "504 Gateway Timeout", "deadline-exceeded")
     assert "X-Evil" not in server.header
 
 
 @pytest.mark.parametrize("exc", [DeadlineExceeded("late"), DownstreamOverloaded()])
-def test_refusal_after_output_propagates_and_releases(exc):
+def test_refusal_after_output_propagates_and_releases(exc, fast_path):
     probe = Probe(chunks=[b"first", b"second"], fail_at_chunk=1, fail_exc=exc)
-    middleware = AdmissionMiddleware(probe, max_concurrency=1, max_queue=0)
+    middleware = AdmissionMiddleware(probe, fast_path=fast_path, max_concurrency=1, max_queue=0)
     server = Server()
     with pytest.raises(type(exc)):
         server.run(middleware, make_environ())
@@ -338,10 +364,10 @@ def test_refusal_after_output_propagates_and_releases(exc):
     assert probe.closed == 1
 
 
-def test_other_exceptions_propagate_unchanged_and_release():
+def test_other_exceptions_propagate_unchanged_and_release(fast_path):
     boom = ValueError("boom")
     probe = Probe(fail_in_call=boom)
-    middleware = AdmissionMiddleware(probe, max_concurrency=1, max_queue=0)
+    middleware = AdmissionMiddleware(probe, fast_path=fast_path, max_concurrency=1, max_queue=0)
     with pytest.raises(ValueError) as info:
         call(middleware)
     assert info.value is boom
@@ -361,19 +387,19 @@ def write_app(environ, start_response):
     return [b"returned"]
 
 
-def test_write_callable_app():
-    app, middleware = validated(write_app, max_concurrency=1, max_queue=0)
+def test_write_callable_app(fast_path):
+    app, middleware = validated(write_app, fast_path, max_concurrency=1, max_queue=0)
     server, body = call(app)
     assert (server.status, body) == ("200 OK", b"written returned")
     assert middleware.stats()["in_flight"] == 0
 
 
-def test_refusal_after_write_propagates():
+def test_refusal_after_write_propagates(fast_path):
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])(b"partial")
         raise DeadlineExceeded("late")
 
-    middleware = AdmissionMiddleware(app, max_concurrency=1, max_queue=0)
+    middleware = AdmissionMiddleware(app, fast_path=fast_path, max_concurrency=1, max_queue=0)
     server = Server()
     with pytest.raises(DeadlineExceeded):
         server.run(middleware, make_environ())
@@ -572,8 +598,8 @@ def test_list_body_releases_once_at_exhaustion_close_or_collection(body):
     assert release.count == 1
 
 
-def test_dropped_without_close_still_releases():
-    middleware = AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0)
+def test_dropped_without_close_still_releases(fast_path):
+    middleware = AdmissionMiddleware(Probe(), fast_path=fast_path, max_concurrency=1, max_queue=0)
     response = middleware(make_environ(), Server().start_response)
     assert middleware.stats()["in_flight"] == 1
     del response
@@ -591,9 +617,9 @@ def test_run_admitted_sets_queue_wait():
 # -- bypass -------------------------------------------------------------------------
 
 
-def test_bypass_skips_the_queue_but_keeps_the_deadline():
+def test_bypass_skips_the_queue_but_keeps_the_deadline(fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=0, bypass=["/healthz"])
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0, bypass=["/healthz"])
     held = hold_slot(middleware)
     server, body = call(app, make_environ("/healthz"))
     assert (server.status, body) == ("200 OK", b"ok")
@@ -608,9 +634,9 @@ def test_bypass_skips_the_queue_but_keeps_the_deadline():
     assert (stats["bypassed"], stats["offered"], stats["in_flight"]) == (1, 2, 0)
 
 
-def test_bypassed_app_refusal_is_still_translated():
+def test_bypassed_app_refusal_is_still_translated(fast_path):
     app, middleware = validated(
-        Probe(fail_in_call=DeadlineExceeded()), max_concurrency=1, max_queue=0, bypass={"/healthz"}
+        Probe(fail_in_call=DeadlineExceeded()), fast_path, max_concurrency=1, max_queue=0, bypass={"/healthz"}
     )
     server, _ = call(app, make_environ("/healthz"))
     assert server.status == "504 Gateway Timeout"
@@ -629,9 +655,9 @@ def test_bypass_validation(bypass, error):
 # -- budget headers ------------------------------------------------------------------
 
 
-def test_invalid_headers_are_counted_and_never_extend():
+def test_invalid_headers_are_counted_and_never_extend(fast_path):
     probe = Probe()
-    app, middleware = validated(probe, max_concurrency=1, max_queue=0, default_budget_ms=200)
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0, default_budget_ms=200)
     before = time.monotonic_ns()
     call(app, make_environ(**{BUDGET_ENVIRON_KEY: "99999999999999999999", GRPC_TIMEOUT_ENVIRON_KEY: "1h"}))
     assert probe.environ[DEADLINE_KEY].ns <= time.monotonic_ns() + 200 * NS_PER_MS
@@ -639,9 +665,9 @@ def test_invalid_headers_are_counted_and_never_extend():
     assert middleware.stats()["invalid_budget_header"] == 2
 
 
-def test_client_cannot_extend_the_policy():
+def test_client_cannot_extend_the_policy(fast_path):
     probe = Probe()
-    app, _ = validated(probe, max_concurrency=1, max_queue=0, max_budget_ms=300)
+    app, _ = validated(probe, fast_path, max_concurrency=1, max_queue=0, max_budget_ms=300)
     call(app, make_environ(**{BUDGET_ENVIRON_KEY: "60000"}))
     assert probe.environ[DEADLINE_KEY].ns <= time.monotonic_ns() + 300 * NS_PER_MS
 
@@ -652,9 +678,11 @@ BUDGET_KEYS = [BUDGET_ENVIRON_KEY, GRPC_TIMEOUT_ENVIRON_KEY, ENVOY_TIMEOUT_ENVIR
 
 @settings(max_examples=150, deadline=None)
 @given(extra=st.dictionaries(st.sampled_from(BUDGET_KEYS), HEADER_VALUE))
-def test_random_headers_never_500_and_never_beyond_policy(extra):
+def test_random_headers_never_500_and_never_beyond_policy(extra, fast_path):
     probe = Probe()
-    middleware = AdmissionMiddleware(probe, max_concurrency=1, max_queue=0, default_budget_ms=100, max_budget_ms=400)
+    middleware = AdmissionMiddleware(
+        probe, fast_path=fast_path, max_concurrency=1, max_queue=0, default_budget_ms=100, max_budget_ms=400
+    )
     server, _ = call(validator(middleware), make_environ(**extra))
     assert server.status in ("200 OK", "504 Gateway Timeout")
     if server.status == "200 OK":
@@ -692,17 +720,19 @@ def test_app_must_be_callable():
         AdmissionMiddleware("not an app", max_concurrency=1, max_queue=0)
 
 
-def test_properties_and_repr():
+def test_properties_and_repr(fast_path):
     probe = Probe()
-    middleware = AdmissionMiddleware(probe, max_concurrency=3, max_queue=5, order="lifo", max_budget_ms=700)
+    middleware = AdmissionMiddleware(
+        probe, fast_path=fast_path, max_concurrency=3, max_queue=5, order="lifo", max_budget_ms=700
+    )
     assert middleware.app is probe
     assert (middleware.queue.max_concurrency, middleware.queue.max_queue, middleware.queue.order) == (3, 5, "lifo")
     assert middleware.policy.max_budget_ms == 700
     assert "max_concurrency=3" in repr(middleware)
 
 
-def test_stats_has_queue_and_middleware_counters():
-    stats = AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0).stats()
+def test_stats_has_queue_and_middleware_counters(fast_path):
+    stats = AdmissionMiddleware(Probe(), fast_path=fast_path, max_concurrency=1, max_queue=0).stats()
     for key in MiddlewareCounters.NAMES + ("offered", "started", "completed", "rejected_full", "expired", "in_flight"):
         assert stats[key] == 0
 

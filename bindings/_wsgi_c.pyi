@@ -1,0 +1,26 @@
+"""Type stubs for the compiled common path of ``prazo.bindings.wsgi.AdmissionMiddleware``."""
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.wsgi import AdmissionMiddleware, Environ, MiddlewareCounters, StartResponse, WSGIApp
+
+def supports(queue: object) -> bool: ...
+def serve(middleware: AdmissionMiddleware, environ: Environ, start_response: StartResponse) -> Iterable[bytes]: ...
+
+class ListBody:
+    def __iter__(self) -> Iterator[bytes]: ...
+    def __next__(self) -> bytes: ...
+    def close(self) -> None: ...
+
+class CompiledPath:
+    def __init__(
+        self,
+        app: WSGIApp,
+        queue: Any,
+        policy: BudgetPolicy,
+        bypass: Iterable[str],
+        counters: MiddlewareCounters,
+        retry_after_s: int,
+    ) -> None: ...

@@ -1,0 +1,356 @@
+# cython: freethreading_compatible = False
+"""The compiled twin of ``AdmissionMiddleware``'s common path.
+
+``prazo.bindings.wsgi`` is the specification. This module runs the same
+steps in C for the request a service sees most:
+
+* its ``PATH_INFO`` is not a bypass path;
+* no budget header, or a plain integer ``X-Request-Budget-Ms`` (digits,
+  optionally padded with spaces or tabs, no ``grpc-timeout`` or Envoy header
+  beside it);
+* the middleware's queue is the C twin (``prazo.core._queue_c``), which it
+  calls directly, and the slot is granted;
+* the app returns a list or a tuple.
+
+Every other case is handed to the Python code: the whole request for bypass
+paths and the other budget headers (``AdmissionMiddleware._call_python``),
+and from the point where the common path ends otherwise (a refusal by the
+queue, an exception from the app, a body that runs app code), so the rules
+for those live in one place and both paths answer, count and release alike.
+
+Where the Python path's time goes and how this one saves it: the deadline is
+an ``int64_t`` until a ``Deadline`` is needed (built without ``__init__``),
+the queue is entered through its C methods, the request's context is a copy
+entered once around the app call (``deadline_context`` enters it twice), and
+a list body is wrapped in a C iterator instead of a generator.
+"""
+
+cimport cython
+from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit, PyContextVar_Set, get_value
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
+from libc.stdint cimport int64_t, INT64_MAX
+
+from prazo.core._queue_c cimport AdmissionQueue, prazo_monotonic_ns
+
+from prazo.bindings.headers import (
+    BUDGET_ENVIRON_KEY,
+    BUDGET_HEADER,
+    ENVOY_TIMEOUT_ENVIRON_KEY,
+    GRPC_TIMEOUT_ENVIRON_KEY,
+    MAX_WIRE_MS,
+)
+from prazo.core import (
+    NS_PER_MS,
+    Deadline,
+    DeadlineExceeded,
+    DownstreamOverloaded,
+    QueueFull,
+    ShutDown,
+    deadline_context,
+)
+
+__all__ = ["CompiledPath", "ListBody", "serve", "supports"]
+
+
+cdef extern from "prazo_slots.h":
+    Py_ssize_t prazo_slot_offset(object descr)
+    PyObject *prazo_slot_value(object obj, Py_ssize_t offset)
+
+cdef extern from *:
+    """
+    /* Store a new reference to `value` in the __slots__ member at `offset` of `obj`. */
+    static inline void prazo_slot_store(PyObject *obj, Py_ssize_t offset, PyObject *value)
+    {
+        PyObject **slot = (PyObject **)((char *)obj + offset);
+        PyObject *old = *slot;
+        Py_INCREF(value);
+        *slot = value;
+        Py_XDECREF(old);
+    }
+    """
+    void prazo_slot_store(object obj, Py_ssize_t offset, object value)
+
+
+cdef type _DeadlineType = Deadline
+# Where Deadline keeps its `_ns` slot: read and written directly, as the C
+# twin of the queue reads it, because an attribute access costs more than
+# the rest of building the deadline.
+cdef Py_ssize_t _DEADLINE_NS_OFFSET = prazo_slot_offset(Deadline.__dict__["_ns"])
+if _DEADLINE_NS_OFFSET < 0:
+    raise ImportError("prazo.core.Deadline no longer keeps `_ns` in a slot; the compiled WSGI path needs it")
+cdef tuple _NO_ARGS = ()
+
+
+cdef object _find_deadline_var():
+    """The ``ContextVar`` behind ``current_deadline()``, found through public API.
+
+    ``prazo.core`` exposes no accessor for it, so it is the one variable that
+    ``deadline_context`` sets in the copy it returns.
+    """
+    marker = Deadline.at_ns(0)
+    found = [var for var, value in deadline_context(marker, replace=True).items() if value is marker]
+    if len(found) != 1:
+        raise ImportError("cannot find the ContextVar that prazo.core.deadline_context sets")
+    return found[0]
+
+
+cdef object _DEADLINE_VAR = _find_deadline_var()
+
+# C globals for what every request reads (a module global is a dict lookup).
+cdef str _BUDGET_KEY = BUDGET_ENVIRON_KEY
+cdef str _GRPC_TIMEOUT_KEY = GRPC_TIMEOUT_ENVIRON_KEY
+cdef str _ENVOY_TIMEOUT_KEY = ENVOY_TIMEOUT_ENVIRON_KEY
+cdef str _BUDGET_HEADER = BUDGET_HEADER
+
+# The longest X-Request-Budget-Ms value read here: the digits of MAX_WIRE_MS.
+# The Python parser allows longer ones (leading zeros, padding); those go to it.
+cdef Py_ssize_t _MAX_INTEGER_CHARS = len(str(MAX_WIRE_MS))
+cdef int64_t _MAX_WIRE_MS = MAX_WIRE_MS
+cdef double _NS_PER_MS = NS_PER_MS
+
+
+# The Python side, bound when the first CompiledPath is built:
+# prazo.bindings.wsgi imports this module, so it cannot be imported above.
+cdef bint _bound = False
+cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY
+cdef object _reject, _refuse, _AdmittedResponse
+
+
+cdef int _bind_python_side() except -1:
+    global _bound, _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
+    if _bound:
+        return 0
+    from prazo.bindings import wsgi
+
+    _BUDGET_SOURCE_KEY = wsgi.BUDGET_SOURCE_KEY
+    _QUEUE_WAIT_MS_KEY = wsgi.QUEUE_WAIT_MS_KEY
+    _DEADLINE_KEY = wsgi.DEADLINE_KEY
+    _reject = wsgi._reject
+    _refuse = wsgi._refuse
+    _AdmittedResponse = wsgi.AdmittedResponse
+    _bound = True
+    return 0
+
+
+cdef inline int64_t _deadline_ns(object deadline) except? -1:
+    """``deadline._ns``, straight from the slot for a plain ``Deadline``."""
+    cdef PyObject *ns
+    if type(deadline) is _DeadlineType:
+        ns = prazo_slot_value(deadline, _DEADLINE_NS_OFFSET)
+        if ns != NULL:
+            return <object>ns
+    return deadline._ns
+
+
+cdef inline object _new_deadline(int64_t ns):
+    """``Deadline.at_ns(ns)`` for an ``ns`` known to fit in an int64.
+
+    What ``at_ns`` does itself (``__new__``, then the slot, no ``__init__``),
+    through ``Deadline``'s ``tp_new`` and the slot's offset: calling ``at_ns``
+    is a Python call that costs more than the rest of this path's deadline work.
+    """
+    cdef object deadline = (<PyTypeObject *>_DeadlineType).tp_new(_DeadlineType, <PyObject *>_NO_ARGS, NULL)
+    prazo_slot_store(deadline, _DEADLINE_NS_OFFSET, ns)
+    return deadline
+
+
+cdef int64_t _integer_budget_ns(object raw, double max_budget_ms) except -2:
+    """The budget of a plain integer ``X-Request-Budget-Ms``, as the Python path computes it.
+
+    ``parse_budget_ms``'s digits-only case, then ``BudgetPolicy``'s cap and
+    its conversion to ns (the same double arithmetic, so the same result).
+    Returns -1 for any other value: the Python path judges it.
+    """
+    cdef str text
+    cdef Py_ssize_t start = 0, end, i
+    cdef Py_UCS4 symbol
+    cdef int64_t ms = 0
+    cdef double budget_ms
+    if type(raw) is not str:
+        return -1
+    text = <str>raw
+    end = len(text)
+    if end > _MAX_INTEGER_CHARS:
+        return -1
+    while start < end and (text[start] == u" " or text[start] == u"\t"):
+        start += 1
+    while end > start and (text[end - 1] == u" " or text[end - 1] == u"\t"):
+        end -= 1
+    if start == end:
+        return -1
+    for i in range(start, end):
+        symbol = text[i]
+        if symbol < u"0" or symbol > u"9":
+            return -1
+        ms = ms * 10 + (<int64_t>symbol - <int64_t><Py_UCS4>u"0")
+    if ms > _MAX_WIRE_MS:
+        return -1
+    budget_ms = <double>ms
+    if budget_ms > max_budget_ms:
+        budget_ms = max_budget_ms
+    return <int64_t>(budget_ms * _NS_PER_MS)
+
+
+def supports(queue):
+    """True when ``queue`` is the C twin of the admission queue, the one this path drives."""
+    return type(queue) is AdmissionQueue
+
+
+@cython.final
+cdef class ListBody:
+    """A list or tuple response body that gives its slot back exactly once.
+
+    The compiled counterpart of ``prazo.bindings.wsgi``'s list wrapper:
+    iterating it yields the app's chunks; the slot is released when the
+    chunks are exhausted, on ``close()``, or when the body is finalised
+    without either (a server that drops it), whichever comes first. After
+    that it yields nothing. No app code runs, so no context is entered.
+    """
+
+    cdef object _items           # the app's list or tuple; None once finished
+    cdef Py_ssize_t _index
+    cdef AdmissionQueue _queue   # holds the slot; None once released
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef object items = self._items
+        cdef object chunk
+        if items is not None and self._index < PySequence_Fast_GET_SIZE(items):
+            chunk = <object>PySequence_Fast_GET_ITEM(items, self._index)
+            self._index += 1
+            return chunk
+        self._finish()
+        raise StopIteration
+
+    def close(self):
+        """Release the slot if it is still held; later calls do nothing."""
+        self._finish()
+
+    def __del__(self):
+        # A safety net for servers that drop the body without close(): the
+        # slot must never leak. __del__ (not __dealloc__) so the fields are
+        # still set when the garbage collector breaks a cycle through here;
+        # and no @cython.freelist, whose recycled objects keep the "already
+        # finalised" mark of their previous life and never run __del__ again.
+        self._finish()
+
+    cdef int _finish(self) except -1:
+        # The claim (clearing _queue) runs no Python code, so under the GIL
+        # exactly one caller gets the queue, whoever else races to finish.
+        cdef AdmissionQueue queue = self._queue
+        if queue is None:
+            return 0
+        self._queue = None
+        self._items = None
+        return queue._release(-1, True)
+
+
+@cython.final
+cdef class CompiledPath:
+    """The common path of one ``AdmissionMiddleware``, in C.
+
+    Built by the middleware (``AdmissionMiddleware(..., fast_path=None)``)
+    around its app, queue, budget policy, bypass paths, counters and
+    ``Retry-After``; ``serve`` runs a request through it.
+    """
+
+    cdef object _app
+    cdef AdmissionQueue _queue
+    cdef object _bypass             # frozenset of paths, None when empty
+    cdef int64_t _default_budget_ns
+    cdef double _max_budget_ms
+    cdef object _counters
+    cdef object _retry_after_s
+
+    def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s):
+        _bind_python_side()
+        self._app = app
+        self._queue = queue
+        self._bypass = frozenset(bypass) or None
+        # Exactly what the policy grants a request without a budget header.
+        self._default_budget_ns = policy.deadline_for({}, 0)[0].ns
+        self._max_budget_ms = policy.max_budget_ms
+        self._counters = counters
+        self._retry_after_s = retry_after_s
+
+    cdef object _serve(self, object middleware, object environ, object start_response):
+        """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
+        cdef int64_t budget_ns, arrival_ns, deadline_ns
+        cdef object source = None
+        if type(environ) is not dict:
+            return middleware._call_python(environ, start_response)
+        cdef dict env = <dict>environ
+        if self._bypass is not None and env.get("PATH_INFO", "") in self._bypass:
+            return middleware._call_python(environ, start_response)
+        if _GRPC_TIMEOUT_KEY in env or _ENVOY_TIMEOUT_KEY in env:
+            return middleware._call_python(environ, start_response)
+        if _BUDGET_KEY in env:
+            budget_ns = _integer_budget_ns(env[_BUDGET_KEY], self._max_budget_ms)
+            if budget_ns < 0:
+                return middleware._call_python(environ, start_response)
+            source = _BUDGET_HEADER
+        else:
+            budget_ns = self._default_budget_ns
+        arrival_ns = prazo_monotonic_ns()
+        if budget_ns > INT64_MAX - arrival_ns:
+            # Beyond what a Deadline holds: the Python path says so its own way.
+            return middleware._call_python(environ, start_response)
+        deadline_ns = arrival_ns + budget_ns
+        env[_BUDGET_SOURCE_KEY] = source
+        try:
+            self._queue._acquire(deadline_ns, arrival_ns)
+        except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            return _reject(exc, start_response, self._counters, self._retry_after_s)
+        return self._run_admitted(env, start_response, deadline_ns, arrival_ns)
+
+    cdef object _run_admitted(self, dict environ, object start_response, int64_t deadline_ns, int64_t arrival_ns):
+        """``prazo.bindings.wsgi.run_admitted`` for a request holding a slot of ``self._queue``."""
+        cdef object context, deadline, outer, result
+        try:
+            environ[_QUEUE_WAIT_MS_KEY] = (prazo_monotonic_ns() - arrival_ns) / _NS_PER_MS
+            # deadline_context's rule: an earlier deadline already current wins.
+            outer = get_value(_DEADLINE_VAR)
+            if outer is not None and _deadline_ns(outer) <= deadline_ns:
+                deadline = outer
+            else:
+                deadline = _new_deadline(deadline_ns)
+            environ[_DEADLINE_KEY] = deadline
+            context = PyContext_CopyCurrent()
+            PyContext_Enter(context)
+            try:
+                PyContextVar_Set(_DEADLINE_VAR, deadline)
+                result = self._app(environ, start_response)
+            finally:
+                PyContext_Exit(context)
+        except (DeadlineExceeded, DownstreamOverloaded) as exc:
+            self._queue._release(-1, True)
+            return _refuse(exc, start_response, self._counters, self._retry_after_s)
+        except BaseException:
+            self._queue._release(-1, True)
+            raise
+        if type(result) is list or type(result) is tuple:
+            return _list_body(result, self._queue)
+        return _AdmittedResponse(result, context, start_response, self._queue.release, self._counters,
+                                 self._retry_after_s)
+
+
+cdef inline ListBody _list_body(object items, AdmissionQueue queue):
+    cdef ListBody body = ListBody.__new__(ListBody)
+    body._items = items
+    body._index = 0
+    body._queue = queue
+    return body
+
+
+def serve(middleware, environ, start_response):
+    """Serve one request through ``middleware``: its compiled path if it has one, else its Python path.
+
+    ``AdmissionMiddleware.__call__`` when this module is built.
+    """
+    compiled = middleware._compiled
+    if compiled is None:
+        return middleware._call_python(environ, start_response)
+    return (<CompiledPath?>compiled)._serve(middleware, environ, start_response)
