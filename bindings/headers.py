@@ -87,7 +87,8 @@ ENVOY_TIMEOUT_ENVIRON_KEY = environ_key(ENVOY_TIMEOUT_HEADER)  # HTTP_X_ENVOY_EX
 # The largest budget the wire formats accept: what a signed 64-bit count of
 # nanoseconds can hold (about 292 years). Anything beyond is "overflow" and
 # invalid rather than silently clamped, because a sender producing it is broken.
-MAX_WIRE_MS = (2**63 - 1) // NS_PER_MS
+_INT64_MAX = 2**63 - 1
+MAX_WIRE_MS = _INT64_MAX // NS_PER_MS
 
 # The same bound as a float (exact: it is below 2**53), so the range check of
 # a parsed value compares two floats.
@@ -366,7 +367,8 @@ class BudgetPolicy:
         if self._has_upstream_hook:
             # Clamped so the hook can only shorten the budget, down to "already passed".
             budget_ns -= min(max(0, self.upstream_queue_ns(environ, arrival_ns)), budget_ns)
-        return Deadline.at_ns(arrival_ns + budget_ns), incoming
+        # Saturate: a budget of centuries is "no practical deadline", never a 500.
+        return Deadline.at_ns(min(arrival_ns + budget_ns, _INT64_MAX)), incoming
 
     def deadline_now(self, environ: Mapping[str, Any]) -> tuple[Deadline, IncomingBudget]:
         """``deadline_for(environ, time.monotonic_ns())``."""

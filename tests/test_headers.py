@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from fractions import Fraction
 
 import pytest
@@ -448,3 +449,12 @@ def test_outgoing_headers_round_trip_through_a_receiving_policy():
     assert incoming == IncomingBudget(480.0, 0, BUDGET_HEADER)
     deadline, _ = BudgetPolicy().deadline_for({environ_key(name): value for name, value in headers.items()}, ARRIVAL_NS)
     assert deadline.ns == ARRIVAL_NS + 480 * NS_PER_MS
+
+
+def test_a_budget_of_centuries_saturates_instead_of_failing() -> None:
+    policy = BudgetPolicy(default_budget_ms=MAX_WIRE_MS, max_budget_ms=MAX_WIRE_MS)
+    arrival = time.monotonic_ns()
+    deadline, incoming = policy.deadline_for({BUDGET_ENVIRON_KEY: str(MAX_WIRE_MS)}, arrival)
+    assert incoming.budget_ms == MAX_WIRE_MS
+    assert deadline.ns == 2**63 - 1
+    assert policy.deadline_for({}, arrival)[0].ns == 2**63 - 1
