@@ -48,4 +48,4 @@ sanitize: $(STAMP)
 		tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_seed_scenario.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/*.so .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks

@@ -128,7 +128,7 @@ def _extensions():
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"], "prazo.bindings": ["py.typed"]},
+    package_data={"prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"], "prazo.bindings": ["py.typed", "*.pyi"]},
     ext_modules=_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},
     zip_safe=False,
