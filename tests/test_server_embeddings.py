@@ -49,11 +49,21 @@ def _start(servers: list[RunningServer], kind: str, **limits: int) -> RunningSer
 
 
 def _hold(server: RunningServer, tmp_path: Path, name: str = "holder") -> tuple[Burst, Path]:
-    """One request that occupies a worker until the returned gate file is created."""
+    """One request that occupies a worker until the returned gate file is created.
+
+    A server may release the slot of the request before it (e.g. the start-up
+    probe) a moment after the client read its answer; on a loaded machine the
+    holder can arrive in that moment and be refused, so it tries again.
+    """
     gate, mark = tmp_path / f"{name}.gate", tmp_path / f"{name}.running"
-    holder = Burst(server.port, [f"/work?gate={gate}&mark={mark}"])
-    wait_until(mark.exists, f"{name} to run the app")
-    return holder, gate
+    for _ in range(20):
+        holder = Burst(server.port, [f"/work?gate={gate}&mark={mark}"])
+        wait_until(lambda h=holder: mark.exists() or h.outcomes or h.errors, f"{name} to run the app")
+        if mark.exists():
+            return holder, gate
+        assert statuses(holder.join()) == {503: 1}, "the holder may only be refused for a slot not yet released"
+        time.sleep(0.05)
+    raise AssertionError(f"{name} was refused 20 times in a row")
 
 
 @pytest.mark.parametrize("kind", SERVER_KINDS)
