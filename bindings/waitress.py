@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from waitress import wasyncore
@@ -323,12 +324,27 @@ def shutdown(server: Any, timeout: float = 5.0) -> bool:
             wasyncore.dispatcher.close(listener)
 
     end = time.monotonic() + timeout
-    trigger.pull_trigger(stop_accepting)
+    _run_in_io_thread(trigger, stop_accepting)
     finished = dispatcher.shutdown(timeout=timeout)
     while dispatcher._output_pending() and time.monotonic() < end:
         time.sleep(_PUMP_INTERVAL_S)
-    trigger.pull_trigger(lambda: wasyncore.close_all(socket_map))
+    _run_in_io_thread(trigger, lambda: wasyncore.close_all(socket_map))
     return finished
+
+
+def _run_in_io_thread(trigger: Any, thunk: Callable[[], object]) -> None:
+    """Have waitress's I/O thread run ``thunk``, unless its loop already closed everything.
+
+    Once the trigger is closed (the server was closed, or a second shutdown
+    runs) there is nothing left to stop, and writing to it would raise EBADF.
+    """
+    if getattr(trigger, "_closed", False):
+        return
+    try:
+        trigger.pull_trigger(thunk)
+    except OSError:
+        # Closed between the check and the write: the same situation.
+        return
 
 
 def serve(app: WSGIApp, **kw: Any) -> None:
