@@ -32,6 +32,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 TESTS_DIR = Path(__file__).resolve().parent
+# gunicorn runs in another process, so its queue cannot be watched: a pause
+# far longer than a worker needs to finish a task after sending its answer.
+_GUNICORN_SETTLE_S = 0.2
+
 SERVER_KINDS = ("waitress", "werkzeug", "wsgiref", "cheroot", "gunicorn")
 
 # Bounds of every wait in the app and the clients: far above anything a
@@ -196,7 +200,21 @@ class RunningServer:
         assert stats()["offered"] >= count, stats()
 
     def calls(self) -> int:
-        return int(request(self.port, "/calls").body)
+        calls = int(request(self.port, "/calls").body)
+        self.settle()
+        return calls
+
+    def settle(self) -> None:
+        """Wait until the slot of the last answered request is free again.
+
+        A server frees a slot a moment after its answer reached the client, so
+        a test counting exact refusals right after a request would race it.
+        """
+        if self.stats is None:
+            time.sleep(_GUNICORN_SETTLE_S)
+            return
+        stats = self.stats
+        _wait_for(lambda: stats()["in_flight"] == 0, CLIENT_TIMEOUT_S)
 
     def stop(self) -> Any:
         """Graceful shutdown; returns what the server's shutdown returned."""
@@ -316,6 +334,7 @@ def _start_gunicorn(threads: int, max_queue: int, default_budget_ms: float, max_
             raise AssertionError("gunicorn did not stop:\n" + "".join(log)) from None
 
     server = RunningServer("gunicorn", port, stop)
+    server.settle()  # the start-up probe's slot
     server.log = log  # type: ignore[attr-defined]
     server.process = process  # type: ignore[attr-defined]
     return server
