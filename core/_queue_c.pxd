@@ -102,9 +102,10 @@ cdef class AdmissionQueue:
     cdef void _ready_push(self, Entry entry) noexcept nogil
     cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil
     cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count, Waiter **granted) noexcept nogil
-    cdef void _report(self, PyObject **batch, int count)
-    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1
+    cdef void _dismiss(self, Entry entry, int state, PyObject **items, Py_ssize_t *count) noexcept nogil
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, Py_ssize_t *count, Waiter **granted) noexcept nogil
+    cdef void _report(self, PyObject **batch, Py_ssize_t count)
+    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, Py_ssize_t count) except -1
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1
     cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1
     cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil

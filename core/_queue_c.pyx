@@ -348,7 +348,17 @@ cdef class AdmissionQueue:
         prazo_add(&self._c.started, 1)
         prazo_add(&self._c.queue_wait_ns_total, now - enqueued_ns)
 
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, int *count, Waiter **granted) noexcept nogil:
+    cdef void _dismiss(self, Entry entry, int state, PyObject **items, Py_ssize_t *count) noexcept nogil:
+        """An entry leaves the line without a slot: wake its gate waiter with
+        ``state``, or add its work item to ``items`` for the caller to answer."""
+        if entry.waiter != NULL:
+            entry.waiter.state = state
+            pthread_cond_signal(&entry.waiter.cond)
+        else:
+            items[count[0]] = entry.item
+            count[0] += 1
+
+    cdef bint _hand_over(self, int64_t now, PyObject **batch, Py_ssize_t *count, Waiter **granted) noexcept nogil:
         """Give the slot in hand to the next live entry, or free it.
 
         Expired work items go into ``batch`` (the caller reports them after
@@ -363,12 +373,7 @@ cdef class AdmissionQueue:
             entry = self._ring_pop_next()
             if now >= entry.deadline_ns:
                 prazo_add(&self._c.expired_in_queue, 1)
-                if entry.waiter != NULL:
-                    entry.waiter.state = _EXPIRED
-                    pthread_cond_signal(&entry.waiter.cond)
-                else:
-                    batch[count[0]] = entry.item
-                    count[0] += 1
+                self._dismiss(entry, _EXPIRED, batch, count)
                 continue
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
@@ -385,8 +390,8 @@ cdef class AdmissionQueue:
 
     # -- reporting expired work items (GIL held, mutex not held) ----------------
 
-    cdef void _report(self, PyObject **batch, int count):
-        cdef int i
+    cdef void _report(self, PyObject **batch, Py_ssize_t count):
+        cdef Py_ssize_t i
         cdef object item
         for i in range(count):
             item = <object>batch[i]
@@ -397,7 +402,7 @@ cdef class AdmissionQueue:
                 except Exception:
                     _log_callback_error(item)
 
-    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, int count) except -1:
+    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, Py_ssize_t count) except -1:
         """With the mutex held: hand the slot over, report, and unlock."""
         cdef bint placed
         cdef Waiter *granted = NULL
@@ -703,22 +708,14 @@ cdef class AdmissionQueue:
                 count += 1
                 prazo_add(&self._c.expired_in_queue, 1)
                 prazo_add(&self._c.queued, -1)
-                if entry.waiter != NULL:
-                    entry.waiter.state = _EXPIRED
-                    pthread_cond_signal(&entry.waiter.cond)
-                else:
-                    items[n_items] = entry.item
-                    n_items += 1
+                self._dismiss(entry, _EXPIRED, items, &n_items)
             else:
                 self._ring[(self._ring_head + kept) % self._ring_cap] = entry
                 kept += 1
         self._ring_count = kept
         pthread_mutex_unlock(&self._mutex)
         try:
-            i = 0
-            while i < n_items:
-                self._report(&items[i], min(n_items - i, _BATCH))
-                i += _BATCH
+            self._report(items, n_items)
         finally:
             free(items)
         return count
@@ -768,12 +765,7 @@ cdef class AdmissionQueue:
                 entry = self._ring[(self._ring_head + i) % self._ring_cap]
                 prazo_add(&self._c.cancelled, 1)
                 prazo_add(&self._c.queued, -1)
-                if entry.waiter != NULL:
-                    entry.waiter.state = _CANCELLED
-                    pthread_cond_signal(&entry.waiter.cond)
-                else:
-                    items[n_items] = entry.item
-                    n_items += 1
+                self._dismiss(entry, _CANCELLED, items, &n_items)
             self._ring_count = 0
             self._ring_head = 0
         pthread_cond_broadcast(&self._ready_cond)

@@ -291,13 +291,18 @@ class AdmissionQueue:
         self._queued -= 1
         return entry
 
-    def _expire_entry_locked(self, entry: _Entry, expired_items: list[Any]) -> None:
-        self._expired_in_queue += 1
+    def _dismiss_locked(self, entry: _Entry, state: int, items: list[Any]) -> None:
+        """An entry leaves the line without a slot: wake its gate waiter with
+        ``state``, or add its work item to ``items`` for the caller to answer."""
         if entry.cond is not None:
-            entry.state = _EXPIRED
+            entry.state = state
             entry.cond.notify()
         else:
-            expired_items.append(entry.item)
+            items.append(entry.item)
+
+    def _expire_entry_locked(self, entry: _Entry, expired_items: list[Any]) -> None:
+        self._expired_in_queue += 1
+        self._dismiss_locked(entry, _EXPIRED, expired_items)
 
     def _hand_over_locked(self, now: int, expired_items: list[Any]) -> None:
         """Give the slot in hand to the next live waiting entry, or free it."""
@@ -558,11 +563,7 @@ class AdmissionQueue:
                     entry = self._waiting.popleft()
                     self._queued -= 1
                     self._cancelled += 1
-                    if entry.cond is not None:
-                        entry.state = _CANCELLED
-                        entry.cond.notify()
-                    else:
-                        cancelled.append(entry.item)
+                    self._dismiss_locked(entry, _CANCELLED, cancelled)
             self._ready_cond.notify_all()
         return cancelled
 
