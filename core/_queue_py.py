@@ -54,6 +54,7 @@ from typing import Any
 from typing_extensions import Self
 
 from .deadline import Deadline
+from .deadline import _now as _clock
 from .errors import (
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
@@ -96,16 +97,6 @@ def _deadline_ns(deadline: Deadline | None) -> int:
     if isinstance(deadline, Deadline):
         return deadline.ns
     raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
-
-
-def _clock(now_ns: int | None) -> int:
-    if now_ns is None:
-        return time.monotonic_ns()
-    if isinstance(now_ns, bool) or not isinstance(now_ns, int):
-        raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
-    if not -(2**63) <= now_ns <= NO_DEADLINE_NS:
-        raise ValueError("now_ns is out of range for a 64-bit monotonic clock")
-    return now_ns
 
 
 def _validate_size(value: object, name: str, minimum: int) -> int:

@@ -32,10 +32,17 @@ _INT64_MIN = -(2**63)
 
 
 def _now(now_ns: int | None) -> int:
+    """The clock reading to decide with: ``now_ns`` (a fake clock in tests) or the monotonic clock.
+
+    Shared by every core operation that takes ``now_ns``, with the C twin's
+    limits: an int within a signed 64-bit count of nanoseconds.
+    """
     if now_ns is None:
         return time.monotonic_ns()
     if type(now_ns) is not int and (isinstance(now_ns, bool) or not isinstance(now_ns, int)):
         raise TypeError(f"now_ns must be an int of monotonic nanoseconds, not {type(now_ns).__name__}")
+    if not _INT64_MIN <= now_ns <= _INT64_MAX:
+        raise ValueError("now_ns is out of range for a 64-bit monotonic clock")
     return now_ns
 
 
