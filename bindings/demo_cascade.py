@@ -88,11 +88,15 @@ class CascadeParams:
 
 
 @dataclass
-class _Work:
+class WorkRecord:
     """One execution of B's work for one client attempt."""
 
     request_id: str
     start_ns: int
+    # B's own deadline as B saw it (None when B had none): relative budgets
+    # lose the transit time of each hop, so this, not the client's give-up
+    # time, is what B can promise to respect.
+    deadline_ns: int | None = None
     end_ns: int = 0
     finished: bool = False
 
@@ -116,7 +120,7 @@ class CascadeResult:
     params: CascadeParams
     start_ns: int
     attempts: list[_Attempt]
-    work: list[_Work]
+    work: list[WorkRecord]
     give_up_ns: dict[int, int]
     final_status: dict[int, int]
     b_statuses: Counter = field(default_factory=Counter)
@@ -131,6 +135,10 @@ class CascadeResult:
     def started_after_deadline(self) -> int:
         """B's work that started at or after its client's deadline."""
         return sum(1 for w in self.work if w.start_ns >= self.give_up_ns[self._client_of(w.request_id)])
+
+    def started_after_own_deadline(self) -> int:
+        """B's work that started at or after B's own deadline (what admission promises to prevent)."""
+        return sum(1 for w in self.work if w.deadline_ns is not None and w.start_ns >= w.deadline_ns)
 
     def wasted_work_ms(self) -> float:
         """B's work whose answer nobody used (the client had given up or got no 200 from it)."""
@@ -165,11 +173,11 @@ class _Recorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.work: list[_Work] = []
+        self.work: list[WorkRecord] = []
         self.b_statuses: Counter = Counter()
 
-    def begin(self, request_id: str) -> _Work:
-        work = _Work(request_id, time.monotonic_ns())
+    def begin(self, request_id: str, deadline: Deadline | None) -> WorkRecord:
+        work = WorkRecord(request_id, time.monotonic_ns(), None if deadline is None else deadline.ns)
         with self._lock:
             self.work.append(work)
         return work
@@ -187,7 +195,7 @@ def _b_app(recorder: _Recorder, work_ms: float, deadline_aware: bool) -> Callabl
         if deadline_aware and deadline is not None and deadline.remaining_ms() < work_ms:
             # Not enough budget left to finish: starting would only make dead work.
             raise DeadlineExceeded("not-enough-budget")
-        work = recorder.begin(environ.get(_DEMO_ID_ENVIRON_KEY, "?"))
+        work = recorder.begin(environ.get(_DEMO_ID_ENVIRON_KEY, "?"), deadline)
         try:
             end = time.monotonic() + work_ms / 1000
             while (left := end - time.monotonic()) > 0:
