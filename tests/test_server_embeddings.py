@@ -112,7 +112,15 @@ def test_budget_running_out_in_the_queue_is_a_504_without_the_app(
 def test_seed_scenario_4_threads_queue_20_gives_24_ok_and_16_refused(
     kind: str, servers: list[RunningServer], tmp_path: Path
 ) -> None:
-    """The seed article's numbers: 40 simultaneous requests, 300 ms each, a 2 s budget."""
+    """The seed article's numbers: 40 simultaneous requests, 300 ms each, a 2 s budget.
+
+    On a quiet machine all 24 admitted requests answer 200 (six waves of four
+    end by 1.8 s). The last wave has only 200 ms to spare, though, so on a
+    loaded machine it may start after its deadline: then it must be answered
+    504 and never run. What admission guarantees is asserted exactly: 16
+    refusals at once, no 504 before the budget was really spent, and the app
+    ran for the 200s only.
+    """
     server = _start(servers, kind, threads=4, max_queue=20)
     calls_before = server.calls()
     gate = tmp_path / "gate"
@@ -123,8 +131,13 @@ def test_seed_scenario_4_threads_queue_20_gives_24_ok_and_16_refused(
     assert statuses(early) == {503: 16}
     gate.touch()
     outcomes = burst.join()
-    assert statuses(outcomes) == {200: 24, 503: 16}
-    assert server.calls() - calls_before == 24
+    counts = statuses(outcomes)
+    assert counts[503] == 16
+    assert counts[200] + counts.get(504, 0) == 24
+    assert counts[200] >= 4  # the first wave starts at once
+    late = [outcome for outcome in outcomes if outcome.status == 504]
+    assert all(outcome.reason == "expired-in-queue" and outcome.elapsed_s >= 2.0 for outcome in late), late
+    assert server.calls() - calls_before == counts[200]
 
 
 @pytest.mark.parametrize("kind", SERVER_KINDS)

@@ -122,11 +122,11 @@ def test_prazo_no_extensions_turns_the_compiled_path_off():
         ({BUDGET_ENVIRON_KEY: " \t250 "}, "/", True),
         ({BUDGET_ENVIRON_KEY: "0000250"}, "/", True),
         ({BUDGET_ENVIRON_KEY: "99999999"}, "/", True),  # capped at max_budget_ms
-        ({BUDGET_ENVIRON_KEY: "12.5"}, "/", False),
+        ({BUDGET_ENVIRON_KEY: "1250.5"}, "/", False),  # a fraction: left to the Python parser
         ({BUDGET_ENVIRON_KEY: "1e3"}, "/", False),
         ({BUDGET_ENVIRON_KEY: "junk"}, "/", False),
         ({BUDGET_ENVIRON_KEY: "1" * 14}, "/", False),  # longer than any value the wire allows
-        ({BUDGET_ENVIRON_KEY: "0" * 14 + "1"}, "/", False),  # valid, but left to the Python parser
+        ({BUDGET_ENVIRON_KEY: "0" * 11 + "2500"}, "/", False),  # valid, but left to the Python parser
         ({BUDGET_ENVIRON_KEY: "١٢٣"}, "/", False),
         ({BUDGET_ENVIRON_KEY: "250", GRPC_TIMEOUT_ENVIRON_KEY: "1S"}, "/", False),
         ({GRPC_TIMEOUT_ENVIRON_KEY: "1S"}, "/", False),
