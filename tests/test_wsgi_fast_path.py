@@ -290,9 +290,15 @@ def test_a_budget_header_means_the_same_on_both_paths(value):
         budget_ns = middleware.policy.deadline_for({BUDGET_ENVIRON_KEY: value}, 0)[0].ns
         if probe.environ is not None:
             assert before + budget_ns <= probe.environ[DEADLINE_KEY].ns <= after + budget_ns
-        outcomes.append((server.statuses, server.header.get(REASON_HEADER), environ[BUDGET_SOURCE_KEY]))
-        outcomes.append(middleware.stats())
-    assert outcomes[0:2] == outcomes[2:4]
+        else:
+            # A budget of a few ms may run out before admission on a loaded
+            # machine; a 504 is right only once the budget has really passed.
+            assert after - before >= budget_ns
+            assert server.header.get(REASON_HEADER) == "expired-on-arrival"
+        outcomes.append((budget_ns, environ[BUDGET_SOURCE_KEY]))
+    # Both paths read the header the same way; the outcome follows from the
+    # budget and the clock, checked for each path above.
+    assert outcomes[0] == outcomes[1]
 
 
 # -- the slot is released exactly once ---------------------------------------------------------
