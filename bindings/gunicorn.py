@@ -13,9 +13,12 @@ where a connection waits:
 
 - a new connection waits in the main loop's poller for its first bytes, not
   in a worker thread (so a silent client holds no capacity);
-- once a request is arriving, its head is peeked at (not consumed) to compute
-  the deadline, and the connection is offered to prazo's admission queue:
-  capacity is exactly ``--threads`` running plus ``PRAZO_MAX_QUEUE`` waiting;
+- once a request is arriving, its head is peeked at (not consumed) until it
+  is complete, in prazo's watcher thread (still no worker, no place in line;
+  408 ``header-timeout`` when it is not complete ``PRAZO_HEADER_TIMEOUT_MS``
+  after its first byte), and then gives the deadline; the connection is
+  offered to prazo's admission queue: capacity is exactly ``--threads``
+  running plus ``PRAZO_MAX_QUEUE`` waiting;
 - full → 503 written by the main loop at once; the deadline passing while it
   waits → 504 at its deadline; the app never runs for either, and the
   connection closes with a lingering close (a client still uploading its
@@ -114,7 +117,7 @@ class AdmissionWorker(ThreadWorker):
             settings_for(self.cfg),
             serve=self._serve_ticket,
             socket_of=_socket_of,
-            on_rejected=self._rejected,
+            on_closed=self._closed_by_prazo,
             name="prazo-gunicorn",
         )
         # New connections waiting for their first bytes, oldest first.
@@ -166,8 +169,8 @@ class AdmissionWorker(ThreadWorker):
                 done.set_result(False)
             self.method_queue.defer(self.finish_request, conn, done)
 
-    def _rejected(self, conn: TConn) -> None:
-        # Any thread may refuse; the connection count belongs to the main loop.
+    def _closed_by_prazo(self, conn: TConn) -> None:
+        # Any thread may refuse or time out a head; the connection count belongs to the main loop.
         self.method_queue.defer(self._forget_connection)
 
     def _forget_connection(self) -> None:
