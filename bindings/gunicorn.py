@@ -188,6 +188,18 @@ class AdmissionWorker(ThreadWorker):
             self.nr_conns -= 1
             conn.close()
 
+    def set_accept_enabled(self, enabled: bool) -> None:
+        super().set_accept_enabled(enabled)
+        if not self.alive:
+            # Stopping: this worker will never accept again. gthread keeps its
+            # copy of the listening sockets open until the drain ends, so new
+            # connections would wait in the listen backlog for the whole drain
+            # and then be reset. Closing it now makes them refused at once
+            # when gunicorn is stopping as a whole (the arbiter has closed its
+            # copy already); on a reload the new workers still hold theirs.
+            for listener in self.sockets:
+                listener.close()
+
     def _cap_keepalive(self, deadline: float) -> None:
         super()._cap_keepalive(deadline)
         # A stopping worker does not wait long for silent new clients either.

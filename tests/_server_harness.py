@@ -282,11 +282,17 @@ class Trickler:
 
 
 def connection_refused(port: int) -> bool:
-    """True when a new connection to ``port`` is refused; a connection that opens is closed unused."""
+    """True when a new connection to ``port`` is refused; a connection that opens is closed unused.
+
+    A connection caught in the listen backlog as the listening socket closes
+    is reset instead: False, as the next one will tell.
+    """
     try:
         socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        pass
     return False
 
 
