@@ -30,9 +30,15 @@ Settings come from the environment (``PRAZO_MAX_QUEUE``,
 ``PRAZO_DEFAULT_BUDGET_MS``, ``PRAZO_MAX_BUDGET_MS``,
 ``PRAZO_TRUST_REQUEST_START``, ...); malformed values stop gunicorn at
 startup with a message naming the variable. TLS (``--certfile``) and HTTP/2
-are refused: terminate them in front of gunicorn. Graceful shutdown
-(SIGTERM) is gthread's: admitted requests finish within
-``--graceful-timeout``; what still waits after it is answered 503.
+are refused: terminate them in front of gunicorn.
+
+Shutdown. SIGTERM (graceful): the worker closes its listening sockets at
+once (new connections are refused rather than left in the backlog for the
+whole drain), and admitted requests — running and queued — finish within
+``--graceful-timeout``; what still waits after it is answered 503
+``shutting-down``. SIGINT/SIGQUIT (gunicorn's quick shutdown): queued
+requests are answered 503 ``shutting-down`` at once and running ones are cut
+when the process exits.
 
 Tested with gunicorn 27.0 (the worker relies on gthread internals of the 27
 series and refuses to import with an older gthread).

@@ -65,9 +65,11 @@ class AdmissionServerMixin:
       after ``header_timeout_ms``), is admitted (503/504 written at once when
       refused, lingering close) and served by ``finish_request`` in a worker;
     - ``shutdown()`` (which also closes the listening socket) and
-      ``server_close()`` stop accepting, refuse new requests (503
-      ``shutting-down``) and let every admitted request finish, waiting at
-      most ``shutdown_timeout`` seconds before answering the rest 503.
+      ``server_close()`` stop accepting (new connections are refused), close
+      the connections that have not delivered a complete request head, and
+      let every admitted request finish, waiting at most
+      ``shutdown_timeout`` seconds before answering the rest 503
+      ``shutting-down``.
 
     The app must be wrapped with ``self.admission.wrap(app)``.
     """
