@@ -1079,7 +1079,7 @@ class _HeadWatcher:
             waiting = self._admission._look_at_head(pending)
         except Exception:  # noqa: BLE001 - the watcher serves every other pending head too
             _log.exception("prazo: %s failed on %r", self._name, pending.sock)
-            _hard_close(pending.sock)
+            self._admission._drop(pending)
             waiting = False
         with self._cond:
             if not waiting:
@@ -1137,9 +1137,10 @@ class ConnectionAdmission:
     a place in line, until the request head is complete: it peeks at the head
     without consuming it, and while it is incomplete the connection waits in a
     watcher thread. A head not complete within ``header_timeout_ms`` of the
-    arrival is answered 408 (``X-Prazo-Reason: header-timeout``) and closed; a
-    peer that closes first is closed too; neither was ever offered to the
-    queue. A complete head gives the deadline (``X-Request-Budget-Ms``,
+    arrival is answered 408 (``X-Prazo-Reason: header-timeout``) and closed
+    (also when its client has left: a peek cannot see the end of the stream
+    behind the bytes it sent); one reset by its peer is closed at once;
+    neither was ever offered to the queue. A complete head gives the deadline (``X-Request-Budget-Ms``,
     ``grpc-timeout``, ... and, when trusted, ``X-Request-Start``, counted from
     the arrival) and the connection is offered to the queue. When the head
     cannot be seen (TLS, or larger than ``MAX_HEAD_BYTES``) the ticket is
@@ -1204,7 +1205,7 @@ class ConnectionAdmission:
         if head is not None or len(data) >= MAX_HEAD_BYTES:
             self._submit(pending.item, head, pending.arrival_ns, pending.remote_addr)
         elif peeked == b"":
-            self._drop(pending)  # the peer left (or reset) before its head was complete
+            self._drop(pending)  # reset, or closed after the server read what it sent
         elif time.monotonic_ns() >= pending.give_up_ns:
             with self._header_timeouts_lock:
                 self._header_timeouts += 1

@@ -96,3 +96,20 @@ def test_a_head_that_stops_halfway_is_answered_408_and_the_server_keeps_serving(
     assert (response.status, response.getheader("X-Prazo-Reason")) == (408, "header-timeout")
     assert response.getheader("Connection") == "close"
     assert HEADER_TIMEOUT_S - 0.1 <= elapsed <= HEADER_TIMEOUT_S + LATE_MARGIN_S
+
+
+@pytest.mark.parametrize("kind", ("werkzeug", "wsgiref", "cheroot"))
+def test_clients_leaving_halfway_through_their_heads_are_forgotten_at_the_timeout_never_offered(
+    kind: str, servers: list[RunningServer]
+) -> None:
+    """Their bytes stay readable (a peek cannot see the end of stream behind them): the timeout ends them."""
+    server = start_server(kind, threads=1, max_queue=0, header_timeout_ms=HEADER_TIMEOUT_S * 1000)
+    servers.append(server)
+    assert server.stats is not None
+    stats = server.stats
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as leaving:
+            leaving.sendall(b"GET /work HTTP/1.1\r\nHost: te")
+    wait_until(lambda: stats()["header_timeouts"] == 3, "the three heads to time out")
+    assert (stats()["offered"], stats()["pending_heads"]) == (0, 0)
+    assert request(server.port, "/work").status == 200
