@@ -48,8 +48,8 @@ def test_slow_heads_hold_no_worker_nor_slot_and_are_answered_408(kind: str, serv
         time.sleep(1.0)  # gunicorn runs in another process: a generous pause instead
 
     # While the heads trickle in, legitimate requests find every worker free.
-    answered = []
-    while any(loris.answer is None for loris in lorises) and len(answered) < 50:
+    answered: list[int] = []
+    while not answered or (any(loris.answer is None for loris in lorises) and len(answered) < 50):
         answered.append(request(server.port, "/work?ms=20").status)
     assert answered and set(answered) == {200}, answered
 
