@@ -732,16 +732,19 @@ def rejection_bytes(exc: BaseException, *, keep_alive: bool = False) -> bytes:
     return _response_bytes(*rejection_response(exc), keep_alive)
 
 
-def _header_timeout_bytes() -> bytes:
-    status = "408 Request Timeout"
-    body = f"{status}: {REASON_HEADER_TIMEOUT}\n".encode("ascii")
-    headers = [
+_HEADER_TIMEOUT_BODY = f"408 Request Timeout: {REASON_HEADER_TIMEOUT}\n".encode("ascii")
+# Shaped like the 503/504 refusals, so clients and logs read the reason alike.
+_HEADER_TIMEOUT_ANSWER = _response_bytes(
+    "408 Request Timeout",
+    [
         ("Content-Type", "text/plain; charset=utf-8"),
-        ("Content-Length", str(len(body))),
+        ("Content-Length", str(len(_HEADER_TIMEOUT_BODY))),
         ("Cache-Control", "no-store"),
         (REASON_HEADER, REASON_HEADER_TIMEOUT),
-    ]
-    return _response_bytes(status, headers, body, False)
+    ],
+    _HEADER_TIMEOUT_BODY,
+    False,
+)
 
 
 def _send_all(sock: socket.socket, payload: bytes) -> bool:
@@ -1209,7 +1212,7 @@ class ConnectionAdmission:
         elif time.monotonic_ns() >= pending.give_up_ns:
             with self._header_timeouts_lock:
                 self._header_timeouts += 1
-            self._answer_and_close(pending.item, pending.sock, _header_timeout_bytes())
+            self._answer_and_close(pending.item, pending.sock, _HEADER_TIMEOUT_ANSWER)
         else:
             return True
         return False
