@@ -196,13 +196,16 @@ class AdmissionWorker(ThreadWorker):
 
     def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)
-        if not self.alive:
-            # Stopping: this worker will never accept again. gthread keeps its
-            # copy of the listening sockets open until the drain ends, so new
-            # connections would wait in the listen backlog for the whole drain
-            # and then be reset. Closing it now makes them refused at once
-            # when gunicorn is stopping as a whole (the arbiter has closed its
-            # copy already); on a reload the new workers still hold theirs.
+        # Stopping: this worker will never accept again. gthread keeps its
+        # copy of the listening sockets open until the drain ends, so new
+        # connections would wait in the listen backlog for the whole drain
+        # and then be reset. Closing it now makes them refused at once when
+        # gunicorn is stopping as a whole (the arbiter has closed its copy
+        # already); on a reload the new workers still hold theirs. Only on a
+        # disabling call, once out of the poller: a signal can end the
+        # worker's life between gthread's check of `alive` and a call
+        # enabling accepts.
+        if not enabled and not self.alive:
             for listener in self.sockets:
                 listener.close()
 
