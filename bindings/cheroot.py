@@ -14,7 +14,11 @@ Effects:
 
 - a connection that has not sent anything yet goes back to cheroot's
   connection manager until it does (it holds no worker and no place in line);
-- the request head is peeked at (not consumed) to compute the deadline;
+- a request head still arriving waits in prazo's watcher thread, again
+  without a worker or a place in line, and is answered 408
+  (``header-timeout``) if it is not complete ``header_timeout_ms`` (5 s)
+  after its first byte;
+- the complete head is peeked at (not consumed) to compute the deadline;
 - ``threads`` requests run at once and ``max_queue`` wait; beyond that the
   answer is an immediate 503 from the accepting thread, never a blocked
   ``put``; a request whose deadline passes while it waits gets 504 at its
@@ -24,8 +28,11 @@ Effects:
 - a refusal closes the connection (its body was not read) with a lingering
   close, so a client still uploading reads the answer; served requests keep
   cheroot's keep-alive;
-- ``server.stop()`` lets every admitted request finish (within cheroot's
-  ``shutdown_timeout``) and answers 503 to whatever still waits after it.
+- ``server.stop()`` closes the listening socket (new connections are
+  refused) and the idle kept-alive connections, closes connections whose
+  head is still arriving, lets every admitted request finish (within
+  cheroot's ``shutdown_timeout``) and answers 503 to whatever still waits
+  after it.
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ class AdmissionThreadPool:
             settings,
             serve=self._serve_ticket,
             socket_of=_socket_of,
-            on_rejected=_release_files,
+            on_closed=_release_files,
             name="prazo-cheroot",
         )
         self.min = self.max = settings.threads
@@ -102,19 +109,18 @@ class AdmissionThreadPool:
         """Offer a readable connection: admitted, refused (answered here) or sent back to wait."""
         sock = conn.socket
         has_data = getattr(conn.rfile, "has_data", None)
-        data = conn.rfile.peek() if has_data is not None and has_data() else b""
-        if peekable(sock):
+        buffered = conn.rfile.peek() if has_data is not None and has_data() else b""
+        if peekable(sock) and not buffered:
             peeked = peek_bytes(sock)
-            if peeked is None and not data:
+            if peeked is None:
                 # Accepted but silent: cheroot's connection manager calls put()
                 # again once it is readable.
                 self.server.put_conn(conn)
                 return
-            if peeked == b"" and not data:
+            if peeked == b"":
                 conn.close()  # the client left without sending anything
                 return
-            data += peeked or b""
-        self.admission.admit(conn, sock, conn.remote_addr, buffered=data, peek=False)
+        self.admission.admit(conn, sock, conn.remote_addr, buffered=buffered)
 
     def _serve_ticket(self, ticket: Ticket) -> None:
         conn = ticket.item
@@ -151,6 +157,7 @@ def create_server(
     max_queue: int | None = None,
     default_budget_ms: float | None = None,
     max_budget_ms: float | None = None,
+    header_timeout_ms: float | None = None,
     settings: ServerSettings | None = None,
     **cheroot_options: Any,
 ) -> Any:
@@ -160,12 +167,13 @@ def create_server(
     ...) or its default, or all of them from ``settings``; see
     ``prazo.bindings.servers.resolve_settings``. ``cheroot_options`` are
     cheroot's own (``timeout``, ``shutdown_timeout``, ``server_name``, ...),
-    except the thread counts. After ``prepare()`` (or in ``start()``),
+    except the thread counts. Over TLS the head cannot be peeked at, so
+    ``header_timeout_ms`` does not apply (cheroot's ``timeout`` does). After ``prepare()`` (or in ``start()``),
     ``server.bind_addr`` holds the bound address.
     """
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
-        settings=settings,
+        header_timeout_ms=header_timeout_ms, settings=settings,
     )  # fmt: skip
     server = cheroot_wsgi.Server(bind_addr, app, numthreads=settings.threads, max=settings.threads, **cheroot_options)
     pool = AdmissionThreadPool(server, settings)

@@ -13,9 +13,12 @@ where a connection waits:
 
 - a new connection waits in the main loop's poller for its first bytes, not
   in a worker thread (so a silent client holds no capacity);
-- once a request is arriving, its head is peeked at (not consumed) to compute
-  the deadline, and the connection is offered to prazo's admission queue:
-  capacity is exactly ``--threads`` running plus ``PRAZO_MAX_QUEUE`` waiting;
+- once a request is arriving, its head is peeked at (not consumed) until it
+  is complete, in prazo's watcher thread (still no worker, no place in line;
+  408 ``header-timeout`` when it is not complete ``PRAZO_HEADER_TIMEOUT_MS``
+  after its first byte), and then gives the deadline; the connection is
+  offered to prazo's admission queue: capacity is exactly ``--threads``
+  running plus ``PRAZO_MAX_QUEUE`` waiting;
 - full → 503 written by the main loop at once; the deadline passing while it
   waits → 504 at its deadline; the app never runs for either, and the
   connection closes with a lingering close (a client still uploading its
@@ -27,9 +30,15 @@ Settings come from the environment (``PRAZO_MAX_QUEUE``,
 ``PRAZO_DEFAULT_BUDGET_MS``, ``PRAZO_MAX_BUDGET_MS``,
 ``PRAZO_TRUST_REQUEST_START``, ...); malformed values stop gunicorn at
 startup with a message naming the variable. TLS (``--certfile``) and HTTP/2
-are refused: terminate them in front of gunicorn. Graceful shutdown
-(SIGTERM) is gthread's: admitted requests finish within
-``--graceful-timeout``; what still waits after it is answered 503.
+are refused: terminate them in front of gunicorn.
+
+Shutdown. SIGTERM (graceful): the worker closes its listening sockets at
+once (new connections are refused rather than left in the backlog for the
+whole drain), and admitted requests — running and queued — finish within
+``--graceful-timeout``; what still waits after it is answered 503
+``shutting-down``. SIGINT/SIGQUIT (gunicorn's quick shutdown): queued
+requests are answered 503 ``shutting-down`` at once and running ones are cut
+when the process exits.
 
 Tested with gunicorn 27.0 (the worker relies on gthread internals of the 27
 series and refuses to import with an older gthread).
@@ -114,7 +123,7 @@ class AdmissionWorker(ThreadWorker):
             settings_for(self.cfg),
             serve=self._serve_ticket,
             socket_of=_socket_of,
-            on_rejected=self._rejected,
+            on_closed=self._closed_by_prazo,
             name="prazo-gunicorn",
         )
         # New connections waiting for their first bytes, oldest first.
@@ -166,8 +175,8 @@ class AdmissionWorker(ThreadWorker):
                 done.set_result(False)
             self.method_queue.defer(self.finish_request, conn, done)
 
-    def _rejected(self, conn: TConn) -> None:
-        # Any thread may refuse; the connection count belongs to the main loop.
+    def _closed_by_prazo(self, conn: TConn) -> None:
+        # Any thread may refuse or time out a head; the connection count belongs to the main loop.
         self.method_queue.defer(self._forget_connection)
 
     def _forget_connection(self) -> None:
@@ -184,6 +193,21 @@ class AdmissionWorker(ThreadWorker):
                 pass
             self.nr_conns -= 1
             conn.close()
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        super().set_accept_enabled(enabled)
+        # Stopping: this worker will never accept again. gthread keeps its
+        # copy of the listening sockets open until the drain ends, so new
+        # connections would wait in the listen backlog for the whole drain
+        # and then be reset. Closing it now makes them refused at once when
+        # gunicorn is stopping as a whole (the arbiter has closed its copy
+        # already); on a reload the new workers still hold theirs. Only on a
+        # disabling call, once out of the poller: a signal can end the
+        # worker's life between gthread's check of `alive` and a call
+        # enabling accepts.
+        if not enabled and not self.alive:
+            for listener in self.sockets:
+                listener.close()
 
     def _cap_keepalive(self, deadline: float) -> None:
         super()._cap_keepalive(deadline)

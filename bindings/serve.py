@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from .servers import (
     ENV_DEFAULT_BUDGET_MS,
+    ENV_HEADER_TIMEOUT_MS,
     ENV_MAX_BUDGET_MS,
     ENV_MAX_QUEUE,
     ENV_MAX_UPSTREAM_MS,
@@ -77,6 +78,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="C",
         help=f"the most any request may ask for (${ENV_MAX_BUDGET_MS}, default 30000)",
+    )
+    parser.add_argument(
+        "--header-timeout-ms",
+        type=float,
+        default=None,
+        metavar="T",
+        help=f"a request head not complete this long after its first byte is answered 408 "
+        f"(${ENV_HEADER_TIMEOUT_MS}, default 5000; not waitress, which reads heads in its I/O thread)",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, metavar="H", help=f"default {DEFAULT_HOST}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
@@ -259,6 +268,7 @@ def _settings_environment(settings: ServerSettings) -> dict[str, str]:
         ENV_MAX_BUDGET_MS: repr(settings.max_budget_ms),
         ENV_TRUST_REQUEST_START: "1" if settings.trust_request_start else "0",
         ENV_MAX_UPSTREAM_MS: repr(settings.max_upstream_ms),
+        ENV_HEADER_TIMEOUT_MS: repr(settings.header_timeout_ms),
     }
     if settings.trusted_proxies is not None:
         environment[ENV_TRUSTED_PROXIES] = ",".join(settings.trusted_proxies)
@@ -292,6 +302,7 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         trust_request_start=args.trust_request_start,
         trusted_proxies=args.trusted_proxy,
         max_upstream_ms=args.max_upstream_ms,
+        header_timeout_ms=args.header_timeout_ms,
     )
 
 

@@ -9,8 +9,9 @@ embeddings (``prazo.bindings.waitress``, ``.gunicorn``, ``.werkzeug``,
 these parts:
 
 ``ServerSettings`` / ``resolve_settings``
-    threads, queue size and budgets, from arguments or the environment
-    (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``, ``PRAZO_MAX_BUDGET_MS``,
+    threads, queue size, budgets and the header timeout, from arguments or the
+    environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
+    ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``,
     ``PRAZO_TRUST_REQUEST_START``, ``PRAZO_TRUSTED_PROXIES``,
     ``PRAZO_MAX_UPSTREAM_MS``); explicit arguments win over the environment.
 ``AdmissionDispatcher``
@@ -23,8 +24,9 @@ these parts:
     ``prazo.bindings.wsgi.run_admitted`` (deadline scope, environ keys, slot
     released exactly once).
 ``ConnectionAdmission``
-    admission of a raw connection for the socket-level servers: peeks at the
-    request head to compute the exact deadline, writes refusals itself and
+    admission of a raw connection for the socket-level servers: waits, without
+    a worker, until the request head is complete (408 after the header
+    timeout), computes the exact deadline from it, writes refusals itself and
     closes them politely through a ``LingeringCloser`` (so a client still
     uploading its body reads the 503 instead of a reset).
 """
@@ -57,7 +59,7 @@ from prazo.core import (
     ShutDown,
 )
 
-from .headers import BudgetPolicy, IncomingBudget
+from .headers import REASON_HEADER, BudgetPolicy, IncomingBudget
 from .pool import _Reaper
 from .proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy
 from .wsgi import (
@@ -71,16 +73,19 @@ from .wsgi import (
 )
 
 __all__ = [
+    "DEFAULT_HEADER_TIMEOUT_MS",
     "DEFAULT_LINGER_S",
     "DEFAULT_MAX_DRAIN_BYTES",
     "DEFAULT_THREADS",
     "ENV_DEFAULT_BUDGET_MS",
+    "ENV_HEADER_TIMEOUT_MS",
     "ENV_MAX_BUDGET_MS",
     "ENV_MAX_QUEUE",
     "ENV_MAX_UPSTREAM_MS",
     "ENV_TRUSTED_PROXIES",
     "ENV_TRUST_REQUEST_START",
     "MAX_HEAD_BYTES",
+    "REASON_HEADER_TIMEOUT",
     "SERVER_STATS_KEY",
     "AdmissionDispatcher",
     "AdmittedApp",
@@ -107,6 +112,7 @@ ENV_MAX_BUDGET_MS = "PRAZO_MAX_BUDGET_MS"
 ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
 ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
 ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
+ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
 
 DEFAULT_THREADS = 4
 # Without an explicit size the line holds four requests per worker: with a
@@ -115,6 +121,10 @@ DEFAULT_THREADS = 4
 DEFAULT_QUEUE_PER_THREAD = 4
 DEFAULT_BUDGET_MS = 1000.0
 DEFAULT_MAX_BUDGET_MS = 30000.0
+# nginx's client_header_timeout is 60 s; a head from a healthy client takes
+# one round trip, and every second a slow one is allowed is a connection a
+# slow-loris client keeps open for free.
+DEFAULT_HEADER_TIMEOUT_MS = 5000.0
 
 # environ key of a callable returning the server queue's counters, so an app
 # (or its metrics endpoint) can read the state of the queue it sits behind.
@@ -123,6 +133,15 @@ SERVER_STATS_KEY = "prazo.server_stats"
 # A request head larger than this is not peeked at; the request is admitted
 # with a provisional deadline and its real one is computed once it is parsed.
 MAX_HEAD_BYTES = 65536
+# X-Prazo-Reason of the 408 answering a head not complete within the header timeout.
+REASON_HEADER_TIMEOUT = "header-timeout"
+# A head still arriving is peeked at again after 1 ms, then after twice as
+# long each time, up to 0.1 s: a head split across packets is seen a moment
+# after its end arrives, and a slow-loris client costs at most ten peeks a
+# second. (Peeking leaves the bytes for the server, so the socket stays
+# readable and readiness cannot tell when more arrive.)
+_HEAD_FIRST_LOOK_NS = 1_000_000
+_HEAD_MAX_LOOK_NS = 100_000_000
 
 # Polite close: after a refusal the write side is shut and the client's bytes
 # are read and dropped for up to DEFAULT_LINGER_S or DEFAULT_MAX_DRAIN_BYTES,
@@ -206,7 +225,9 @@ class ServerSettings:
     capacity is ``threads + max_queue``; every request's deadline comes from
     ``policy()``. With ``trust_request_start`` the time a request spent queued
     in a front proxy (``X-Request-Start``) is taken off its budget, at most
-    ``max_upstream_ms``, for peers in ``trusted_proxies`` (all when None).
+    ``max_upstream_ms``, for peers in ``trusted_proxies`` (all when None). On
+    the socket-level servers a request head must be complete within
+    ``header_timeout_ms`` of its first byte, or it is answered 408.
     """
 
     threads: int
@@ -216,10 +237,16 @@ class ServerSettings:
     trust_request_start: bool = False
     max_upstream_ms: float = DEFAULT_MAX_UPSTREAM_MS
     trusted_proxies: tuple[str, ...] | None = None
+    header_timeout_ms: float = DEFAULT_HEADER_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         _whole_number(self.threads, "threads", 1)
         _whole_number(self.max_queue, "max_queue", 0)
+        timeout = self.header_timeout_ms
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"header_timeout_ms must be a number, not {type(timeout).__name__}")
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
         # Building the policy validates the budgets, the cap and the proxies.
@@ -263,6 +290,7 @@ def resolve_settings(
     trust_request_start: bool | None = None,
     trusted_proxies: Iterable[str] | None = None,
     max_upstream_ms: float | None = None,
+    header_timeout_ms: float | None = None,
     environ: Mapping[str, str] | None = None,
     settings: ServerSettings | None = None,
 ) -> ServerSettings:
@@ -272,7 +300,7 @@ def resolve_settings(
     a complete ``ServerSettings`` or the individual limits, not both).
 
     Reads ``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
-    ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_TRUST_REQUEST_START``,
+    ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``, ``PRAZO_TRUST_REQUEST_START``,
     ``PRAZO_TRUSTED_PROXIES`` (comma-separated) and ``PRAZO_MAX_UPSTREAM_MS``
     from ``environ`` (default ``os.environ``). A malformed variable raises
     ``ValueError`` naming it. ``max_queue`` defaults to four per thread.
@@ -284,7 +312,7 @@ def resolve_settings(
         if not isinstance(settings, ServerSettings):
             raise TypeError(f"settings must be a ServerSettings, not {type(settings).__name__}")
         given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
-        if any(value is not None for value in (*given, max_upstream_ms)):
+        if any(value is not None for value in (*given, max_upstream_ms, header_timeout_ms)):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
@@ -301,6 +329,8 @@ def resolve_settings(
         trust_request_start = _env_bool(env, ENV_TRUST_REQUEST_START)
     if max_upstream_ms is None:
         max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
+    if header_timeout_ms is None:
+        header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
     proxies: tuple[str, ...] | None
     if trusted_proxies is None:
         proxies = _env_list(env, ENV_TRUSTED_PROXIES)
@@ -316,6 +346,7 @@ def resolve_settings(
         trust_request_start=False if trust_request_start is None else trust_request_start,
         max_upstream_ms=DEFAULT_MAX_UPSTREAM_MS if max_upstream_ms is None else max_upstream_ms,
         trusted_proxies=proxies,
+        header_timeout_ms=DEFAULT_HEADER_TIMEOUT_MS if header_timeout_ms is None else header_timeout_ms,
     )
 
 
@@ -689,23 +720,45 @@ def peek_bytes(sock: socket.socket, limit: int = MAX_HEAD_BYTES) -> bytes | None
 # -- refusals on the wire ---------------------------------------------------------------
 
 
-def rejection_bytes(exc: BaseException, *, keep_alive: bool = False) -> bytes:
-    """A complete HTTP/1.1 response refusing a request, from ``rejection_response``."""
-    status, headers, body = rejection_response(exc)
+def _response_bytes(status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> bytes:
     lines = [f"HTTP/1.1 {status}"]
     lines.extend(f"{name}: {value}" for name, value in headers)
     lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def send_rejection_bytes(sock: socket.socket, exc: BaseException, *, keep_alive: bool = False) -> bool:
-    """Write the refusal of ``exc`` on ``sock``; True when it was all sent."""
+def rejection_bytes(exc: BaseException, *, keep_alive: bool = False) -> bytes:
+    """A complete HTTP/1.1 response refusing a request, from ``rejection_response``."""
+    return _response_bytes(*rejection_response(exc), keep_alive)
+
+
+_HEADER_TIMEOUT_BODY = f"408 Request Timeout: {REASON_HEADER_TIMEOUT}\n".encode("ascii")
+# Shaped like the 503/504 refusals, so clients and logs read the reason alike.
+_HEADER_TIMEOUT_ANSWER = _response_bytes(
+    "408 Request Timeout",
+    [
+        ("Content-Type", "text/plain; charset=utf-8"),
+        ("Content-Length", str(len(_HEADER_TIMEOUT_BODY))),
+        ("Cache-Control", "no-store"),
+        (REASON_HEADER, REASON_HEADER_TIMEOUT),
+    ],
+    _HEADER_TIMEOUT_BODY,
+    False,
+)
+
+
+def _send_all(sock: socket.socket, payload: bytes) -> bool:
     try:
         sock.settimeout(_SEND_TIMEOUT_S)
-        sock.sendall(rejection_bytes(exc, keep_alive=keep_alive))
+        sock.sendall(payload)
     except OSError:
         return False
     return True
+
+
+def send_rejection_bytes(sock: socket.socket, exc: BaseException, *, keep_alive: bool = False) -> bool:
+    """Write the refusal of ``exc`` on ``sock``; True when it was all sent."""
+    return _send_all(sock, rejection_bytes(exc, keep_alive=keep_alive))
 
 
 def _hard_close(sock: socket.socket) -> None:
@@ -975,19 +1028,131 @@ class ReadinessWatcher(SocketWatcher):
 # -- connection-level admission ------------------------------------------------------------
 
 
+class _PendingHead:
+    """A connection whose request head is still arriving, and what admitting it will need."""
+
+    __slots__ = ("arrival_ns", "buffered", "give_up_ns", "item", "look_ns", "next_look_ns", "remote_addr", "sock")
+
+    def __init__(
+        self, item: Any, sock: socket.socket, remote_addr: object, buffered: bytes, arrival_ns: int, give_up_ns: int
+    ) -> None:
+        self.item = item
+        self.sock = sock
+        self.remote_addr = remote_addr
+        self.buffered = buffered
+        self.arrival_ns = arrival_ns
+        self.give_up_ns = give_up_ns
+        self.look_ns = _HEAD_FIRST_LOOK_NS
+        self.next_look_ns = arrival_ns
+
+    def __lt__(self, other: _PendingHead) -> bool:
+        return self.next_look_ns < other.next_look_ns
+
+
+class _HeadWatcher:
+    """Holds connections whose request head is incomplete, in one thread, until it is complete.
+
+    ``offer(pending)`` looks at the head at once, in the caller's thread; when
+    it is incomplete the connection waits here, looked at again on a doubling
+    interval (see ``_HEAD_FIRST_LOOK_NS``), until its head is complete, its
+    peer closes, or ``pending.give_up_ns`` passes. Each outcome goes to the
+    ``ConnectionAdmission``. ``stop()`` drops every connection still waiting;
+    ``offer`` returns False once stopped.
+    """
+
+    def __init__(self, admission: ConnectionAdmission, name: str) -> None:
+        self._admission = admission
+        self._name = name
+        self._cond = threading.Condition()
+        self._heap: list[_PendingHead] = []
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.pending = 0
+
+    def offer(self, pending: _PendingHead) -> bool:
+        with self._cond:
+            if self._stopped:
+                return False
+            self.pending += 1
+        self._look(pending)
+        return True
+
+    def _look(self, pending: _PendingHead) -> None:
+        try:
+            waiting = self._admission._look_at_head(pending)
+        except Exception:  # noqa: BLE001 - the watcher serves every other pending head too
+            _log.exception("prazo: %s failed on %r", self._name, pending.sock)
+            self._admission._drop(pending)
+            waiting = False
+        with self._cond:
+            if not waiting:
+                self.pending -= 1
+                return
+            now = time.monotonic_ns()
+            pending.next_look_ns = min(now + pending.look_ns, pending.give_up_ns)
+            pending.look_ns = min(2 * pending.look_ns, _HEAD_MAX_LOOK_NS)
+            if self._stopped:
+                self.pending -= 1
+                stopped = True
+            else:
+                stopped = False
+                heapq.heappush(self._heap, pending)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if stopped:
+            self._admission._drop(pending)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    wait_ns = self._heap[0].next_look_ns - time.monotonic_ns() if self._heap else None
+                    if wait_ns is not None and wait_ns <= 0:
+                        break
+                    self._cond.wait(None if wait_ns is None else wait_ns / 1e9)
+                if self._stopped:
+                    return
+                pending = heapq.heappop(self._heap)
+            self._look(pending)
+
+    def stop(self) -> None:
+        """Stop watching; every connection still waiting for its head is dropped."""
+        with self._cond:
+            self._stopped = True
+            thread = self._thread
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cond:
+            leftovers, self._heap = self._heap, []
+            self.pending -= len(leftovers)
+        for pending in leftovers:
+            self._admission._drop(pending)
+
+
 class ConnectionAdmission:
     """Admission of raw connections: the shared core of the socket-level embeddings.
 
-    Effects: ``admit(item, sock, remote_addr)`` stamps the arrival, peeks at
-    the request head without consuming it and computes the deadline from its
-    headers (``X-Request-Budget-Ms``, ``grpc-timeout``, ... and, when trusted,
-    ``X-Request-Start``). When the head cannot be seen yet (TLS, a head still
-    in flight, pipelined bytes already buffered by the server) the ticket is
+    Effects: ``admit(item, sock, remote_addr)`` stamps the arrival (the first
+    bytes of the request have arrived) and waits, without a worker and without
+    a place in line, until the request head is complete: it peeks at the head
+    without consuming it, and while it is incomplete the connection waits in a
+    watcher thread. A head not complete within ``header_timeout_ms`` of the
+    arrival is answered 408 (``X-Prazo-Reason: header-timeout``) and closed
+    (also when its client has left: a peek cannot see the end of the stream
+    behind the bytes it sent); one reset by its peer is closed at once;
+    neither was ever offered to the queue. A complete head gives the deadline (``X-Request-Budget-Ms``,
+    ``grpc-timeout``, ... and, when trusted, ``X-Request-Start``, counted from
+    the arrival) and the connection is offered to the queue. When the head
+    cannot be seen (TLS, or larger than ``MAX_HEAD_BYTES``) the ticket is
     provisional and ``AdmittedApp`` finishes the job. A refused connection is
     answered here — 503 or 504 with ``Connection: close`` — and closed through
-    the ``LingeringCloser``; ``on_rejected(item)`` then lets the server drop
-    its own bookkeeping (before the socket is handed to the closer).
-    ``serve(ticket)`` runs in the dispatcher's workers.
+    the ``LingeringCloser``. ``on_closed(item)`` lets the server drop its own
+    bookkeeping for every connection closed here (before the socket is closed
+    or handed to the closer). ``serve(ticket)`` runs in the dispatcher's
+    workers.
     """
 
     def __init__(
@@ -996,7 +1161,7 @@ class ConnectionAdmission:
         *,
         serve: Callable[[Ticket], object],
         socket_of: Callable[[Any], socket.socket],
-        on_rejected: Callable[[Any], object] | None = None,
+        on_closed: Callable[[Any], object] | None = None,
         name: str = "prazo",
         closer: LingeringCloser | None = None,
     ) -> None:
@@ -1005,8 +1170,13 @@ class ConnectionAdmission:
         self.counters = MiddlewareCounters()
         self.closer = LingeringCloser(name=f"{name}-linger") if closer is None else closer
         self._socket_of = socket_of
-        self._on_rejected = on_rejected
+        self._on_closed = on_closed
         self._provisional_ns = int(self.policy.max_budget_ms * NS_PER_MS)
+        self._header_timeout_ns = int(settings.header_timeout_ms * NS_PER_MS)
+        self._heads = _HeadWatcher(self, f"{name}-heads")
+        # admit() and the watcher thread both look at heads.
+        self._header_timeouts_lock = threading.Lock()
+        self._header_timeouts = 0
         self.dispatcher = AdmissionDispatcher(
             settings.threads, settings.max_queue, serve=serve, reject=self._reject, name=name
         )
@@ -1019,15 +1189,35 @@ class ConnectionAdmission:
         """Start the worker threads (idempotent)."""
         self.dispatcher.start()
 
-    def admit(
-        self, item: Any, sock: socket.socket, remote_addr: object, *, buffered: bytes = b"", peek: bool = True
-    ) -> bool:
-        """Offer one connection whose next request is arriving; True when admitted."""
+    def admit(self, item: Any, sock: socket.socket, remote_addr: object, *, buffered: bytes = b"") -> None:
+        """Offer the connection whose next request is arriving; ``buffered``: its bytes the server already read."""
         arrival_ns = time.monotonic_ns()
-        data = buffered
-        if peek and len(data) < MAX_HEAD_BYTES:
-            data += peek_bytes(sock, MAX_HEAD_BYTES - len(data)) or b""
-        head = find_head(data) if data else None
+        if not peekable(sock):
+            self._submit(item, None, arrival_ns, remote_addr)
+            return
+        pending = _PendingHead(item, sock, remote_addr, buffered, arrival_ns, arrival_ns + self._header_timeout_ns)
+        if not self._heads.offer(pending):
+            self._answer_and_close(item, sock, rejection_bytes(ShutDown("the server is shutting down")))
+
+    def _look_at_head(self, pending: _PendingHead) -> bool:
+        """Admit, answer or drop ``pending`` if its head is complete or will never be; True to keep waiting."""
+        data = pending.buffered
+        peeked = peek_bytes(pending.sock, MAX_HEAD_BYTES - len(data)) if len(data) < MAX_HEAD_BYTES else None
+        data += peeked or b""
+        head = find_head(data)
+        if head is not None or len(data) >= MAX_HEAD_BYTES:
+            self._submit(pending.item, head, pending.arrival_ns, pending.remote_addr)
+        elif peeked == b"":
+            self._drop(pending)  # reset, or closed after the server read what it sent
+        elif time.monotonic_ns() >= pending.give_up_ns:
+            with self._header_timeouts_lock:
+                self._header_timeouts += 1
+            self._answer_and_close(pending.item, pending.sock, _HEADER_TIMEOUT_ANSWER)
+        else:
+            return True
+        return False
+
+    def _submit(self, item: Any, head: bytes | None, arrival_ns: int, remote_addr: object) -> None:
         if head is None:
             ticket = Ticket(item, Deadline.at_ns(arrival_ns + self._provisional_ns), arrival_ns, provisional=True)
         else:
@@ -1035,22 +1225,41 @@ class ConnectionAdmission:
             if incoming.invalid:
                 self.counters.add("invalid_budget_header", incoming.invalid)
             ticket = Ticket(item, deadline, arrival_ns, incoming)
-        return self.dispatcher.submit(ticket)
+        self.dispatcher.submit(ticket)
 
     def _reject(self, ticket: Ticket, exc: BaseException) -> None:
-        sock = self._socket_of(ticket.item)
         self.counters.count_response(exc)
-        send_rejection_bytes(sock, exc)
-        if self._on_rejected is not None:
-            self._on_rejected(ticket.item)
+        self._answer_and_close(ticket.item, self._socket_of(ticket.item), rejection_bytes(exc))
+
+    def _answer_and_close(self, item: Any, sock: socket.socket, answer: bytes) -> None:
+        _send_all(sock, answer)
+        if self._on_closed is not None:
+            self._on_closed(item)
         self.closer.close(sock)
 
+    def _drop(self, pending: _PendingHead) -> None:
+        if self._on_closed is not None:
+            self._on_closed(pending.item)
+        _hard_close(pending.sock)
+
     def stats(self) -> dict[str, int]:
-        """The queue's counters and the refusals sent."""
-        return {**self.dispatcher.stats(), **self.counters.snapshot(), "lingering": self.closer.lingering}
+        """The queue's counters, the refusals sent and the heads still arriving or timed out."""
+        return {
+            **self.dispatcher.stats(),
+            **self.counters.snapshot(),
+            "lingering": self.closer.lingering,
+            "pending_heads": self._heads.pending,
+            "header_timeouts": self._header_timeouts,
+        }
 
     def close(self, timeout: float | None = None, *, cancel_waiting: bool = False) -> bool:
-        """Stop admitting, let the admitted finish (see ``AdmissionDispatcher.shutdown``)."""
+        """Stop admitting, let the admitted finish (see ``AdmissionDispatcher.shutdown``).
+
+        Connections whose request head has not arrived completely are closed
+        at once; a request arriving on a connection after this is answered
+        503 ``shutting-down``.
+        """
+        self._heads.stop()
         finished = self.dispatcher.shutdown(timeout, cancel_waiting=cancel_waiting)
         self.closer.stop()
         return finished

@@ -27,8 +27,11 @@ Effects, per request:
   so keep-alive follows the usual HTTP rules.
 
 Graceful shutdown: ``run()`` ending with Ctrl-C / ``SystemExit``, and
-``shutdown(server)`` from another thread, stop admitting (new requests get 503
-``shutting-down``), let every admitted request finish and flush its response.
+``shutdown(server)`` from another thread, stop admitting, let every admitted
+request finish and flush its response. New requests get 503
+``shutting-down``: ``run()`` keeps accepting connections to answer them;
+``shutdown(server)`` closes the listening sockets first (new connections are
+refused, requests on connections already open get the 503).
 """
 
 from __future__ import annotations
@@ -306,8 +309,9 @@ def create_server(
 def shutdown(server: Any, timeout: float = 5.0) -> bool:
     """Stop a server from ``create_server`` gracefully, from any thread, while ``run()`` runs.
 
-    Stops accepting connections, refuses new requests (503 ``shutting-down``),
-    lets every admitted request finish and its answer be sent, then closes
+    Stops accepting connections (new ones are refused), answers requests on
+    connections already open 503 ``shutting-down``, lets every admitted
+    request finish and its answer be sent, then closes
     every connection so ``run()`` returns. True when every admitted request
     ran within ``timeout`` seconds.
     """

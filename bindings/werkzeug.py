@@ -67,6 +67,7 @@ def make_server(
     max_queue: int | None = None,
     default_budget_ms: float | None = None,
     max_budget_ms: float | None = None,
+    header_timeout_ms: float | None = None,
     settings: ServerSettings | None = None,
     request_handler: type[WSGIRequestHandler] | None = None,
     passthrough_errors: bool = False,
@@ -81,7 +82,7 @@ def make_server(
     """
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
-        settings=settings,
+        header_timeout_ms=header_timeout_ms, settings=settings,
     )  # fmt: skip
     return AdmissionWSGIServer(
         host,

@@ -60,13 +60,16 @@ class AdmissionServerMixin:
 
     - ``process_request`` (the accept loop) never blocks and starts no
       thread: the connection waits in a ``ReadinessWatcher`` until its first
-      bytes arrive (closed after ``idle_timeout`` seconds of silence), then is
-      admitted by a ``ConnectionAdmission`` (503/504 written at once when
+      bytes arrive (closed after ``idle_timeout`` seconds of silence), then
+      in the ``ConnectionAdmission`` until its request head is complete (408
+      after ``header_timeout_ms``), is admitted (503/504 written at once when
       refused, lingering close) and served by ``finish_request`` in a worker;
     - ``shutdown()`` (which also closes the listening socket) and
-      ``server_close()`` stop accepting, refuse new requests (503
-      ``shutting-down``) and let every admitted request finish, waiting at
-      most ``shutdown_timeout`` seconds before answering the rest 503.
+      ``server_close()`` stop accepting (new connections are refused), close
+      the connections that have not delivered a complete request head, and
+      let every admitted request finish, waiting at most
+      ``shutdown_timeout`` seconds before answering the rest 503
+      ``shutting-down``.
 
     The app must be wrapped with ``self.admission.wrap(app)``.
     """
@@ -162,6 +165,7 @@ def make_server(
     max_queue: int | None = None,
     default_budget_ms: float | None = None,
     max_budget_ms: float | None = None,
+    header_timeout_ms: float | None = None,
     settings: ServerSettings | None = None,
     handler_class: type[WSGIRequestHandler] = WSGIRequestHandler,
 ) -> AdmissionWSGIRefServer:
@@ -173,7 +177,7 @@ def make_server(
     """
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
-        settings=settings,
+        header_timeout_ms=header_timeout_ms, settings=settings,
     )  # fmt: skip
     server = AdmissionWSGIRefServer((host, port), handler_class, settings=settings)
     server.set_app(app)

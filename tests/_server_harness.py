@@ -20,7 +20,9 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -216,14 +218,82 @@ class RunningServer:
         stats = self.stats
         _wait_for(lambda: stats()["in_flight"] == 0, CLIENT_TIMEOUT_S)
 
-    def stop(self) -> Any:
-        """Graceful shutdown; returns what the server's shutdown returned."""
-        result = self._stop()
+    def stop(self, *how: Any) -> Any:
+        """Graceful shutdown (gunicorn: ``how`` may name another signal); returns what the shutdown returned."""
+        result = self._stop(*how)
         if self._thread is not None:
             self._thread.join(CLIENT_TIMEOUT_S)
             assert not self._thread.is_alive(), f"{self.kind} did not stop"
         self.stopped = True
         return result
+
+
+class Trickler:
+    """A slow-loris client: a request head that never ends, one byte every ``interval_s``.
+
+    It sends the start of a head and then one header byte at a time, and
+    watches between bytes for the server's answer. ``answer`` is what the
+    server sent before closing (``b""`` when it closed without one), and
+    ``ended_after_s`` how long after the first byte that happened; both stay
+    None while the server keeps reading. It gives up after ``max_s``.
+    """
+
+    def __init__(self, port: int, interval_s: float = 0.5, max_s: float = CLIENT_TIMEOUT_S) -> None:
+        self.answer: bytes | None = None
+        self.ended_after_s: float | None = None
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S)
+        self._interval_s = interval_s
+        self._max_s = max_s
+        self.started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trickler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        try:
+            self._sock.sendall(b"GET /work HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+            self.started.set()
+            while time.monotonic() - start < self._max_s:
+                readable, _, _ = select.select([self._sock], [], [], self._interval_s)
+                if readable:
+                    self._read_answer()
+                    break
+                self._sock.sendall(b"a")
+        except OSError:
+            self.answer = b""  # reset while sending: closed without an answer
+        finally:
+            self.started.set()
+            if self.answer is not None:
+                self.ended_after_s = time.monotonic() - start
+            self._sock.close()
+
+    def _read_answer(self) -> None:
+        received = b""
+        try:
+            while chunk := self._sock.recv(65536):
+                received += chunk
+        except OSError:
+            pass  # a reset after the answer: what was read still counts
+        self.answer = received
+
+    def join(self) -> None:
+        self._thread.join(self._max_s + CLIENT_TIMEOUT_S)
+        assert not self._thread.is_alive()
+
+
+def connection_refused(port: int) -> bool:
+    """True when a new connection to ``port`` is refused; a connection that opens is closed unused.
+
+    A connection caught in the listen backlog as the listening socket closes
+    is reset instead: False, as the next one will tell.
+    """
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        return True
+    except ConnectionResetError:
+        pass
+    return False
 
 
 def _in_thread(target: Callable[[], Any], name: str) -> threading.Thread:
@@ -233,15 +303,27 @@ def _in_thread(target: Callable[[], Any], name: str) -> threading.Thread:
 
 
 def start_server(
-    kind: str, *, threads: int, max_queue: int, default_budget_ms: float = 1000, max_budget_ms: float = 30000
+    kind: str,
+    *,
+    threads: int,
+    max_queue: int,
+    default_budget_ms: float = 1000,
+    max_budget_ms: float = 30000,
+    header_timeout_ms: float | None = None,
 ) -> RunningServer:
-    """Start server ``kind`` (one of ``SERVER_KINDS``) with prazo's admission serving ``app``."""
-    limits = {
+    """Start server ``kind`` (one of ``SERVER_KINDS``) with prazo's admission serving ``app``.
+
+    ``header_timeout_ms`` applies to the socket-level servers only (waitress
+    reads heads in its I/O thread and has no such setting).
+    """
+    limits: dict[str, Any] = {
         "threads": threads,
         "max_queue": max_queue,
         "default_budget_ms": default_budget_ms,
         "max_budget_ms": max_budget_ms,
     }
+    if header_timeout_ms is not None:
+        limits["header_timeout_ms"] = header_timeout_ms
     if kind == "waitress":
         from prazo.bindings import waitress as prazo_waitress
 
@@ -276,7 +358,13 @@ def start_server(
     raise ValueError(f"kind must be one of {SERVER_KINDS}, got {kind!r}")
 
 
-def _start_gunicorn(threads: int, max_queue: int, default_budget_ms: float, max_budget_ms: float) -> RunningServer:
+def _start_gunicorn(
+    threads: int,
+    max_queue: int,
+    default_budget_ms: float,
+    max_budget_ms: float,
+    header_timeout_ms: float | None = None,
+) -> RunningServer:
     env = dict(os.environ)
     env.update(
         PRAZO_MAX_QUEUE=str(max_queue),
@@ -284,6 +372,8 @@ def _start_gunicorn(threads: int, max_queue: int, default_budget_ms: float, max_
         PRAZO_MAX_BUDGET_MS=str(max_budget_ms),
         PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])),
     )
+    if header_timeout_ms is not None:
+        env["PRAZO_HEADER_TIMEOUT_MS"] = str(header_timeout_ms)
     command = [
         sys.executable, "-m", "gunicorn",
         "-k", "prazo.bindings.gunicorn.AdmissionWorker",
@@ -324,9 +414,9 @@ def _start_gunicorn(threads: int, max_queue: int, default_budget_ms: float, max_
                 raise AssertionError("gunicorn never answered:\n" + "".join(log)) from None
             time.sleep(0.05)
 
-    def stop() -> int:
+    def stop(sig: signal.Signals = signal.SIGTERM) -> int:
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(sig)
         try:
             return process.wait(CLIENT_TIMEOUT_S)
         except subprocess.TimeoutExpired:

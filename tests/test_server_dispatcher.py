@@ -17,7 +17,9 @@ from prazo.bindings.headers import BudgetPolicy
 from prazo.bindings.servers import (
     AdmissionDispatcher,
     AdmittedApp,
+    ConnectionAdmission,
     LingeringCloser,
+    ServerSettings,
     Ticket,
     find_head,
     head_environ,
@@ -358,3 +360,63 @@ def test_lingering_gives_up_after_its_time_and_stop_closes_the_rest() -> None:
     with pytest.raises(ValueError, match="linger_s"):
         LingeringCloser(linger_s=-1)
     closer.stop()
+
+
+def _connection_admission(served: list[Any]) -> ConnectionAdmission:
+    def serve(ticket: Ticket) -> None:
+        served.append(ticket)
+
+    return ConnectionAdmission(
+        ServerSettings(threads=1, max_queue=1, header_timeout_ms=JOIN_TIMEOUT_S * 1000),
+        serve=serve,
+        socket_of=lambda item: item,
+        name="test",
+    )
+
+
+def test_a_head_is_offered_once_complete_with_its_deadline_counted_from_its_first_byte() -> None:
+    served: list[Ticket] = []
+    admission = _connection_admission(served)
+    admission.start()
+    server_side, client = socket.socketpair()
+    try:
+        client.sendall(b"GET / HTTP/1.1\r\nX-Request-Budget-Ms: 60")
+        admission.admit(server_side, server_side, None)
+        assert admission.stats()["pending_heads"] == 1
+        time.sleep(0.05)
+        assert (admission.stats()["offered"], served) == (0, [])
+        client.sendall(b"00\r\n\r\n")
+        wait_until(lambda: served, "the completed head to be served")
+        ticket = served[0]
+        assert not ticket.provisional
+        assert ticket.deadline.ns - ticket.arrival_ns == 6000 * 1_000_000
+        assert admission.stats()["pending_heads"] == 0
+        # The head was peeked at, never consumed: the server reads it whole.
+        assert server_side.recv(100).startswith(b"GET / HTTP/1.1\r\n")
+    finally:
+        assert admission.close(timeout=JOIN_TIMEOUT_S)
+        client.close()
+        server_side.close()
+
+
+def test_after_close_a_pending_head_is_dropped_and_a_new_request_gets_503_shutting_down() -> None:
+    served: list[Ticket] = []
+    admission = _connection_admission(served)
+    pending_side, pending_client = socket.socketpair()
+    late_side, late_client = socket.socketpair()
+    try:
+        pending_client.sendall(b"GET / HTTP/1.1\r\n")
+        admission.admit(pending_side, pending_side, None)
+        assert admission.close(timeout=JOIN_TIMEOUT_S)
+        # Closed without an answer (a reset, as its bytes were never read).
+        with pytest.raises(ConnectionResetError):
+            pending_client.recv(100)
+        late_client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        admission.admit(late_side, late_side, None)
+        response = http.client.HTTPResponse(late_client)  # type: ignore[arg-type]
+        response.begin()
+        assert (response.status, response.getheader("X-Prazo-Reason")) == (503, "shutting-down")
+        assert served == [] and admission.stats()["offered"] == 0
+    finally:
+        for sock in (pending_side, pending_client, late_side, late_client):
+            sock.close()

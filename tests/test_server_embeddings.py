@@ -202,7 +202,7 @@ def test_app_runs_with_the_request_budget_and_a_spent_budget_never_runs_it(
 
 @pytest.mark.parametrize("kind", SOCKET_KINDS)
 def test_head_arriving_in_pieces_gets_its_deadline_from_the_whole_head(kind: str, servers: list[RunningServer]) -> None:
-    """The first bytes arrive without the budget: the ticket is provisional until the head is parsed."""
+    """The first bytes arrive without the budget: the deadline counts from them, once the whole head is there."""
     server = _start(servers, kind, threads=1, max_queue=2)
     calls_before = server.calls()
 
@@ -218,7 +218,7 @@ def test_head_arriving_in_pieces_gets_its_deadline_from_the_whole_head(kind: str
         return response
 
     late = send_in_pieces(150)  # its budget ran out while its head was still arriving
-    assert (late.status, late.getheader("X-Prazo-Reason")) == (504, "expired-in-queue")
+    assert (late.status, late.getheader("X-Prazo-Reason")) == (504, "expired-on-arrival")
     assert send_in_pieces(5000).status == 200
     assert server.calls() - calls_before == 1
 

@@ -75,6 +75,7 @@ def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
         (["_server_harness:app", "--threads", "0"], "threads must be >= 1"),
         (["_server_harness:app", "--default-budget-ms", "nan"], "default_budget_ms must not be NaN"),
         (["_server_harness:app", "--port", "70000"], "--port must be between 0 and 65535"),
+        (["_server_harness:app", "--header-timeout-ms", "-1"], "header_timeout_ms must be a finite number"),
         (["_server_harness:app", "--workers", "2"], "--workers is for --server gunicorn only"),
         (["_server_harness:app", "--trust-request-start", "--trusted-proxy", "nope"], "trusted_proxies: 'nope'"),
     ],

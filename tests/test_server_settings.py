@@ -18,6 +18,7 @@ def test_defaults_without_arguments_or_environment() -> None:
     settings = resolve_settings(environ={})
     assert (settings.threads, settings.max_queue, settings.capacity) == (4, 16, 20)
     assert (settings.default_budget_ms, settings.max_budget_ms) == (1000, 30000)
+    assert settings.header_timeout_ms == 5000
     assert type(settings.policy()) is BudgetPolicy
 
 
@@ -29,8 +30,10 @@ def test_environment_fills_what_the_arguments_leave_out() -> None:
         "PRAZO_TRUST_REQUEST_START": "yes",
         "PRAZO_TRUSTED_PROXIES": "10.0.0.0/8, 127.0.0.1",
         "PRAZO_MAX_UPSTREAM_MS": "1500",
+        "PRAZO_HEADER_TIMEOUT_MS": "2500",
     }
     settings = resolve_settings(threads=3, environ=environ)
+    assert settings.header_timeout_ms == 2500
     assert (settings.threads, settings.max_queue, settings.capacity) == (3, 7, 10)
     assert (settings.default_budget_ms, settings.max_budget_ms) == (250.5, 9000)
     assert settings.trusted_proxies == ("10.0.0.0/8", "127.0.0.1")
@@ -42,8 +45,12 @@ def test_environment_fills_what_the_arguments_leave_out() -> None:
 
 def test_arguments_win_over_the_environment() -> None:
     environ = {"PRAZO_MAX_QUEUE": "7", "PRAZO_DEFAULT_BUDGET_MS": "250", "PRAZO_TRUST_REQUEST_START": "1"}
-    settings = resolve_settings(max_queue=0, default_budget_ms=600, trust_request_start=False, environ=environ)
+    environ["PRAZO_HEADER_TIMEOUT_MS"] = "2500"
+    settings = resolve_settings(
+        max_queue=0, default_budget_ms=600, trust_request_start=False, header_timeout_ms=800, environ=environ
+    )
     assert (settings.max_queue, settings.default_budget_ms, settings.trust_request_start) == (0, 600, False)
+    assert settings.header_timeout_ms == 800
 
 
 def test_a_complete_settings_object_is_taken_as_it_is() -> None:
@@ -72,6 +79,8 @@ def test_the_process_environment_is_read_by_default(monkeypatch: pytest.MonkeyPa
         ("PRAZO_MAX_BUDGET_MS", "inf", "PRAZO_MAX_BUDGET_MS must be a finite number"),
         ("PRAZO_TRUST_REQUEST_START", "maybe", "PRAZO_TRUST_REQUEST_START must be 1/0"),
         ("PRAZO_MAX_UPSTREAM_MS", "-5", "PRAZO_MAX_UPSTREAM_MS must be a finite number"),
+        ("PRAZO_HEADER_TIMEOUT_MS", "0", "PRAZO_HEADER_TIMEOUT_MS must be a finite number of milliseconds > 0"),
+        ("PRAZO_HEADER_TIMEOUT_MS", "slow", "PRAZO_HEADER_TIMEOUT_MS must be a number of milliseconds"),
     ],
 )
 def test_malformed_variables_are_named_in_the_error(name: str, value: str, message: str) -> None:
@@ -100,6 +109,9 @@ def test_untrusted_proxy_list_is_validated_when_trusting() -> None:
         ({"threads": 1, "max_queue": -1}, ValueError, "max_queue must be >= 0"),
         ({"threads": 1, "max_queue": 1, "default_budget_ms": float("nan")}, ValueError, "default_budget_ms"),
         ({"threads": 1, "max_queue": 1, "trust_request_start": "yes"}, TypeError, "trust_request_start"),
+        ({"threads": 1, "max_queue": 1, "header_timeout_ms": 0}, ValueError, "header_timeout_ms must be a finite"),
+        ({"threads": 1, "max_queue": 1, "header_timeout_ms": float("inf")}, ValueError, "header_timeout_ms"),
+        ({"threads": 1, "max_queue": 1, "header_timeout_ms": "5s"}, TypeError, "header_timeout_ms must be a number"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict, error: type, message: str) -> None:
