@@ -240,8 +240,13 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     listener = socket.create_server((args.host, args.port), family=family, backlog=2048)
     listener.set_inheritable(True)
+    port = listener.getsockname()[1]
+    # gunicorn owns the descriptor from here on and closes it itself: a socket
+    # object still holding it would close the number again when collected,
+    # by then perhaps reused by an unrelated file (a pipe, another socket).
+    listener_fd = listener.detach()
     options = {
-        "bind": f"fd://{listener.fileno()}",
+        "bind": f"fd://{listener_fd}",
         "workers": args.workers,
         "threads": settings.threads,
         "worker_class": "prazo.bindings.gunicorn.AdmissionWorker",
@@ -256,7 +261,7 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
         def load(self) -> WSGIApp:
             return app
 
-    print(_startup_line(args, settings, listener.getsockname()[1]), file=out, flush=True)
+    print(_startup_line(args, settings, port), file=out, flush=True)
     PrazoGunicorn().run()
     return 0
 
