@@ -11,7 +11,9 @@ wall-clock moment it received a request::
 Whatever the request then spent queued in front of this process already came
 out of the caller's budget, so ``FrontProxyBudgetPolicy`` takes it off the
 deadline. The unit is detected by magnitude (an epoch stamp in seconds has 10
-integer digits today, in ms 13, in µs 16, in ns 19). The stamp is wall-clock
+integer digits today, in ms 13, in µs 16, in ns 19), and a stamp whose moment
+falls outside 2000-01-01 .. 2100-01-01 UTC in its unit is rejected: such a
+value is a broken or forged header, not a clock. The stamp is wall-clock
 time, so the elapsed time is measured on the wall clock and then moved onto
 the monotonic deadline; a stamp in the future (clock skew) is ignored, and the
 correction is capped, so a proxy with a wrong clock can cost at most the cap.
@@ -44,6 +46,8 @@ from .headers import BudgetPolicy, checked_ms, environ_key
 
 __all__ = [
     "DEFAULT_MAX_UPSTREAM_MS",
+    "EARLIEST_STAMP_NS",
+    "LATEST_STAMP_NS",
     "QUEUE_START_HEADER",
     "REQUEST_START_HEADER",
     "FrontProxyBudgetPolicy",
@@ -75,6 +79,12 @@ _UNITS_BY_MAGNITUDE: tuple[tuple[int, int], ...] = (
     (10**20, 1),
 )
 
+# The plausible moments of a stamp, in ns since the epoch: 2000-01-01 (inclusive)
+# to 2100-01-01 (exclusive) UTC. Without them "1" would read as one second after
+# 1970 and a correction would always be taken, up to the cap.
+EARLIEST_STAMP_NS = 946_684_800 * 1_000_000_000
+LATEST_STAMP_NS = 4_102_444_800 * 1_000_000_000
+
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -84,7 +94,9 @@ def parse_request_start_ns(value: object) -> int | None:
     Accepts an optional ``t=`` prefix and a number in seconds (optionally with
     a fraction), milliseconds, microseconds or nanoseconds, told apart by
     magnitude. Returns None for anything else (text, signs, exponents, several
-    values, zero, non-ASCII digits, absurd magnitudes). Never raises.
+    values, non-ASCII digits) and for a moment before 2000-01-01 or from
+    2100-01-01 UTC on (``EARLIEST_STAMP_NS`` / ``LATEST_STAMP_NS``), whatever
+    the unit. Never raises.
     """
     if not isinstance(value, str) or len(value) > _MAX_STAMP_CHARS:
         return None
@@ -93,8 +105,6 @@ def parse_request_start_ns(value: object) -> int | None:
         return None
     integer_text, fraction_text = match.group(1), match.group(2) or ""
     integer = int(integer_text)
-    if integer == 0:
-        return None
     for bound, unit_ns in _UNITS_BY_MAGNITUDE:
         if integer < bound:
             break
@@ -105,7 +115,8 @@ def parse_request_start_ns(value: object) -> int | None:
     # Exact integer arithmetic: a float would lose the nanoseconds of a
     # 19-digit stamp.
     scale = 10 ** len(fraction_text)
-    return (integer * scale + int(fraction_text or "0")) * unit_ns // scale
+    stamp_ns = (integer * scale + int(fraction_text or "0")) * unit_ns // scale
+    return stamp_ns if EARLIEST_STAMP_NS <= stamp_ns < LATEST_STAMP_NS else None
 
 
 def upstream_wait_ns(start_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> int:
