@@ -51,7 +51,9 @@ __all__ = [
     "QUEUE_START_HEADER",
     "REQUEST_START_HEADER",
     "FrontProxyBudgetPolicy",
+    "checked_max_upstream_ms",
     "parse_request_start_ns",
+    "trusted_networks",
     "upstream_wait_ns",
 ]
 
@@ -128,23 +130,30 @@ def upstream_wait_ns(start_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> i
     return min(max(arrival_wall_ns - start_ns, 0), max(max_wait_ns, 0))
 
 
-def _max_upstream_ns(value: object) -> int:
-    return int(checked_ms(value, "max_upstream_ms") * NS_PER_MS)
+def checked_max_upstream_ms(value: object, name: str = "max_upstream_ms") -> float:
+    """Check a cap on the front-proxy correction: a finite number of ms >= 0 (errors name ``name``)."""
+    return checked_ms(value, name)
 
 
-def _networks(trusted_proxies: Iterable[str] | None) -> tuple[_Network, ...] | None:
+def trusted_networks(
+    trusted_proxies: Iterable[str] | None, name: str = "trusted_proxies"
+) -> tuple[_Network, ...] | None:
+    """Parse addresses or networks (``"10.0.0.0/8"``, ``"::1"``); None stays None (any peer).
+
+    Raises ``TypeError``/``ValueError`` naming ``name`` and the bad entry.
+    """
     if trusted_proxies is None:
         return None
     if isinstance(trusted_proxies, (str, bytes)):
-        raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
+        raise TypeError(f"{name} must be an iterable of addresses or networks, not a single string")
     networks = []
     for entry in trusted_proxies:
         if not isinstance(entry, str):
-            raise TypeError(f"trusted_proxies entries must be strings, not {type(entry).__name__}")
+            raise TypeError(f"{name} entries must be strings, not {type(entry).__name__}")
         try:
             networks.append(ipaddress.ip_network(entry.strip(), strict=False))
         except ValueError:
-            raise ValueError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
+            raise ValueError(f"{name}: {entry!r} is not an IP address or network") from None
     return tuple(networks)
 
 
@@ -183,8 +192,8 @@ class FrontProxyBudgetPolicy(BudgetPolicy):
         super().__init__(default_budget_ms, max_budget_ms)
         if not callable(wall_clock_ns) or not callable(monotonic_ns):
             raise TypeError("wall_clock_ns and monotonic_ns must be callables returning int nanoseconds")
-        self._max_upstream_ns = _max_upstream_ns(max_upstream_ms)
-        self._trusted_networks = _networks(trusted_proxies)
+        self._max_upstream_ns = int(checked_max_upstream_ms(max_upstream_ms) * NS_PER_MS)
+        self._trusted_networks = trusted_networks(trusted_proxies)
         self._wall_clock_ns = wall_clock_ns
         self._monotonic_ns = monotonic_ns
 

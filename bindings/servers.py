@@ -59,7 +59,12 @@ from prazo.core import (
 
 from .headers import BudgetPolicy, IncomingBudget
 from .pool import _Reaper
-from .proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy
+from .proxy_headers import (
+    DEFAULT_MAX_UPSTREAM_MS,
+    FrontProxyBudgetPolicy,
+    checked_max_upstream_ms,
+    trusted_networks,
+)
 from .wsgi import (
     BUDGET_SOURCE_KEY,
     MiddlewareCounters,
@@ -222,8 +227,11 @@ class ServerSettings:
         _whole_number(self.max_queue, "max_queue", 0)
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
-        # Building the policy validates the budgets, the cap and the proxies.
+        # Building the policy validates the budgets; the front-proxy options are
+        # checked even while trust is off, so a bad value fails at start-up.
         self.policy()
+        checked_max_upstream_ms(self.max_upstream_ms)
+        trusted_networks(self.trusted_proxies)
 
     @property
     def capacity(self) -> int:
@@ -304,6 +312,7 @@ def resolve_settings(
     proxies: tuple[str, ...] | None
     if trusted_proxies is None:
         proxies = _env_list(env, ENV_TRUSTED_PROXIES)
+        trusted_networks(proxies, ENV_TRUSTED_PROXIES)
     elif isinstance(trusted_proxies, (str, bytes)):
         raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
     else:
