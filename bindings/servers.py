@@ -57,7 +57,7 @@ from prazo.core import (
     ShutDown,
 )
 
-from .headers import BudgetPolicy, IncomingBudget
+from .headers import BudgetPolicy, IncomingBudget, is_ambiguous_header_name
 from .pool import _Reaper
 from .proxy_headers import (
     DEFAULT_MAX_UPSTREAM_MS,
@@ -646,9 +646,10 @@ def find_head(data: bytes) -> bytes | None:
 def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
     """CGI-style ``HTTP_*`` keys for the header fields of a request head.
 
-    Only what a ``BudgetPolicy`` reads: malformed lines and obsolete line
-    folding are skipped, repeated fields are joined with ``","`` as WSGI
-    servers do, and ``REMOTE_ADDR`` is set when given.
+    Only what a ``BudgetPolicy`` reads: malformed lines, obsolete line
+    folding and names with an underscore (``is_ambiguous_header_name``) are
+    skipped, repeated fields are joined with ``","`` as WSGI servers do, and
+    ``REMOTE_ADDR`` is set when given.
     """
     environ: dict[str, str] = {}
     if isinstance(remote_addr, str):
@@ -657,7 +658,10 @@ def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
         name, colon, value = line.rstrip(b"\r").partition(b":")
         if not colon or not name or name != name.strip() or b" " in name or b"\t" in name:
             continue
-        key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+        text_name = name.decode("latin-1")
+        if is_ambiguous_header_name(text_name):
+            continue
+        key = "HTTP_" + text_name.upper().replace("-", "_")
         text = value.decode("latin-1").strip(" \t")
         environ[key] = f"{environ[key]},{text}" if key in environ else text
     return environ
