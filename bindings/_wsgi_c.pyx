@@ -22,7 +22,7 @@ Where the Python path's time goes and how this one saves it: the deadline is
 an ``int64_t`` until a ``Deadline`` is needed (built without ``__init__``),
 the queue is entered through its C methods, the request's context is a copy
 entered once around the app call (``deadline_context`` enters it twice), and
-a list body is wrapped in a C iterator instead of a generator.
+a list body is wrapped in a C iterator instead of a Python one.
 """
 
 cimport cython
