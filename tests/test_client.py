@@ -35,6 +35,7 @@ from prazo.bindings.client import (
     deadline_urlopen,
     outgoing_budget,
     outgoing_headers,
+    replace_budget_headers,
 )
 from prazo.bindings.headers import (
     BUDGET_HEADER,
@@ -263,6 +264,28 @@ def test_a_smaller_budget_the_caller_set_still_counts(client: Adapter, server: L
             client.call(server.url(f"/slow?sleep={SLOW_SERVER_S}"), headers={name: value})
     assert info.value.reason == REASON_DEADLINE_EXCEEDED
     assert time.monotonic() - started < SLOW_SERVER_S / 2
+
+
+def test_by_hand_a_plain_dict_gets_exactly_prazos_budget_headers() -> None:
+    headers = {
+        "x-request-budget-ms": "60000",
+        "GRPC-Timeout": "1H",
+        "X-ENVOY-EXPECTED-RQ-TIMEOUT-MS": "9",
+        "Accept": "*/*",
+    }
+    with deadline_scope(Deadline.after_ms(2000)):
+        budget = outgoing_budget(MARGIN_MS, headers=headers)
+    assert budget is not None
+    replace_budget_headers(headers, budget)
+    # The envoy value (9 ms) was the smallest: it shortens, in prazo's formats.
+    assert headers == {"Accept": "*/*", BUDGET_HEADER: "9", GRPC_TIMEOUT_HEADER: "9000000n"}
+    assert budget.timeout_s == 0.009
+
+
+def test_a_callers_spent_budget_means_no_call() -> None:
+    with deadline_scope(Deadline.after(60.0)), pytest.raises(DeadlineExceeded) as info:
+        outgoing_budget(MARGIN_MS, headers={"x-request-budget-ms": "0"})
+    assert info.value.reason == REASON_NO_BUDGET_FOR_DOWNSTREAM
 
 
 def test_urllib_replaces_an_unredirected_budget_header_too(server: LoopbackServer) -> None:
