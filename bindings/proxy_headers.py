@@ -169,8 +169,8 @@ class FrontProxyBudgetPolicy(BudgetPolicy):
     only shorten a deadline.
 
     >>> policy = FrontProxyBudgetPolicy(default_budget_ms=1000, max_budget_ms=30000,
-    ...                                 wall_clock_ns=lambda: 10_000_000_000, monotonic_ns=lambda: 0)
-    >>> env = {"HTTP_X_REQUEST_START": "t=9.75"}       # stamped 250 ms before arrival
+    ...                                 wall_clock_ns=lambda: 1_700_000_000 * 10**9, monotonic_ns=lambda: 0)
+    >>> env = {"HTTP_X_REQUEST_START": "t=1699999999.75"}   # stamped 250 ms before arrival
     >>> policy.deadline_for(env, arrival_ns=0)[0].ns // 1_000_000
     750
 
