@@ -21,6 +21,7 @@ from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import _want_extension as extension_wanted
 
 waitress = pytest.importorskip("waitress")
+wasyncore = pytest.importorskip("waitress.wasyncore")
 
 WAIT_S = 20.0  # generous bound for a loopback exchange on a loaded machine
 BODY = b"one chunk, no Content-Length from the app"
@@ -71,8 +72,11 @@ def _serve(app: Any) -> Iterator[int]:
     try:
         yield server.effective_port
     finally:
-        server.close()
+        # Closed by the I/O thread itself (closing from here races its
+        # select() into EBADF); run() returns once nothing is left to poll.
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
         thread.join(WAIT_S)
+        server.task_dispatcher.shutdown()
 
 
 def _wait_for_no_slot_held(stats: Callable[[], dict[str, int]]) -> dict[str, int]:
