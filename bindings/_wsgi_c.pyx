@@ -22,7 +22,7 @@ Where the Python path's time goes and how this one saves it: the deadline is
 an ``int64_t`` until a ``Deadline`` is needed (built without ``__init__``),
 the queue is entered through its C methods, the request's context is a copy
 entered once around the app call (``deadline_context`` enters it twice), and
-a list body is wrapped in a C iterator instead of a generator.
+a list body is wrapped in a C iterator instead of a Python one.
 """
 
 cimport cython
@@ -206,11 +206,17 @@ cdef class ListBody:
     chunks are exhausted, on ``close()``, or when the body is finalised
     without either (a server that drops it), whichever comes first. After
     that it yields nothing. No app code runs, so no context is entered.
+    ``len()`` is the app's list's, which waitress needs to set
+    ``Content-Length`` for a one-chunk body.
     """
 
     cdef object _items           # the app's list or tuple; None once finished
     cdef Py_ssize_t _index
+    cdef Py_ssize_t _length
     cdef AdmissionQueue _queue   # holds the slot; None once released
+
+    def __len__(self):
+        return self._length
 
     def __iter__(self):
         return self
@@ -341,6 +347,7 @@ cdef inline ListBody _list_body(object items, AdmissionQueue queue):
     cdef ListBody body = ListBody.__new__(ListBody)
     body._items = items
     body._index = 0
+    body._length = PySequence_Fast_GET_SIZE(items)
     body._queue = queue
     return body
 

@@ -41,8 +41,10 @@ import logging
 import threading
 from typing import Any
 
+from cheroot import server as cheroot_server
 from cheroot import wsgi as cheroot_wsgi
 
+from .headers import is_ambiguous_header_name
 from .servers import ConnectionAdmission, ServerSettings, Ticket, peek_bytes, peekable, resolve_settings
 from .wsgi import WSGIApp
 
@@ -63,6 +65,25 @@ def _release_files(conn: Any) -> None:
             stream.close()
         except OSError:
             pass
+
+
+class _HeaderReader(cheroot_server.HeaderReader):
+    # cheroot's default maps X_Request_Budget_Ms onto the same environ key as
+    # X-Request-Budget-Ms; prazo's servers drop such names. (cheroot's own
+    # DropUnderscoreHeaderReader raises TypeError on every header in 11.x.)
+    def _allow_header(self, key_name: bytes) -> bool:
+        if is_ambiguous_header_name(key_name.decode("latin-1")):
+            return False
+        # The hook every cheroot reader has, absent from cheroot's type stubs.
+        return bool(super()._allow_header(key_name))  # type: ignore[misc]
+
+
+class _DropUnderscoreRequest(cheroot_server.HTTPRequest):
+    header_reader = _HeaderReader()
+
+
+class _Connection(cheroot_server.HTTPConnection):
+    RequestHandlerClass = _DropUnderscoreRequest
 
 
 class AdmissionThreadPool:
@@ -178,5 +199,6 @@ def create_server(
     server = cheroot_wsgi.Server(bind_addr, app, numthreads=settings.threads, max=settings.threads, **cheroot_options)
     pool = AdmissionThreadPool(server, settings)
     server.requests = pool
+    server.ConnectionClass = _Connection
     server.wsgi_app = pool.admission.wrap(app)
     return server

@@ -30,11 +30,22 @@ deadline scope every adapter behaves exactly like the client it wraps.
 
 A budget below one millisecond counts as nothing left: the header carries
 whole milliseconds and ``0`` would only tell the next hop to answer 504.
+
+Under a deadline prazo owns the budget headers of the request. A budget
+header the caller already put on it — ``X-Request-Budget-Ms``,
+``grpc-timeout`` or ``x-envoy-expected-rq-timeout-ms``, in any letter case —
+is removed, so exactly one of each goes out and a receiver never sees two
+values (which it would call invalid, falling back to its default budget).
+The caller's smallest valid value still counts: it can shorten the budget
+sent and the timeout, never lengthen them. The budget goes out as
+``X-Request-Budget-Ms``, and as ``grpc-timeout`` too with ``grpc=True`` or
+when the caller had set one.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prazo.core import (
@@ -46,7 +57,14 @@ from prazo.core import (
     current_deadline,
 )
 
-from .headers import checked_ms, outgoing_headers_for
+from .headers import (
+    BUDGET_HEADER,
+    ENVOY_TIMEOUT_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    budget_from_headers,
+    checked_ms,
+    outgoing_headers_for,
+)
 
 if TYPE_CHECKING:
     from .client_httpx import DeadlineTransport
@@ -63,8 +81,10 @@ __all__ = [
     "OutgoingBudget",
     "deadline_urlopen",
     "downstream_timed_out",
+    "drop_budget_headers",
     "outgoing_budget",
     "outgoing_headers",
+    "replace_budget_headers",
     "validate_margin_ms",
 ]
 
@@ -74,6 +94,10 @@ DEFAULT_MARGIN_MS = 20.0
 
 # The smallest budget worth sending: the wire carries whole milliseconds.
 _MIN_BUDGET_MS = 1.0
+
+# Every wire format a receiver reads a budget from (see ``headers``), lower-cased.
+_BUDGET_NAMES = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
+_GRPC_NAME = GRPC_TIMEOUT_HEADER.lower()
 
 _LAZY_ADAPTERS = {
     "DeadlineSession": "client_requests",
@@ -116,8 +140,15 @@ def validate_margin_ms(margin_ms: object) -> float:
     return checked_ms(margin_ms, "margin_ms")
 
 
-def outgoing_budget(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False) -> OutgoingBudget | None:
+def outgoing_budget(
+    margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False, headers: Mapping[str, Any] | None = None
+) -> OutgoingBudget | None:
     """The budget of one downstream call under the current deadline, or None without one.
+
+    ``headers`` are the request's own (any mapping of name to value): a
+    budget header among them can shorten the budget, never lengthen it, and
+    a ``grpc-timeout`` among them asks for one in the result (see the module
+    docstring; ``replace_budget_headers`` then puts the result on the request).
 
     Raises ``DeadlineExceeded("no-budget-for-downstream")`` when the remaining
     time minus ``margin_ms`` is under one millisecond; the caller must then
@@ -128,12 +159,38 @@ def outgoing_budget(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False)
     if deadline is None:
         return None
     budget_ms = deadline.remaining_ms() - margin
+    if headers:
+        # The receiver's own rules (case-insensitive, smallest valid value
+        # wins, repeated fields are invalid) judge what the caller set.
+        callers = budget_from_headers(headers).budget_ms
+        if callers is not None and callers < budget_ms:
+            budget_ms = callers
+        grpc = grpc or any(isinstance(name, str) and name.lower() == _GRPC_NAME for name in headers)
     if budget_ms < _MIN_BUDGET_MS:
         raise DeadlineExceeded(
             REASON_NO_BUDGET_FOR_DOWNSTREAM,
             f"no budget left for a downstream call ({budget_ms:.1f} ms after a {margin:g} ms margin)",
         )
     return OutgoingBudget(outgoing_headers_for(budget_ms, grpc=grpc), budget_ms / 1000.0)
+
+
+def drop_budget_headers(headers: MutableMapping[str, Any]) -> None:
+    """Remove every budget header from a request's ``headers``, whatever its letter case.
+
+    Names are matched case-insensitively whatever the mapping (a plain
+    ``dict`` too).
+    """
+    for name in [name for name in headers if isinstance(name, str) and name.lower() in _BUDGET_NAMES]:
+        del headers[name]
+
+
+def replace_budget_headers(headers: MutableMapping[str, Any], budget: OutgoingBudget) -> None:
+    """Put ``budget``'s headers on a request's ``headers`` in place of any budget header already there.
+
+    Exactly one of each budget header is left, the ones prazo sends.
+    """
+    drop_budget_headers(headers)
+    headers.update(budget.headers)
 
 
 def outgoing_headers(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False) -> dict[str, str]:

@@ -13,6 +13,7 @@ from .client import (
     DownstreamOverloadedResponse,
     downstream_timed_out,
     outgoing_budget,
+    replace_budget_headers,
     validate_margin_ms,
 )
 
@@ -30,6 +31,8 @@ class DeadlineTransport(httpx.BaseTransport):
 
     * carries ``X-Request-Budget-Ms`` = remaining − ``margin_ms`` (also
       ``grpc-timeout`` with ``grpc=True``);
+      a budget header already on the request (any letter case) is replaced,
+      and its value can only shorten the budget (see ``prazo.bindings.client``);
     * has each of its connect/read/write/pool timeouts capped at that budget;
     * is not sent when nothing is left (``DeadlineExceeded``, reason
       ``no-budget-for-downstream``);
@@ -57,10 +60,10 @@ class DeadlineTransport(httpx.BaseTransport):
         self._transport = httpx.HTTPTransport() if transport is None else transport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        budget = outgoing_budget(self.margin_ms, grpc=self.grpc)
+        budget = outgoing_budget(self.margin_ms, grpc=self.grpc, headers=request.headers)
         if budget is None:
             return self._transport.handle_request(request)
-        request.headers.update(budget.headers)
+        replace_budget_headers(request.headers, budget)
         timeouts: dict[str, float | None] = dict(request.extensions.get("timeout", {}))
         request.extensions["timeout"] = {key: budget.cap(timeouts.get(key)) for key in _TIMEOUT_KEYS}
         url = str(request.url)

@@ -18,6 +18,7 @@ from .client import (
     OutgoingBudget,
     downstream_timed_out,
     outgoing_budget,
+    replace_budget_headers,
     validate_margin_ms,
 )
 from .client_urllib3 import capped_urllib3_timeout
@@ -47,6 +48,8 @@ class DeadlineSession(requests.Session):
 
     * carries ``X-Request-Budget-Ms`` = remaining − ``margin_ms`` (also
       ``grpc-timeout`` with ``grpc=True``);
+      a budget header already on the request (any letter case) is replaced,
+      and its value can only shorten the budget (see ``prazo.bindings.client``);
     * uses the smaller of your ``timeout`` (number or ``(connect, read)``)
       and that budget — requests applies it to connecting and to each read;
     * is not sent when nothing is left (``DeadlineExceeded``, reason
@@ -70,10 +73,10 @@ class DeadlineSession(requests.Session):
         super().__init__()
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
-        budget = outgoing_budget(self.margin_ms, grpc=self.grpc)
+        budget = outgoing_budget(self.margin_ms, grpc=self.grpc, headers=request.headers)
         if budget is None:
             return super().send(request, **kwargs)
-        request.headers.update(budget.headers)
+        replace_budget_headers(request.headers, budget)
         kwargs["timeout"] = _capped_requests_timeout(kwargs.get("timeout"), budget)
         url = request.url or ""
         try:

@@ -8,7 +8,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .client import DEFAULT_MARGIN_MS, DownstreamOverloadedResponse, downstream_timed_out, outgoing_budget
+from .client import (
+    DEFAULT_MARGIN_MS,
+    DownstreamOverloadedResponse,
+    downstream_timed_out,
+    drop_budget_headers,
+    outgoing_budget,
+)
 
 __all__ = ["deadline_urlopen"]
 
@@ -24,7 +30,9 @@ def deadline_urlopen(
     """``urllib.request.urlopen`` under the current deadline.
 
     Under a ``deadline_scope``: sends ``X-Request-Budget-Ms`` = remaining −
-    ``margin_ms``; uses the smaller of ``timeout`` and that budget (urllib
+    ``margin_ms`` in place of any budget header on the ``Request`` (whose
+    value can only shorten it, see ``prazo.bindings.client``); uses the
+    smaller of ``timeout`` and that budget (urllib
     applies it to connecting and to each socket read); refuses with
     ``DeadlineExceeded("no-budget-for-downstream")`` before any connection
     when nothing is left; turns an ``HTTPError`` 503 into
@@ -39,14 +47,20 @@ def deadline_urlopen(
     scope this is ``urlopen(url, data, timeout)`` (``None`` = the socket
     default).
     """
-    budget = outgoing_budget(margin_ms, grpc=grpc)
+    caller_headers = dict(url.header_items()) if isinstance(url, urllib.request.Request) else None
+    budget = outgoing_budget(margin_ms, grpc=grpc, headers=caller_headers)
     if budget is None:
         return urllib.request.urlopen(url, data, timeout=socket.getdefaulttimeout() if timeout is None else timeout)
     if isinstance(url, urllib.request.Request):
         request = copy.copy(url)
         request.headers = dict(url.headers)
+        request.unredirected_hdrs = dict(url.unredirected_hdrs)
     else:
         request = urllib.request.Request(url)
+    drop_budget_headers(request.headers)
+    # urllib sends an unredirected header in place of a plain one of the same
+    # name, so a budget left there would win over prazo's.
+    drop_budget_headers(request.unredirected_hdrs)
     for name, value in budget.headers.items():
         request.add_header(name, value)
     full_url = request.full_url

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from urllib3 import PoolManager
+from urllib3 import HTTPHeaderDict, PoolManager
 from urllib3.exceptions import MaxRetryError
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 from urllib3.response import BaseHTTPResponse
@@ -20,6 +20,7 @@ from .client import (
     OutgoingBudget,
     downstream_timed_out,
     outgoing_budget,
+    replace_budget_headers,
     validate_margin_ms,
 )
 
@@ -56,6 +57,8 @@ class DeadlinePoolManager(PoolManager):
 
     * sends ``X-Request-Budget-Ms`` (remaining minus ``margin_ms``; also
       ``grpc-timeout`` with ``grpc=True``);
+      a budget header already on the request (any letter case) is replaced,
+      and its value can only shorten the budget (see ``prazo.bindings.client``);
     * has a ``Timeout`` whose total is at most that budget;
     * is not sent when nothing is left (``DeadlineExceeded``, reason
       ``no-budget-for-downstream``);
@@ -89,11 +92,12 @@ class DeadlinePoolManager(PoolManager):
         super().__init__(num_pools, headers, **connection_pool_kw)
 
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> BaseHTTPResponse:  # type: ignore[override]
-        budget = outgoing_budget(self.margin_ms, grpc=self.grpc)
+        # A copy: the caller's mapping (or the manager's own headers) stays as it was.
+        headers = HTTPHeaderDict(kw.get("headers") or self.headers)
+        budget = outgoing_budget(self.margin_ms, grpc=self.grpc, headers=headers)
         if budget is None:
             return super().urlopen(method, url, redirect, **kw)
-        headers = dict(kw.get("headers") or self.headers)
-        headers.update(budget.headers)
+        replace_budget_headers(headers, budget)
         kw["headers"] = headers
         kw["timeout"] = capped_urllib3_timeout(kw.get("timeout", self.connection_pool_kw.get("timeout")), budget)
         if "retries" not in kw and "retries" not in self.connection_pool_kw:

@@ -62,6 +62,7 @@ __all__ = [
     "environ_key",
     "format_budget_ms",
     "format_grpc_timeout",
+    "is_ambiguous_header_name",
     "outgoing_headers_for",
     "parse_budget_ms",
     "parse_envoy_timeout_ms",
@@ -78,6 +79,19 @@ REASON_HEADER = "X-Prazo-Reason"
 def environ_key(header: str) -> str:
     """The WSGI environ key (CGI style) under which a request header arrives."""
     return "HTTP_" + header.upper().replace("-", "_")
+
+
+def is_ambiguous_header_name(name: str) -> bool:
+    """True for a header name prazo's server embeddings drop: one containing an underscore.
+
+    ``X_Request_Budget_Ms`` and ``X-Request-Budget-Ms`` both become
+    ``HTTP_X_REQUEST_BUDGET_MS``, so a client (or a proxy passing names it
+    does not understand) could slip a value past a proxy that checks only the
+    dash spelling. waitress, werkzeug, gunicorn (``header_map="drop"``) and
+    nginx drop such names; prazo applies the same rule wherever it maps
+    headers itself, so every embedding sees the same request.
+    """
+    return "_" in name
 
 
 BUDGET_ENVIRON_KEY = environ_key(BUDGET_HEADER)  # HTTP_X_REQUEST_BUDGET_MS

@@ -11,7 +11,9 @@ wall-clock moment it received a request::
 Whatever the request then spent queued in front of this process already came
 out of the caller's budget, so ``FrontProxyBudgetPolicy`` takes it off the
 deadline. The unit is detected by magnitude (an epoch stamp in seconds has 10
-integer digits today, in ms 13, in µs 16, in ns 19). The stamp is wall-clock
+integer digits today, in ms 13, in µs 16, in ns 19), and a stamp whose moment
+falls outside 2000-01-01 .. 2100-01-01 UTC in its unit is rejected: such a
+value is a broken or forged header, not a clock. The stamp is wall-clock
 time, so the elapsed time is measured on the wall clock and then moved onto
 the monotonic deadline; a stamp in the future (clock skew) is ignored, and the
 correction is capped, so a proxy with a wrong clock can cost at most the cap.
@@ -44,10 +46,14 @@ from .headers import BudgetPolicy, checked_ms, environ_key
 
 __all__ = [
     "DEFAULT_MAX_UPSTREAM_MS",
+    "EARLIEST_STAMP_NS",
+    "LATEST_STAMP_NS",
     "QUEUE_START_HEADER",
     "REQUEST_START_HEADER",
     "FrontProxyBudgetPolicy",
+    "checked_max_upstream_ms",
     "parse_request_start_ns",
+    "trusted_networks",
     "upstream_wait_ns",
 ]
 
@@ -75,6 +81,12 @@ _UNITS_BY_MAGNITUDE: tuple[tuple[int, int], ...] = (
     (10**20, 1),
 )
 
+# The plausible moments of a stamp, in ns since the epoch: 2000-01-01 (inclusive)
+# to 2100-01-01 (exclusive) UTC. Without them "1" would read as one second after
+# 1970 and a correction would always be taken, up to the cap.
+EARLIEST_STAMP_NS = 946_684_800 * 1_000_000_000
+LATEST_STAMP_NS = 4_102_444_800 * 1_000_000_000
+
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -84,7 +96,9 @@ def parse_request_start_ns(value: object) -> int | None:
     Accepts an optional ``t=`` prefix and a number in seconds (optionally with
     a fraction), milliseconds, microseconds or nanoseconds, told apart by
     magnitude. Returns None for anything else (text, signs, exponents, several
-    values, zero, non-ASCII digits, absurd magnitudes). Never raises.
+    values, non-ASCII digits) and for a moment before 2000-01-01 or from
+    2100-01-01 UTC on (``EARLIEST_STAMP_NS`` / ``LATEST_STAMP_NS``), whatever
+    the unit. Never raises.
     """
     if not isinstance(value, str) or len(value) > _MAX_STAMP_CHARS:
         return None
@@ -93,8 +107,6 @@ def parse_request_start_ns(value: object) -> int | None:
         return None
     integer_text, fraction_text = match.group(1), match.group(2) or ""
     integer = int(integer_text)
-    if integer == 0:
-        return None
     for bound, unit_ns in _UNITS_BY_MAGNITUDE:
         if integer < bound:
             break
@@ -105,7 +117,8 @@ def parse_request_start_ns(value: object) -> int | None:
     # Exact integer arithmetic: a float would lose the nanoseconds of a
     # 19-digit stamp.
     scale = 10 ** len(fraction_text)
-    return (integer * scale + int(fraction_text or "0")) * unit_ns // scale
+    stamp_ns = (integer * scale + int(fraction_text or "0")) * unit_ns // scale
+    return stamp_ns if EARLIEST_STAMP_NS <= stamp_ns < LATEST_STAMP_NS else None
 
 
 def upstream_wait_ns(start_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> int:
@@ -117,23 +130,30 @@ def upstream_wait_ns(start_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> i
     return min(max(arrival_wall_ns - start_ns, 0), max(max_wait_ns, 0))
 
 
-def _max_upstream_ns(value: object) -> int:
-    return int(checked_ms(value, "max_upstream_ms") * NS_PER_MS)
+def checked_max_upstream_ms(value: object, name: str = "max_upstream_ms") -> float:
+    """Check a cap on the front-proxy correction: a finite number of ms >= 0 (errors name ``name``)."""
+    return checked_ms(value, name)
 
 
-def _networks(trusted_proxies: Iterable[str] | None) -> tuple[_Network, ...] | None:
+def trusted_networks(
+    trusted_proxies: Iterable[str] | None, name: str = "trusted_proxies"
+) -> tuple[_Network, ...] | None:
+    """Parse addresses or networks (``"10.0.0.0/8"``, ``"::1"``); None stays None (any peer).
+
+    Raises ``TypeError``/``ValueError`` naming ``name`` and the bad entry.
+    """
     if trusted_proxies is None:
         return None
     if isinstance(trusted_proxies, (str, bytes)):
-        raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
+        raise TypeError(f"{name} must be an iterable of addresses or networks, not a single string")
     networks = []
     for entry in trusted_proxies:
         if not isinstance(entry, str):
-            raise TypeError(f"trusted_proxies entries must be strings, not {type(entry).__name__}")
+            raise TypeError(f"{name} entries must be strings, not {type(entry).__name__}")
         try:
             networks.append(ipaddress.ip_network(entry.strip(), strict=False))
         except ValueError:
-            raise ValueError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
+            raise ValueError(f"{name}: {entry!r} is not an IP address or network") from None
     return tuple(networks)
 
 
@@ -149,8 +169,8 @@ class FrontProxyBudgetPolicy(BudgetPolicy):
     only shorten a deadline.
 
     >>> policy = FrontProxyBudgetPolicy(default_budget_ms=1000, max_budget_ms=30000,
-    ...                                 wall_clock_ns=lambda: 10_000_000_000, monotonic_ns=lambda: 0)
-    >>> env = {"HTTP_X_REQUEST_START": "t=9.75"}       # stamped 250 ms before arrival
+    ...                                 wall_clock_ns=lambda: 1_700_000_000 * 10**9, monotonic_ns=lambda: 0)
+    >>> env = {"HTTP_X_REQUEST_START": "t=1699999999.75"}   # stamped 250 ms before arrival
     >>> policy.deadline_for(env, arrival_ns=0)[0].ns // 1_000_000
     750
 
@@ -172,8 +192,8 @@ class FrontProxyBudgetPolicy(BudgetPolicy):
         super().__init__(default_budget_ms, max_budget_ms)
         if not callable(wall_clock_ns) or not callable(monotonic_ns):
             raise TypeError("wall_clock_ns and monotonic_ns must be callables returning int nanoseconds")
-        self._max_upstream_ns = _max_upstream_ns(max_upstream_ms)
-        self._trusted_networks = _networks(trusted_proxies)
+        self._max_upstream_ns = int(checked_max_upstream_ms(max_upstream_ms) * NS_PER_MS)
+        self._trusted_networks = trusted_networks(trusted_proxies)
         self._wall_clock_ns = wall_clock_ns
         self._monotonic_ns = monotonic_ns
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any, TextIO
 
+from .proxy_headers import checked_max_upstream_ms, trusted_networks
 from .servers import (
     ENV_DEFAULT_BUDGET_MS,
     ENV_HEADER_TIMEOUT_MS,
@@ -299,6 +300,11 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError("--workers is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    # Checked whether or not --trust-request-start is given: a typo must fail
+    # now, not the day someone turns trust on.
+    trusted_networks(args.trusted_proxy, "--trusted-proxy")
+    if args.max_upstream_ms is not None:
+        checked_max_upstream_ms(args.max_upstream_ms, "--max-upstream-ms")
     return resolve_settings(
         threads=args.threads,
         max_queue=args.max_queue,

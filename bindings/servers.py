@@ -59,9 +59,14 @@ from prazo.core import (
     ShutDown,
 )
 
-from .headers import REASON_HEADER, BudgetPolicy, IncomingBudget
+from .headers import REASON_HEADER, BudgetPolicy, IncomingBudget, is_ambiguous_header_name
 from .pool import _Reaper
-from .proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy
+from .proxy_headers import (
+    DEFAULT_MAX_UPSTREAM_MS,
+    FrontProxyBudgetPolicy,
+    checked_max_upstream_ms,
+    trusted_networks,
+)
 from .wsgi import (
     BUDGET_SOURCE_KEY,
     MiddlewareCounters,
@@ -249,8 +254,11 @@ class ServerSettings:
             raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
-        # Building the policy validates the budgets, the cap and the proxies.
+        # Building the policy validates the budgets; the front-proxy options are
+        # checked even while trust is off, so a bad value fails at start-up.
         self.policy()
+        checked_max_upstream_ms(self.max_upstream_ms)
+        trusted_networks(self.trusted_proxies)
 
     @property
     def capacity(self) -> int:
@@ -334,6 +342,7 @@ def resolve_settings(
     proxies: tuple[str, ...] | None
     if trusted_proxies is None:
         proxies = _env_list(env, ENV_TRUSTED_PROXIES)
+        trusted_networks(proxies, ENV_TRUSTED_PROXIES)
     elif isinstance(trusted_proxies, (str, bytes)):
         raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
     else:
@@ -668,9 +677,10 @@ def find_head(data: bytes) -> bytes | None:
 def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
     """CGI-style ``HTTP_*`` keys for the header fields of a request head.
 
-    Only what a ``BudgetPolicy`` reads: malformed lines and obsolete line
-    folding are skipped, repeated fields are joined with ``","`` as WSGI
-    servers do, and ``REMOTE_ADDR`` is set when given.
+    Only what a ``BudgetPolicy`` reads: malformed lines, obsolete line
+    folding and names with an underscore (``is_ambiguous_header_name``) are
+    skipped, repeated fields are joined with ``","`` as WSGI servers do, and
+    ``REMOTE_ADDR`` is set when given.
     """
     environ: dict[str, str] = {}
     if isinstance(remote_addr, str):
@@ -679,7 +689,10 @@ def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
         name, colon, value = line.rstrip(b"\r").partition(b":")
         if not colon or not name or name != name.strip() or b" " in name or b"\t" in name:
             continue
-        key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+        text_name = name.decode("latin-1")
+        if is_ambiguous_header_name(text_name):
+            continue
+        key = "HTTP_" + text_name.upper().replace("-", "_")
         text = value.decode("latin-1").strip(" \t")
         environ[key] = f"{environ[key]},{text}" if key in environ else text
     return environ

@@ -92,6 +92,7 @@ __all__ = [
     "AdmissionMiddleware",
     "AdmittedResponse",
     "Environ",
+    "ListBody",
     "MiddlewareCounters",
     "StartResponse",
     "WSGIApp",
@@ -282,23 +283,67 @@ def _refuse(
     return body
 
 
-def _release_when_done(body: list[bytes] | tuple[bytes, ...], release: Callable[[], object]) -> Iterator[bytes]:
+class _ReleasedOnce:
+    """Holds a request's ``release`` and calls it exactly once, from ``_finish``."""
+
+    __slots__ = ("_claim",)
+
+    def __init__(self, release: Callable[[], object]) -> None:
+        # A one-element list: list.pop() is atomic, so concurrent paths
+        # (close() racing exhaustion, the finaliser) release exactly once.
+        self._claim = [release]
+
+    def _finish(self) -> None:
+        # The truth test spares the common repeat calls an exception;
+        # pop() stays the atomic claim when two paths race.
+        if self._claim:
+            try:
+                release = self._claim.pop()
+            except IndexError:
+                return
+            release()
+
+
+class ListBody(_ReleasedOnce):
     """A list or tuple body that calls ``release()`` once: exhausted, closed or collected.
 
-    Iterating a list runs no app code, so no context is needed, and nothing
-    else is either: a generator's ``finally`` runs exactly once, whether it
-    ends, is closed, or is dropped unfinished (the interpreter closes it).
-    The caller primes it with one ``next()``, so that a ``close()`` before
-    the first chunk still runs ``finally``.
+    Iterating a list runs no app code, so no context is needed. ``len()`` is
+    the app's list's: waitress sets ``Content-Length`` itself only for a body
+    whose ``len()`` is 1 (without it, an HTTP/1.0 keep-alive client gets
+    ``Connection: close``). After ``close()`` it yields nothing.
     """
-    try:
-        yield b""  # taken by the priming next(), never seen by the server
-        yield from body
-    finally:
-        release()
+
+    __slots__ = ("_chunks", "_length")
+
+    def __init__(self, body: list[bytes] | tuple[bytes, ...], release: Callable[[], object]) -> None:
+        super().__init__(release)
+        self._chunks: Iterator[bytes] = iter(body)
+        self._length = len(body)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            self._finish()
+            raise
+
+    def close(self) -> None:
+        """Release the slot if it is still held; later calls do nothing."""
+        self._chunks = iter(())
+        self._finish()
+
+    def __del__(self) -> None:
+        # A safety net for servers that drop the body without close().
+        self._finish()
 
 
-class AdmittedResponse:
+class AdmittedResponse(_ReleasedOnce):
     """The response iterable of an admitted request whose body runs app code.
 
     ``run_admitted`` returns one when the app's body is not a plain list or
@@ -324,7 +369,7 @@ class AdmittedResponse:
     [1]
     """
 
-    __slots__ = ("_claim", "_closed", "_context", "_counters", "_result", "_retry_after_s", "_start_response")
+    __slots__ = ("_closed", "_context", "_counters", "_result", "_retry_after_s", "_start_response")
 
     def __init__(
         self,
@@ -335,25 +380,13 @@ class AdmittedResponse:
         counters: MiddlewareCounters | None = None,
         retry_after_s: int = 1,
     ) -> None:
-        # A one-element list: list.pop() is atomic, so concurrent paths
-        # (close() racing exhaustion, the finaliser) release exactly once.
-        self._claim = [release]
+        super().__init__(release)
         self._result = result
         self._context = context
         self._start_response = start_response
         self._counters = counters
         self._retry_after_s = retry_after_s
         self._closed = False
-
-    def _finish(self) -> None:
-        # The truth test spares the common repeat calls an exception;
-        # pop() stays the atomic claim when two paths race.
-        if self._claim:
-            try:
-                release = self._claim.pop()
-            except IndexError:
-                return
-            release()
 
     def __iter__(self) -> Iterator[bytes]:
         return self._stream()
@@ -420,9 +453,7 @@ def _call_admitted(
         release()
         raise
     if type(result) in _INERT_BODIES:
-        body = _release_when_done(result, release)
-        next(body)
-        return body
+        return ListBody(result, release)
     return AdmittedResponse(result, context, start_response, release, counters, retry_after_s)
 
 
@@ -446,8 +477,9 @@ def run_admitted(
     exhausted, closed, raises or is garbage collected — whichever comes
     first. ``DeadlineExceeded`` / ``DownstreamOverloaded`` raised by the app
     become a 504 / 503 while no output has been sent, and are counted in
-    ``counters``. A list or tuple body comes back wrapped in a generator (it
-    runs no app code); any other body in an ``AdmittedResponse``.
+    ``counters``. A list or tuple body comes back wrapped in a ``ListBody``
+    (it runs no app code, and keeps the list's ``len()``); any other body in
+    an ``AdmittedResponse``.
     """
     return _call_admitted(app, environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s)
 

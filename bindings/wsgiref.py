@@ -28,12 +28,14 @@ import socketserver
 import ssl
 import threading
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref import simple_server
+from wsgiref.simple_server import WSGIServer
 
+from .headers import is_ambiguous_header_name
 from .servers import ConnectionAdmission, ReadinessWatcher, ServerSettings, Ticket, resolve_settings
 from .wsgi import WSGIApp
 
-__all__ = ["AdmissionServerMixin", "AdmissionWSGIRefServer", "make_server"]
+__all__ = ["AdmissionServerMixin", "AdmissionWSGIRefServer", "WSGIRequestHandler", "make_server"]
 
 # A connection that sends nothing for this long is closed; it never held a
 # worker or a place in the queue meanwhile.
@@ -50,6 +52,20 @@ def _peer(client_address: Any) -> str | None:
 
 def _socket_of(item: tuple[socket.socket, Any]) -> socket.socket:
     return item[0]
+
+
+class WSGIRequestHandler(simple_server.WSGIRequestHandler):
+    """wsgiref's handler, dropping header names with an underscore as prazo's other servers do.
+
+    The stock handler maps ``X_Request_Budget_Ms`` onto the same environ key
+    as ``X-Request-Budget-Ms`` (see ``prazo.bindings.headers.is_ambiguous_header_name``).
+    A ``handler_class`` of your own should derive from this one.
+    """
+
+    def get_environ(self) -> dict[str, str]:
+        for name in {name for name in self.headers if is_ambiguous_header_name(name)}:
+            del self.headers[name]
+        return super().get_environ()
 
 
 class AdmissionServerMixin:

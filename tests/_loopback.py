@@ -45,6 +45,12 @@ class Received:
     path: str
     budget_ms: str | None
     grpc_timeout: str | None
+    # Every header field as it arrived, repeated ones included.
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def values(self, name: str) -> list[str]:
+        """Every value of the header ``name`` (any letter case), in arrival order."""
+        return [value for key, value in self.headers if key.lower() == name.lower()]
 
 
 class _Server(ThreadingHTTPServer):
@@ -70,7 +76,11 @@ class _Handler(BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         received = Received(
-            self.command, split.path, self.headers.get(BUDGET_HEADER), self.headers.get(GRPC_TIMEOUT_HEADER)
+            self.command,
+            split.path,
+            self.headers.get(BUDGET_HEADER),
+            self.headers.get(GRPC_TIMEOUT_HEADER),
+            tuple(self.headers.items()),
         )
         with self.server.lock:
             self.server.received.append(received)

@@ -9,6 +9,9 @@ The app (``app``) is also what the gunicorn subprocess serves
     with the remaining budget; every wait is bounded.
 ``/calls``
     how many times ``/work`` ran the app, as a decimal body.
+``/budget-header``
+    what reached the app: ``HTTP_X_REQUEST_BUDGET_MS`` from its environ (or
+    ``-``) and the remaining budget, as ``header=V remaining_ms=M``.
 
 Every server is started through ``start_server(kind, ...)`` and stopped
 gracefully with ``RunningServer.stop()``; clients use ``http.client`` and raw
@@ -62,6 +65,10 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
     if path == "/calls":
         with _calls_lock:
             body = str(_calls).encode()
+    elif path == "/budget-header":
+        deadline = environ["prazo.deadline"]
+        header = environ.get("HTTP_X_REQUEST_BUDGET_MS", "-")
+        body = f"header={header} remaining_ms={deadline.remaining_ms():.0f}".encode("latin-1")
     elif path == "/work":
         query = {key: values[0] for key, values in parse_qs(environ.get("QUERY_STRING", "")).items()}
         with _calls_lock:

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from email.message import Message
 from typing import Any
 
 import httpx
@@ -34,6 +35,14 @@ from prazo.bindings.client import (
     deadline_urlopen,
     outgoing_budget,
     outgoing_headers,
+    replace_budget_headers,
+)
+from prazo.bindings.headers import (
+    BUDGET_HEADER,
+    ENVOY_TIMEOUT_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    budget_from_headers,
+    parse_grpc_timeout,
 )
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import (
@@ -57,7 +66,7 @@ class Adapter:
     """One client library behind the same three operations."""
 
     name: str
-    call: Callable[..., tuple[int, dict[str, Any]]]  # (url, timeout=None) -> (status, echoed JSON)
+    call: Callable[..., tuple[int, dict[str, Any]]]  # (url, timeout=None, headers=None) -> (status, echoed JSON)
     status_of: Callable[[Any], int]  # the status of the response kept on DownstreamOverloaded
     close: Callable[[], None]
     fresh_budget_per_redirect: bool
@@ -66,8 +75,8 @@ class Adapter:
 def _requests_adapter() -> Adapter:
     session = DeadlineSession(margin_ms=MARGIN_MS)
 
-    def call(url: str, timeout: Any = None) -> tuple[int, dict[str, Any]]:
-        response = session.get(url, timeout=timeout)
+    def call(url: str, timeout: Any = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        response = session.get(url, timeout=timeout, headers=headers)
         return response.status_code, response.json()
 
     return Adapter("requests", call, lambda r: r.status_code, session.close, True)
@@ -76,8 +85,8 @@ def _requests_adapter() -> Adapter:
 def _httpx_adapter() -> Adapter:
     client = httpx.Client(transport=DeadlineTransport(margin_ms=MARGIN_MS), follow_redirects=True)
 
-    def call(url: str, timeout: Any = None) -> tuple[int, dict[str, Any]]:
-        response = client.get(url, timeout=timeout)
+    def call(url: str, timeout: Any = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        response = client.get(url, timeout=timeout, headers=headers)
         return response.status_code, response.json()
 
     return Adapter("httpx", call, lambda r: r.status_code, client.close, True)
@@ -86,17 +95,18 @@ def _httpx_adapter() -> Adapter:
 def _urllib3_adapter() -> Adapter:
     http = DeadlinePoolManager(margin_ms=MARGIN_MS)
 
-    def call(url: str, timeout: Any = None) -> tuple[int, dict[str, Any]]:
-        response = http.request("GET", url, timeout=timeout)
+    def call(url: str, timeout: Any = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        response = http.request("GET", url, timeout=timeout, headers=headers)
         return response.status, json.loads(response.data)
 
     return Adapter("urllib3", call, lambda r: r.status, http.clear, True)
 
 
 def _urllib_adapter() -> Adapter:
-    def call(url: str, timeout: Any = None) -> tuple[int, dict[str, Any]]:
+    def call(url: str, timeout: Any = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         try:
-            with deadline_urlopen(url, margin_ms=MARGIN_MS, timeout=timeout) as response:
+            request = urllib.request.Request(url, headers=headers or {})
+            with deadline_urlopen(request, margin_ms=MARGIN_MS, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:  # urllib raises for every 4xx/5xx
             with exc:
@@ -192,6 +202,101 @@ def test_each_redirect_hop_gets_what_is_left(client: Adapter, server: LoopbackSe
         assert second <= first - 150  # the first hop slept 200 ms
     else:
         assert second == first
+
+
+# A budget the caller already put on the request, larger than the deadline's,
+# in every letter case and wire format a receiver reads (and an invalid one).
+_CALLERS_BUDGET_HEADERS = [
+    {"X-Request-Budget-Ms": "60000"},
+    {"x-request-budget-ms": "60000"},
+    {"X-REQUEST-BUDGET-MS": "60000"},
+    {"x-Request-BUDGET-ms": "60000"},
+    {"x-request-budget-ms": "soon"},
+    {"Grpc-Timeout": "99S"},
+    {"X-Envoy-Expected-Rq-Timeout-Ms": "60000"},
+    {"x-request-budget-ms": "60000", "GRPC-TIMEOUT": "1H", "x-envoy-expected-rq-timeout-ms": "60000"},
+]
+
+
+def _as_receiver_sees_it(fields: tuple[tuple[str, str], ...]) -> Message:
+    message = Message()
+    for name, value in fields:
+        message[name] = value  # appends: a repeated field stays repeated
+    return message
+
+
+@pytest.mark.parametrize(
+    "callers", _CALLERS_BUDGET_HEADERS, ids=lambda headers: ",".join(f"{k}={v}" for k, v in headers.items())
+)
+def test_a_budget_header_the_caller_set_is_replaced_by_exactly_one_of_prazos(
+    client: Adapter, server: LoopbackServer, callers: dict[str, str]
+) -> None:
+    """Two values ("60000, 1979") are invalid to the receiver, which then applies its own default."""
+    with deadline_scope(Deadline.after_ms(2000)):
+        status, _ = client.call(server.url("/echo"), headers=callers)
+    assert status == 200
+    (received,) = server.requests
+    (budget,) = received.values(BUDGET_HEADER)
+    assert 2000 - MARGIN_MS - SLACK_MS <= int(budget) <= 2000 - MARGIN_MS
+    # A format the caller used goes out once more only if prazo re-sends it, with prazo's value.
+    assert received.values(ENVOY_TIMEOUT_HEADER) == []
+    grpc_values = received.values(GRPC_TIMEOUT_HEADER)
+    if any(name.lower() == GRPC_TIMEOUT_HEADER for name in callers):
+        (grpc_timeout,) = grpc_values
+        assert (parse_grpc_timeout(grpc_timeout) or 0) <= int(budget) + 1
+    else:
+        assert grpc_values == []
+    judged = budget_from_headers(_as_receiver_sees_it(received.headers))  # type: ignore[arg-type]
+    assert judged.invalid == 0
+    assert judged.budget_ms is not None and judged.budget_ms <= 2000 - MARGIN_MS
+
+
+@pytest.mark.parametrize("name", ["X-Request-Budget-Ms", "x-request-budget-ms", "grpc-timeout"])
+def test_a_smaller_budget_the_caller_set_still_counts(client: Adapter, server: LoopbackServer, name: str) -> None:
+    """The caller's own header may shorten the budget sent, and the timeout with it, never lengthen it."""
+    value = "300" if name.lower() == BUDGET_HEADER.lower() else "300m"
+    with deadline_scope(Deadline.after(60.0)):
+        status, _ = client.call(server.url("/echo"), headers={name: value})
+        assert status == 200
+        assert server.requests[0].values(BUDGET_HEADER) == ["300"]
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as info:
+            client.call(server.url(f"/slow?sleep={SLOW_SERVER_S}"), headers={name: value})
+    assert info.value.reason == REASON_DEADLINE_EXCEEDED
+    assert time.monotonic() - started < SLOW_SERVER_S / 2
+
+
+def test_by_hand_a_plain_dict_gets_exactly_prazos_budget_headers() -> None:
+    headers = {
+        "x-request-budget-ms": "60000",
+        "GRPC-Timeout": "1H",
+        "X-ENVOY-EXPECTED-RQ-TIMEOUT-MS": "9",
+        "Accept": "*/*",
+    }
+    with deadline_scope(Deadline.after_ms(2000)):
+        budget = outgoing_budget(MARGIN_MS, headers=headers)
+    assert budget is not None
+    replace_budget_headers(headers, budget)
+    # The envoy value (9 ms) was the smallest: it shortens, in prazo's formats.
+    assert headers == {"Accept": "*/*", BUDGET_HEADER: "9", GRPC_TIMEOUT_HEADER: "9000000n"}
+    assert budget.timeout_s == 0.009
+
+
+def test_a_callers_spent_budget_means_no_call() -> None:
+    with deadline_scope(Deadline.after(60.0)), pytest.raises(DeadlineExceeded) as info:
+        outgoing_budget(MARGIN_MS, headers={"x-request-budget-ms": "0"})
+    assert info.value.reason == REASON_NO_BUDGET_FOR_DOWNSTREAM
+
+
+def test_urllib_replaces_an_unredirected_budget_header_too(server: LoopbackServer) -> None:
+    """urllib sends an unredirected header in place of a plain one of the same name."""
+    request = urllib.request.Request(server.url("/echo"))
+    request.add_unredirected_header("X-Request-Budget-Ms", "60000")
+    with deadline_scope(Deadline.after_ms(2000)), deadline_urlopen(request, margin_ms=MARGIN_MS) as response:
+        assert response.status == 200
+    (budget,) = server.requests[0].values(BUDGET_HEADER)
+    assert int(budget) <= 2000 - MARGIN_MS
+    assert request.unredirected_hdrs == {"X-request-budget-ms": "60000"}  # the caller's Request is untouched
 
 
 def test_work_in_an_admission_pool_propagates_the_submitters_deadline(server: LoopbackServer) -> None:

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bindings.headers import BudgetPolicy
-from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy, parse_request_start_ns, upstream_wait_ns
+from prazo.bindings.proxy_headers import (
+    EARLIEST_STAMP_NS,
+    LATEST_STAMP_NS,
+    FrontProxyBudgetPolicy,
+    parse_request_start_ns,
+    upstream_wait_ns,
+)
 from prazo.core import NS_PER_MS
 
 NOW_WALL_NS = 1_700_000_000_000_000_000  # 2023-11-14T22:13:20Z
@@ -58,10 +64,56 @@ def test_parse_request_start_rejects_non_strings() -> None:
     assert parse_request_start_ns(b"1700000000") is None
 
 
+_EARLIEST_S = EARLIEST_STAMP_NS // 1_000_000_000  # 2000-01-01T00:00:00Z
+_LATEST_S = LATEST_STAMP_NS // 1_000_000_000  # 2100-01-01T00:00:00Z
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", None),  # one second after 1970, not a clock
+        ("t=1", None),
+        ("999", None),  # milliseconds? seconds? either way 1970
+        ("12345678", None),
+        (str(_EARLIEST_S - 1), None),
+        (str(_EARLIEST_S), EARLIEST_STAMP_NS),
+        (f"t={_EARLIEST_S - 1}.999999999", None),
+        (f"{_EARLIEST_S * 1000 - 1}", None),  # ms
+        (f"{_EARLIEST_S * 1000}", EARLIEST_STAMP_NS),
+        (f"{_EARLIEST_S * 10**6 - 1}", None),  # µs
+        (f"{_EARLIEST_S * 10**6}", EARLIEST_STAMP_NS),
+        (f"{EARLIEST_STAMP_NS - 1}", None),  # ns
+        (f"{EARLIEST_STAMP_NS}", EARLIEST_STAMP_NS),
+        (str(_LATEST_S - 1), LATEST_STAMP_NS - 1_000_000_000),
+        (f"t={_LATEST_S - 1}.999999999", LATEST_STAMP_NS - 1),
+        (str(_LATEST_S), None),
+        (f"{_LATEST_S * 1000 - 1}", LATEST_STAMP_NS - 1_000_000),
+        (f"{_LATEST_S * 1000}", None),
+        (f"{_LATEST_S * 10**6 - 1}", LATEST_STAMP_NS - 1_000),
+        (f"{_LATEST_S * 10**6}", None),
+        (f"{LATEST_STAMP_NS - 1}", LATEST_STAMP_NS - 1),
+        (f"{LATEST_STAMP_NS}", None),
+        ("99999999999", None),  # the largest "seconds": year 5138
+        ("9" * 19, None),  # the largest "nanoseconds": year 2286
+    ],
+)
+def test_stamps_outside_2000_to_2100_are_rejected_in_every_unit(value: str, expected: int | None) -> None:
+    assert parse_request_start_ns(value) == expected
+
+
+def test_an_absurd_stamp_does_not_shorten_a_real_deadline() -> None:
+    """With the real clocks, "1" once read as 1970 and cost every request the whole cap."""
+    policy = FrontProxyBudgetPolicy(1000, 30000, max_upstream_ms=900)
+    arrival = time.monotonic_ns()
+    for stamp in ("1", "t=1", "1000", "4102444800"):
+        deadline, _ = policy.deadline_for({"HTTP_X_REQUEST_START": stamp}, arrival)
+        assert deadline.ns == arrival + 1000 * NS_PER_MS, stamp
+
+
 @given(st.text(max_size=60))
 def test_parsing_arbitrary_text_never_raises(value: str) -> None:
     result = parse_request_start_ns(value)
-    assert result is None or result > 0
+    assert result is None or EARLIEST_STAMP_NS <= result < LATEST_STAMP_NS
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, request, statuses
@@ -77,7 +78,8 @@ def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
         (["_server_harness:app", "--port", "70000"], "--port must be between 0 and 65535"),
         (["_server_harness:app", "--header-timeout-ms", "-1"], "header_timeout_ms must be a finite number"),
         (["_server_harness:app", "--workers", "2"], "--workers is for --server gunicorn only"),
-        (["_server_harness:app", "--trust-request-start", "--trusted-proxy", "nope"], "trusted_proxies: 'nope'"),
+        (["_server_harness:app", "--trust-request-start", "--trusted-proxy", "nope"], "--trusted-proxy: 'nope'"),
+        (["_server_harness:app", "--trust-request-start", "--max-upstream-ms", "-5"], "--max-upstream-ms must be >= 0"),
     ],
 )
 def test_bad_options_exit_2_naming_the_problem(
@@ -86,6 +88,31 @@ def test_bad_options_exit_2_naming_the_problem(
     monkeypatch.chdir(TESTS_DIR)
     assert main_serve(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--trusted-proxy", "bogus"], "--trusted-proxy: 'bogus' is not an IP address or network"),
+        (["--trusted-proxy", "10.0.0.0/8", "--trusted-proxy", "10.0.0.300"], "--trusted-proxy: '10.0.0.300'"),
+        (["--max-upstream-ms", "-5"], "--max-upstream-ms must be >= 0, got -5.0"),
+        (["--max-upstream-ms", "nan"], "--max-upstream-ms must not be NaN"),
+    ],
+)
+def test_front_proxy_options_are_refused_without_trust_request_start(options: list[str], message: str) -> None:
+    """Through the installed ``prazo`` command: exit 2 and the option named, before anything listens.
+
+    Before the fix these started serving (the options were only checked with
+    --trust-request-start), so the timeout is the failure.
+    """
+    prazo = Path(sys.executable).with_name("prazo")
+    command = [str(prazo), "serve", "_server_harness:app", "--port", "0", *options]
+    result = subprocess.run(
+        command, check=False, cwd=TESTS_DIR, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S
+    )
+    assert result.returncode == 2
+    assert f"prazo serve: error: {message}" in result.stderr
+    assert result.stdout == ""  # no start-up line: nothing was served
 
 
 def test_load_app_follows_dotted_attributes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,9 +93,30 @@ def test_trusting_the_proxy_takes_a_real_bool() -> None:
         resolve_settings(trust_request_start="no", environ={})  # type: ignore[arg-type]
 
 
-def test_untrusted_proxy_list_is_validated_when_trusting() -> None:
-    with pytest.raises(ValueError, match="trusted_proxies: 'bogus'"):
-        resolve_settings(environ={"PRAZO_TRUST_REQUEST_START": "1", "PRAZO_TRUSTED_PROXIES": "10.0.0.1,bogus"})
+@pytest.mark.parametrize("trust", ["1", "0"])
+def test_the_proxy_list_variable_is_validated_and_named_whether_or_not_trusting(trust: str) -> None:
+    with pytest.raises(ValueError, match="PRAZO_TRUSTED_PROXIES: 'bogus'"):
+        resolve_settings(environ={"PRAZO_TRUST_REQUEST_START": trust, "PRAZO_TRUSTED_PROXIES": "10.0.0.1,bogus"})
+
+
+@pytest.mark.parametrize("trust", [True, False])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"trusted_proxies": ("10.0.0.1", "bogus")}, ValueError, "trusted_proxies: 'bogus'"),
+        ({"trusted_proxies": (10,)}, TypeError, "trusted_proxies entries must be strings"),
+        ({"max_upstream_ms": -5.0}, ValueError, "max_upstream_ms must be >= 0"),
+        ({"max_upstream_ms": float("nan")}, ValueError, "max_upstream_ms must not be NaN"),
+    ],
+)
+def test_front_proxy_settings_are_validated_even_when_trust_is_off(
+    trust: bool, kwargs: dict, error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        ServerSettings(threads=1, max_queue=0, trust_request_start=trust, **kwargs)
+
+
+def test_untrusted_proxy_list_argument_is_validated() -> None:
     with pytest.raises(TypeError, match="trusted_proxies"):
         resolve_settings(trusted_proxies="10.0.0.1", environ={})
 

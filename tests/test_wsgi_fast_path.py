@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from types import GeneratorType
 from wsgiref.validate import validator
 
 import pytest
@@ -31,7 +30,7 @@ from prazo.bindings.headers import (
     GRPC_TIMEOUT_ENVIRON_KEY,
     REASON_HEADER,
 )
-from prazo.bindings.wsgi import BUDGET_SOURCE_KEY, DEADLINE_KEY, QUEUE_WAIT_MS_KEY, AdmissionMiddleware
+from prazo.bindings.wsgi import BUDGET_SOURCE_KEY, DEADLINE_KEY, QUEUE_WAIT_MS_KEY, AdmissionMiddleware, ListBody
 from prazo.core import (
     Deadline,
     DeadlineExceeded,
@@ -139,7 +138,7 @@ def test_which_requests_the_compiled_path_serves(extra, path, compiled):
     environ = make_environ(path, **extra)
     body = compiled_path(environ, Server().start_response)
     assert served_by_compiled_path(body) is compiled
-    assert isinstance(body, GeneratorType) is not compiled  # the Python path's list wrapper
+    assert isinstance(body, ListBody) is not compiled  # the Python path's list wrapper
     assert list(body) == [b"ok"]
     body.close()
     python_body = python_path(make_environ(path, **extra), Server().start_response)
