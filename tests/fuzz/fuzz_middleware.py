@@ -44,8 +44,8 @@ Properties, for any input and on every path:
 * the app never runs with a budget <= 0 (its request is answered 504) or with
   an already expired deadline, and the deadline it sees is at most
   ``arrival + max_budget_ms`` and is the current deadline;
-* every admitted request releases its slot exactly once: afterwards the
-  queue's counters balance, nothing is in flight or queued, and ``started ==
+* every admitted request releases its slot exactly once, and no finaliser
+  fails doing it: afterwards the queue's counters balance, nothing is in flight or queued, and ``started ==
   completed``;
 * where the outcome cannot depend on timing (the budget is 0, or at least
   ``_STABLE_BUDGET_NS``), all paths answer and count the same.
@@ -56,6 +56,7 @@ from __future__ import annotations
 import gc
 import io
 import re
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -406,6 +407,14 @@ def test_one_input(data: bytes) -> None:
     spec = parse_spec(data)
     # The budget every path grants this request (the environ it reads is the same).
     budget_ns = policy_from(spec.options).deadline_for(_environ(spec, False, False), 0)[0].ns
-    outcomes = [_run_path(middleware_class, fast_path, spec, budget_ns) for middleware_class, fast_path in _PATHS]
+    # A finaliser that releases a slot (a body dropped without close()) must
+    # not fail either; Python would only print what it raised.
+    unraisable: list[Any] = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        outcomes = [_run_path(middleware_class, fast_path, spec, budget_ns) for middleware_class, fast_path in _PATHS]
+    finally:
+        sys.unraisablehook = previous_hook
+    assert not unraisable, [(hook.exc_value, hook.object) for hook in unraisable]
     if budget_ns == 0 or budget_ns >= _STABLE_BUDGET_NS:
         assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
