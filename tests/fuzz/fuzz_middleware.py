@@ -9,14 +9,17 @@ server). Options:
 =================  ==========================================================
 ``default/max``    the policy's budgets, ms
 ``concurrency``    1-4 (default 2); ``queue``: 0-4 (default 2); ``order``
-``app``            what the app does: ``list`` (default), ``tuple``, ``empty``,
-                   ``gen``, ``gen-raise``, ``gen-deadline``,
+``app``            what the app does: ``list`` (default), ``raise``,
+                   ``deadline``, ``overloaded`` (raise those), ``read`` (reads
+                   ``wsgi.input``), ``check`` (``Deadline.check()``, then a
+                   list), ``no-start`` (never calls ``start_response``);
+                   generators: ``gen``, ``gen-raise``, ``gen-deadline`` and
                    ``gen-overloaded`` (refuse before any output),
-                   ``gen-deadline-late``, ``gen-overloaded-late`` (after the
-                   first chunk), ``raise``, ``deadline``,
-                   ``overloaded``, ``read`` (reads ``wsgi.input``), ``none``,
-                   ``str``, ``close-raise``, ``no-start``, ``check``
-                   (``Deadline.check()`` then a list)
+                   ``gen-deadline-late`` and ``gen-overloaded-late`` (after
+                   the first chunk); bodies whose ``__iter__`` or ``close``
+                   raises: ``iter-raise``, ``close-raise``; other bodies:
+                   ``tuple``, ``empty``, ``none``, ``str``, ``bytes``,
+                   ``mixed``, ``list-subclass``
 ``reason``         the reason the app's exceptions carry (any text)
 ``input``          ``raise``: ``wsgi.input`` raises on every read
 ``busy``           1: every slot is held by other work when the request
@@ -129,18 +132,42 @@ class _RaisingInput(io.RawIOBase):
         raise AppError("wsgi.input: connection reset")
 
 
-class _BodyWithClose:
-    """An app's response iterable whose ``close()`` raises (PEP 3333 says the server calls it)."""
+class _FailingBody:
+    """An app's response iterable whose ``__iter__`` or ``close()`` (called by the server, PEP 3333) raises."""
 
-    def __init__(self, raised: list[BaseException]) -> None:
+    def __init__(self, raised: list[BaseException], failing: str) -> None:
         self._raised = raised
+        self._failing = failing
+
+    def _fail(self, where: str) -> None:
+        if self._failing == where:
+            self._raised.append(AppError(f"{where} failed"))
+            raise self._raised[-1]
 
     def __iter__(self) -> Any:
+        self._fail("iter")
         return iter((b"a", b"b"))
 
     def close(self) -> None:
-        self._raised.append(AppError("close failed"))
-        raise self._raised[-1]
+        self._fail("close")
+
+
+class _ListSubclass(list):  # type: ignore[type-arg]
+    """Looks like a list body but is not one: neither path may treat it as inert."""
+
+
+# Bodies the app returns as they are (``app=NAME``); the default is a list.
+_BODIES = {
+    "tuple": (b"a", b"b"),
+    "empty": [],
+    "none": None,
+    "str": "text, not bytes",
+    "bytes": b"bytes, not a list of them",
+    "mixed": [b"a", "b", 3, None],
+    "list-subclass": _ListSubclass([b"a", b"b"]),
+}
+# ``app=NAME`` whose body is not iterable: the TypeError is the server's to answer.
+_NOT_ITERABLE = ("none",)
 
 
 class _AppRun:
@@ -195,17 +222,9 @@ class _AppRun:
             environ["wsgi.input"].read()
         if behaviour != "no-start":
             start_response(_APP_STATUS, [("Content-Type", "text/plain")])
-        if behaviour == "none":
-            return None
-        if behaviour == "str":
-            return "text, not bytes"
-        if behaviour == "close-raise":
-            return _BodyWithClose(self.raised)
-        if behaviour == "tuple":
-            return (b"a", b"b")
-        if behaviour == "empty":
-            return []
-        return [b"hello"]
+        if behaviour in ("iter-raise", "close-raise"):
+            return _FailingBody(self.raised, behaviour.removesuffix("-raise"))
+        return _BODIES.get(behaviour, [b"hello"])
 
 
 class _Server:
@@ -355,7 +374,7 @@ def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec
     except BaseException as exc:
         allowed = (
             any(exc is raised for raised in app.raised)
-            or (isinstance(exc, TypeError) and behaviour == "none")
+            or (isinstance(exc, TypeError) and behaviour in _NOT_ITERABLE)
             or (isinstance(exc, AppError) and behaviour == "read")
         )
         if not allowed:
