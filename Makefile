@@ -54,7 +54,7 @@ sanitize: $(STAMP)
 # between runs): the committed seeds in tests/fuzz/corpus are only read.
 FUZZ_TARGETS    := headers proxy_headers server_head middleware
 FUZZ_SECONDS    ?= 60
-FUZZ_CI_SECONDS ?= 12
+FUZZ_CI_SECONDS ?= 11
 FUZZ_DIR        := build/fuzz
 FUZZ_STAMP      := $(VENV)/.prazo-fuzz-installed
 
