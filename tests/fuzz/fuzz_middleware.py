@@ -399,6 +399,9 @@ def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec
             # so after the request arrived (which is after before_ns).
             assert budget_ns > 0 and (context is not None or deadline.ns > before_ns), (budget_ns, deadline.ns)
     reason = _check_response(server, app)
+    if budget_ns == 0 and not is_bypass:
+        # No time left: answered 504 at once (a shut-down queue says so first).
+        assert (server.status, reason) in ((_504, REASON_EXPIRED_ON_ARRIVAL), (_503, _SHUTTING_DOWN)), server.status
 
     stats = mw.stats()
     if stats["in_flight"]:
