@@ -85,7 +85,7 @@ from prazo.core import (
 )
 from prazo.core._queue_py import AdmissionQueue as PythonQueue
 
-from ._common import budget_options, cgi_environ, option_int, parse_spec, policy_from
+from ._common import Spec, budget_options, cgi_environ, option_int, parse_spec, policy_from
 
 _SHUTTING_DOWN = "shutting-down"
 _503 = "503 Service Unavailable"
@@ -102,8 +102,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 # A request waits for a busy slot only when its budget is this short, so an
 # input costs milliseconds at most.
 _MAX_WAIT_NS = 5 * NS_PER_MS
-# From this budget on, no scheduling delay between arrival and admission can
-# change the outcome, so every path must give the same one.
+# From this budget on, only a stall of a second between arrival and admission
+# could change the outcome, so every path must give the same one.
 _STABLE_BUDGET_NS = 1000 * NS_PER_MS
 _FAR_DEADLINE_S = 3600.0
 
@@ -178,7 +178,7 @@ class _AppRun:
         self.reason = reason
         self.calls = 0
         self.raised: list[BaseException] = []
-        self.seen: tuple[int, int, Deadline, Deadline | None] | None = None
+        self.seen: tuple[int, float, Deadline, Deadline | None] | None = None
 
     def _raise(self, exc: BaseException) -> None:
         self.raised.append(exc)
@@ -283,7 +283,7 @@ _COMPARED_COUNTERS = (
 )
 
 
-def _environ(spec: Any, input_raises: bool, subclass: bool) -> dict[str, Any]:
+def _environ(spec: Spec, input_raises: bool, subclass: bool) -> dict[str, Any]:
     method, _, target = spec.first_line.partition(" ")
     path, _, query = target.partition("?")
     environ: dict[str, Any] = {
@@ -335,7 +335,7 @@ def _check_response(server: _Server, app: _AppRun) -> str | None:
     return reason
 
 
-def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec: Any, budget_ns: int) -> _Outcome:
+def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec: Spec, budget_ns: int) -> _Outcome:
     options = spec.options
     behaviour = options.get("app", "list")
     concurrency = option_int(options, "concurrency", 2, 1, 4)
@@ -391,7 +391,7 @@ def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec
     is_bypass = environ.get("PATH_INFO") == bypass and bypass.startswith("/")
     if app.seen is not None:
         called_ns, queue_wait_ms, deadline, current = app.seen
-        assert deadline is current, (deadline, current)
+        assert current is deadline, (deadline, current)
         assert deadline.ns <= called_ns + int(mw.policy.max_budget_ms * NS_PER_MS), (deadline.ns, called_ns)
         assert queue_wait_ms >= 0
         if not is_bypass:

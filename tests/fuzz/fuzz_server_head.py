@@ -26,7 +26,7 @@ from prazo.bindings.servers import find_head, head_environ
 from ._common import check_deadline
 
 # The empty lines a server skips before a request line (RFC 9112, section 2.2).
-_LEADING_EMPTY_LINES = re.compile(rb"(?:\r?\n)*")
+_LEADING_EMPTY_LINES = re.compile(rb"\A(?:\r?\n)*")
 _ARRIVAL_NS = 10**15
 _PEER = "127.0.0.1"
 _POLICIES = (
@@ -44,7 +44,7 @@ _POLICIES = (
 def test_one_input(data: bytes) -> None:
     head = find_head(data)
     if head is None:
-        rest = data[_LEADING_EMPTY_LINES.match(data).end() :]
+        rest = _LEADING_EMPTY_LINES.sub(b"", data, count=1)
         assert b"\n\n" not in rest and b"\n\r\n" not in rest, data
         return
     assert head in data and head.endswith(b"\n"), (data, head)
