@@ -72,7 +72,7 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 			-dict=tests/fuzz/tokens.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$target- \
 			$(FUZZ_DIR)/corpus/$$target tests/fuzz/corpus/$$target > $(FUZZ_DIR)/$$target.log 2>&1 \
 			|| { failed="$$failed $$target"; tail -n 40 $(FUZZ_DIR)/$$target.log; }; \
-		echo "fuzz $$target: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$target.log) execs in $(FUZZ_TIME) s"; \
+		echo "fuzz $$target: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$target.log) execs (time limit $(FUZZ_TIME) s)"; \
 	done; \
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
