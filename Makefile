@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.prazo-installed
 EXTRAS := test,servers,clients,metrics,dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo bench check sanitize clean fuzz fuzz-ci
+.PHONY: all venv build test demo bench check sanitize clean
 
 all: test
 
@@ -57,6 +57,8 @@ FUZZ_SECONDS    ?= 60
 FUZZ_CI_SECONDS ?= 11
 FUZZ_DIR        := build/fuzz
 FUZZ_STAMP      := $(VENV)/.prazo-fuzz-installed
+
+.PHONY: fuzz fuzz-ci
 
 $(FUZZ_STAMP): $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[$(EXTRAS),fuzz]"
