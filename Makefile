@@ -47,5 +47,36 @@ sanitize: $(STAMP)
 		PYTHONPATH=$(ASAN_DIR) $(PY) -m pytest -p no:cacheprovider -q \
 		tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_seed_scenario.py
 
+# Fuzzing (tests/fuzz, atheris from the optional extra `fuzz`). `make fuzz` runs
+# each target FUZZ_SECONDS; `make fuzz-ci` runs them all within a minute. Any
+# crash fails the run; its input lands in $(FUZZ_DIR)/crashes, the full log in
+# $(FUZZ_DIR)/TARGET.log. Inputs found on the way go to $(FUZZ_DIR)/corpus (kept
+# between runs): the committed seeds in tests/fuzz/corpus are only read.
+FUZZ_TARGETS    := headers proxy_headers server_head middleware
+FUZZ_SECONDS    ?= 60
+FUZZ_CI_SECONDS ?= 11
+FUZZ_DIR        := build/fuzz
+FUZZ_STAMP      := $(VENV)/.prazo-fuzz-installed
+
+.PHONY: fuzz fuzz-ci
+
+$(FUZZ_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[$(EXTRAS),fuzz]"
+	touch $@
+
+fuzz: FUZZ_TIME = $(FUZZ_SECONDS)
+fuzz-ci: FUZZ_TIME = $(FUZZ_CI_SECONDS)
+fuzz fuzz-ci: $(FUZZ_STAMP) build
+	@mkdir -p $(FUZZ_DIR)/crashes
+	@failed=""; for target in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_DIR)/corpus/$$target; \
+		PYTHONPATH=tests $(PY) -m fuzz $$target -max_total_time=$(FUZZ_TIME) -timeout=10 -print_final_stats=1 \
+			-dict=tests/fuzz/tokens.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$target- \
+			$(FUZZ_DIR)/corpus/$$target tests/fuzz/corpus/$$target > $(FUZZ_DIR)/$$target.log 2>&1 \
+			|| { failed="$$failed $$target"; tail -n 40 $(FUZZ_DIR)/$$target.log; }; \
+		echo "fuzz $$target: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$target.log) execs (time limit $(FUZZ_TIME) s)"; \
+	done; \
+	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
+
 clean:
 	rm -rf $(VENV) build *.egg-info core/_queue_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks

@@ -98,9 +98,12 @@ BUDGET_ENVIRON_KEY = environ_key(BUDGET_HEADER)  # HTTP_X_REQUEST_BUDGET_MS
 GRPC_TIMEOUT_ENVIRON_KEY = environ_key(GRPC_TIMEOUT_HEADER)  # HTTP_GRPC_TIMEOUT
 ENVOY_TIMEOUT_ENVIRON_KEY = environ_key(ENVOY_TIMEOUT_HEADER)  # HTTP_X_ENVOY_EXPECTED_RQ_TIMEOUT_MS
 
-# The largest budget the wire formats accept: what a signed 64-bit count of
-# nanoseconds can hold (about 292 years). Anything beyond is "overflow" and
-# invalid rather than silently clamped, because a sender producing it is broken.
+# The largest budget X-Request-Budget-Ms and the Envoy header accept: what a
+# signed 64-bit count of nanoseconds can hold (about 292 years). Anything beyond
+# is "overflow" and invalid rather than silently clamped, because a sender
+# producing it is broken. grpc-timeout has its own grammar, whose largest value
+# (99999999H, about 11 400 years) is above this bound and is taken as it is:
+# like any budget, it is capped at the policy's max_budget_ms.
 _INT64_MAX = 2**63 - 1
 MAX_WIRE_MS = _INT64_MAX // NS_PER_MS
 
