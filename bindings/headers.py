@@ -12,7 +12,9 @@ understood:
 ``x-envoy-expected-rq-timeout-ms``     Envoy: integer ms
 =====================================  =======================================
 
-When several are present the smallest valid one wins. A value that does not
+When several are present the smallest valid one wins, and so does the
+smallest valid element of a header sent more than once (joined with commas,
+as HTTP and WSGI join repeated fields). A value that does not
 parse (text, NaN, inf, empty, a unit where none is allowed, too many digits,
 stray characters, non-ASCII digits) is ignored and counted as invalid; it can
 never extend a deadline. A value ``<= 0`` is valid and means "no time left".
@@ -258,12 +260,29 @@ def _incoming_budget(mapping: Mapping[str, Any], keys: tuple[str, ...]) -> Incom
         raw = mapping.get(key)
         if raw is None:
             continue
-        ms = header.parse(raw) if isinstance(raw, str) else None
-        if ms is None:
-            invalid += 1
-        elif best is None or ms < best:
+        ms, bad = _parse_field(header.parse, raw)
+        invalid += bad
+        if ms is not None and (best is None or ms < best):
             best, source = ms, header.name
     return IncomingBudget(best, invalid, source)
+
+
+def _parse_field(parse: Callable[[str], float | None], raw: object) -> tuple[float | None, int]:
+    """Judge one header's value: ``(smallest valid budget or None, 1 if any part was invalid)``.
+
+    A header sent twice arrives joined with commas (by the WSGI server, or by
+    ``budget_from_headers``). Its smallest valid element still bounds the
+    budget: falling back to the default would let a duplicate *extend* the
+    caller's deadline.
+    """
+    if not isinstance(raw, str):
+        return None, 1
+    if "," not in raw:
+        ms = parse(raw)
+        return ms, ms is None
+    parsed = [parse(element) for element in raw.split(",")]
+    valid = [ms for ms in parsed if ms is not None]
+    return (min(valid) if valid else None), len(valid) < len(parsed)
 
 
 def budget_from_environ(environ: Mapping[str, Any]) -> IncomingBudget:
@@ -277,7 +296,7 @@ def budget_from_headers(headers: Mapping[str, Any]) -> IncomingBudget:
     Names match case-insensitively whatever the mapping (a plain ``dict``,
     ``http.client.HTTPMessage``, werkzeug ``Headers``, ...). A header present
     several times is joined with ``", "``, as a WSGI server would join it, so
-    both lookups see the same (invalid) value.
+    both lookups see the same value (its smallest valid element counts).
     """
     folded: dict[str, str] = {}
     for name, value in headers.items():

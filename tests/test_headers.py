@@ -201,9 +201,29 @@ def test_budget_from_environ_and_headers_agree(values, expected):
 
 def test_budget_from_headers_is_case_insensitive_and_joins_repeats():
     assert budget_from_headers({"x-REQUEST-budget-MS": "40"}) == IncomingBudget(40.0, 0, BUDGET_HEADER)
-    # Two spellings of one header: joined like a WSGI server would, hence invalid.
-    repeated = {"X-Request-Budget-Ms": "40", "x-request-budget-ms": "50"}
-    assert budget_from_headers(repeated) == IncomingBudget(None, 1, None)
+    # Two spellings of one header: joined like a WSGI server would; the smaller counts.
+    repeated = {"X-Request-Budget-Ms": "50", "x-request-budget-ms": "40"}
+    assert budget_from_headers(repeated) == IncomingBudget(40.0, 0, BUDGET_HEADER)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("200, 179", IncomingBudget(179.0, 0, BUDGET_HEADER)),
+        ("200,179,5000", IncomingBudget(179.0, 0, BUDGET_HEADER)),
+        ("junk, 250", IncomingBudget(250.0, 1, BUDGET_HEADER)),
+        ("250, ", IncomingBudget(250.0, 1, BUDGET_HEADER)),
+        ("junk, nan", IncomingBudget(None, 1, None)),
+        (",", IncomingBudget(None, 1, None)),
+    ],
+)
+def test_a_repeated_budget_header_is_bounded_by_its_smallest_valid_element(value, expected):
+    # Falling back to the default here would let a duplicate extend the deadline.
+    assert budget_from_environ({BUDGET_ENVIRON_KEY: value}) == expected
+    policy = BudgetPolicy(default_budget_ms=5000, max_budget_ms=30000)
+    assert policy.budget_ms_for(budget_from_environ({BUDGET_ENVIRON_KEY: value})) <= 5000
+    if expected.budget_ms is not None:
+        assert policy.budget_ms_for(budget_from_environ({BUDGET_ENVIRON_KEY: value})) == expected.budget_ms
 
 
 def test_budget_from_headers_accepts_http_message():

@@ -58,8 +58,9 @@ def _in_two_pieces(port: int, headers: list[tuple[str, str]]) -> tuple[int, byte
 
 def _seen_by_the_app(body: bytes) -> tuple[str, int]:
     """(``HTTP_X_REQUEST_BUDGET_MS`` in the app's environ or ``-``, remaining ms)."""
-    header, remaining = (field.split(b"=", 1)[1] for field in body.split())
-    return header.decode("latin-1"), int(remaining)
+    # The header's value may hold spaces (a repeated header joined with ", ").
+    header_field, remaining = body.rsplit(b" remaining_ms=", 1)
+    return header_field.split(b"=", 1)[1].decode("latin-1"), int(remaining)
 
 
 @pytest.mark.parametrize("send", [_in_one_piece, _in_two_pieces], ids=["whole-head", "head-in-pieces"])
@@ -86,9 +87,20 @@ def test_an_underscore_budget_header_neither_shortens_nor_extends_and_a_dash_one
     assert status == 200 and header == "2000"
     assert 0 < remaining <= 2000
 
-    # Both: the underscore one is not joined to the real one ("2000,100" would
-    # be invalid and fall back to the default).
+    # Both: the underscore one is not joined to the real one (joined, "2000,100"
+    # would count as 100).
     status, body = send(server.port, [("X-Request-Budget-Ms", "2000"), ("X_Request_Budget_Ms", "100")])
     header, remaining = _seen_by_the_app(body)
     assert status == 200 and header == "2000"
     assert 100 < remaining <= 2000
+
+
+@pytest.mark.parametrize("send", [_in_one_piece, _in_two_pieces], ids=["whole-head", "head-in-pieces"])
+def test_a_budget_header_sent_twice_is_bounded_by_the_smaller_value(server: RunningServer, send: object) -> None:
+    # The server joins the two lines with a comma; falling back to the default
+    # (5000 ms) would let the duplicate extend the caller's deadline.
+    assert callable(send)
+    status, body = send(server.port, [("X-Request-Budget-Ms", "4000"), ("x-request-budget-ms", "1500")])
+    _, remaining = _seen_by_the_app(body)
+    assert status == 200
+    assert 0 < remaining <= 1500
