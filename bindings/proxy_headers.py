@@ -211,7 +211,12 @@ class FrontProxyBudgetPolicy(BudgetPolicy):
             address = ipaddress.ip_address(peer)
         except ValueError:
             return False
-        return any(address in network for network in self._trusted_networks)
+        # A dual-stack listener reports IPv4 peers as ::ffff:a.b.c.d; they are
+        # the same proxy as the IPv4 network the operator listed.
+        mapped = getattr(address, "ipv4_mapped", None)
+        return any(
+            address in network or (mapped is not None and mapped in network) for network in self._trusted_networks
+        )
 
     def upstream_queue_ns(self, environ: Mapping[str, Any], arrival_ns: int) -> int:
         """Time queued in front of us: from the earliest valid stamp to ``arrival_ns``."""

@@ -187,6 +187,15 @@ def test_only_trusted_peers_get_the_correction() -> None:
     assert policy.deadline_for(stamp, NOW_MONO_NS)[0].ns == plain
 
 
+def test_an_ipv4_peer_seen_by_a_dual_stack_listener_is_matched_against_ipv4_networks() -> None:
+    policy = _policy(trusted_proxies=["10.0.0.0/8"])
+    stamp = {"HTTP_X_REQUEST_START": _stamp_ms_before_now(400)}
+    shortened = NOW_MONO_NS + 600 * NS_PER_MS
+    plain = NOW_MONO_NS + 1000 * NS_PER_MS
+    assert policy.deadline_for({**stamp, "REMOTE_ADDR": "::ffff:10.0.0.1"}, NOW_MONO_NS)[0].ns == shortened
+    assert policy.deadline_for({**stamp, "REMOTE_ADDR": "::ffff:192.0.2.1"}, NOW_MONO_NS)[0].ns == plain
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
