@@ -1,4 +1,4 @@
-"""Build prazo: map core/ and bindings/ into the prazo namespace, cythonize the C twins.
+"""Build prazo: map core/, bindings/ and bench/ into the prazo namespace, cythonize the C twins.
 
 Environment:
   PRAZO_NO_EXTENSIONS=1  skip the C extensions entirely (the Python twins run)
@@ -14,8 +14,15 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-PACKAGES = ["prazo.core", "prazo.bindings"]
-PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings"}
+# The three audiences of DESIGN.md's "Layout"; subpackages live in their folders.
+PACKAGES = [
+    "prazo.core",
+    "prazo.bindings",
+    "prazo.bindings.clients",
+    "prazo.bindings.servers",
+    "prazo.bench",
+]
+PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
 BANNER = "!" * 72
 
 
@@ -128,7 +135,11 @@ def _extensions():
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"], "prazo.bindings": ["py.typed", "*.pyi"]},
+    package_data={
+        "prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"],
+        "prazo.bindings": ["py.typed", "*.pyi"],
+        "prazo.bench": ["py.typed", "RESULTS.md"],
+    },
     ext_modules=_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},
     zip_safe=False,

@@ -36,15 +36,9 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import TextIO, TypeAlias
 
-from prazo.bindings.benchmarks import QUICK, BenchSettings, render_core_report, run_core_bench
-from prazo.bindings.demo_core import (
-    MAX_ARRIVALS,
-    Paint,
-    SeedParams,
-    plain,
-    render_seed_result,
-    run_seed_scenario,
-)
+from prazo.bench.core import render_core_report, run_core_bench
+from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
+from prazo.bench.harness import QUICK, BenchSettings, Paint, plain
 from prazo.core import AdmissionQueue
 
 __all__ = ["TwinUnavailable", "build_parser", "load_queue_class", "main", "make_paint", "select_twins"]
@@ -198,7 +192,7 @@ def _run_demo_core(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_demo_http(args: argparse.Namespace, out: TextIO) -> int:
-    from prazo.bindings.demo_cascade import CascadeParams, render_comparison, run_cascade
+    from prazo.bench.demo_cascade import CascadeParams, render_comparison, run_cascade
 
     params = CascadeParams(**_given(args, CascadeParams))  # type: ignore[arg-type]
     prazo = run_cascade(params, setup="prazo")
@@ -217,7 +211,7 @@ def _cascade_flag_parser() -> argparse.ArgumentParser:
 
 
 def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
-    from prazo.bindings.demo_cascade import CascadeParams
+    from prazo.bench.demo_cascade import CascadeParams
 
     defaults = CascadeParams()
     parser.add_argument(
@@ -331,7 +325,7 @@ def _run_bench_core(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_bench_wsgi(args: argparse.Namespace, out: TextIO) -> int:
-    from prazo.bindings.bench_wsgi import render_wsgi_report, run_wsgi_bench
+    from prazo.bench.wsgi import render_wsgi_report, run_wsgi_bench
 
     twins, notes = select_twins(getattr(args, "impl", None))
     print(render_wsgi_report(run_wsgi_bench(twins, _bench_settings(args), notes=notes), make_paint(out)), file=out)
@@ -339,7 +333,7 @@ def _run_bench_wsgi(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_bench_pool(args: argparse.Namespace, out: TextIO) -> int:
-    from prazo.bindings.bench_pool import QUICK_POOL, PoolBenchSettings, render_pool_report, run_pool_bench
+    from prazo.bench.pool import QUICK_POOL, PoolBenchSettings, render_pool_report, run_pool_bench
     from prazo.core import IMPLEMENTATION
 
     settings = QUICK_POOL if getattr(args, "quick", False) else PoolBenchSettings()
@@ -386,7 +380,7 @@ def _add_sampling(parser: argparse.ArgumentParser, unit: str, defaults: BenchSet
 
 
 def _add_bench(commands: _Commands) -> _Commands:
-    from prazo.bindings.bench_pool import QUICK_POOL, PoolBenchSettings
+    from prazo.bench.pool import QUICK_POOL, PoolBenchSettings
 
     defaults, pool_defaults = BenchSettings(), PoolBenchSettings()
     topics = _add_command_with_topics(commands, "bench", "run benchmarks", lambda: DEFAULT_BENCH)
@@ -436,7 +430,7 @@ def _add_bench(commands: _Commands) -> _Commands:
         "--workers", type=_integer(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"
     )
     _add_quick(pool, f"{QUICK_POOL.batches} batches")
-    from prazo.bindings.bench_servers import add_bench_servers_arguments, run_bench_servers
+    from prazo.bench.servers import add_bench_servers_arguments, run_bench_servers
 
     servers = _add_topic(
         topics,
@@ -467,7 +461,7 @@ def _version() -> str:
 
 
 def _add_serve(commands: _Commands) -> None:
-    from prazo.bindings.serve import add_serve_arguments, run_serve
+    from prazo.bindings.servers.serve import add_serve_arguments, run_serve
 
     serve = commands.add_parser(
         "serve",

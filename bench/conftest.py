@@ -20,19 +20,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from prazo.bindings.benchmarks import (
+from prazo.bench.cli import TWIN_NAMES, TwinUnavailable, load_queue_class
+from prazo.bench.core import (
     GROUP_HANDOFF,
-    INNER_LOOPS,
     Gate,
     HandoffPingPong,
     HandoffSummary,
-    LoopRunner,
     pinned,
     placement_cpus,
     summarize_handoff,
 )
-from prazo.bindings.cli import TWIN_NAMES, TwinUnavailable, load_queue_class
-from prazo.core import _want_extension as extension_wanted
+from prazo.bench.harness import INNER_LOOPS, LoopRunner
+from prazo.core import extension_wanted
 
 # Ping-pong rounds timed per handoff benchmark, after the warm-up ones.
 HANDOFF_ROUNDS = 2000

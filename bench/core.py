@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
-import platform
 import queue
 import statistics
 import threading
@@ -39,7 +37,20 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from prazo.bindings.demo_core import Paint, plain
+from prazo.bench.harness import (
+    DEFAULT_SETTINGS,
+    BenchSettings,
+    LoopRunner,
+    Paint,
+    Target,
+    best_ns_per_op,
+    format_times,
+    make_target,
+    plain,
+    ratio_of,
+    render_heading,
+    render_targets,
+)
 from prazo.core import AdmissionQueue, Deadline
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are never evaluated at runtime here
@@ -51,53 +62,36 @@ __all__ = [
     "GROUP_GATE",
     "GROUP_HANDOFF",
     "GROUP_WORK_QUEUE",
-    "INNER_LOOPS",
     "PLACEMENT_CROSS_CPU",
     "PLACEMENT_SAME_CPU",
     "PLACEMENT_UNPINNED",
-    "QUICK",
     "STDLIB_GATE_OPS",
     "STDLIB_WORK_QUEUE_OPS",
     "TWIN_GATE_OPS",
     "TWIN_WORK_QUEUE_OPS",
-    "BenchSettings",
     "ConditionGate",
     "ConstantDepthRoundTrip",
     "CoreBenchReport",
     "Gate",
     "HandoffPingPong",
     "HandoffSummary",
-    "LoopRunner",
     "Row",
     "StdlibOperation",
-    "Target",
     "TwinOperation",
     "admission_gate",
-    "best_ns_per_op",
-    "check_counts",
     "empty_loop",
-    "format_times",
     "handoff_gates",
     "handoff_placements",
-    "make_target",
     "measure_handoffs",
     "pinned",
     "placement_cpus",
-    "ratio_of",
     "render_core_report",
-    "render_heading",
-    "render_targets",
     "run_core_bench",
     "summarize_handoff",
 ]
 
 QueueClass = type[AdmissionQueue]
 
-# A runner repeats its operation ``loops`` times; see the module docstring.
-LoopRunner = Callable[[int], None]
-
-# Operations per timed round: per-round microseconds read directly as per-operation nanoseconds.
-INNER_LOOPS = 1000
 
 # Queue depths compared for the "cost does not grow with depth" target.
 DEPTHS = (10, 10_000)
@@ -530,31 +524,6 @@ def measure_handoffs(gates: Mapping[str, Gate], samples: int, placement: str) ->
 
 
 @dataclass(frozen=True)
-class BenchSettings:
-    """How long to measure: ``repeat`` samples of ``inner`` operations (the best counts), and handoffs."""
-
-    inner: int = INNER_LOOPS
-    repeat: int = 100
-    handoff_samples: int = 2000
-
-    def __post_init__(self) -> None:
-        check_counts(self, inner=1, repeat=1, handoff_samples=2)
-
-
-def check_counts(settings: object, **minimums: int) -> None:
-    """Check that each named field of ``settings`` is an int at least its minimum (TypeError / ValueError)."""
-    for name, minimum in minimums.items():
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-QUICK = BenchSettings(repeat=10, handoff_samples=200)
-
-
-@dataclass(frozen=True)
 class Row:
     """One measured loop operation: net nanoseconds per operation, and what it is compared with."""
 
@@ -563,16 +532,6 @@ class Row:
     label: str
     ns_per_op: float
     baseline: str
-
-
-@dataclass(frozen=True)
-class Target:
-    """An issue target, its measured ratio, and whether it was met (None: not measurable here)."""
-
-    label: str
-    ratio: float | None
-    limit: str
-    met: bool | None
 
 
 @dataclass
@@ -658,18 +617,6 @@ class CoreBenchReport:
         ]
 
 
-def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
-    """``numerator / denominator``, or None when either is missing or the denominator is not positive."""
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
-def make_target(label: str, value: float | None, limit: str, test: Callable[[float], bool]) -> Target:
-    """A ``Target`` whose verdict is ``test(value)`` (None when ``value`` could not be measured)."""
-    return Target(label, value, limit, None if value is None else test(value))
-
-
 def _depth_key(twin: str, depth: int) -> str:
     return f"{twin}:depth-{depth}"
 
@@ -712,31 +659,8 @@ def _loop_catalogue(twins: Mapping[str, QueueClass]) -> dict[str, tuple[Row, Loo
     return catalogue
 
 
-def best_ns_per_op(runners: Mapping[str, LoopRunner], settings: BenchSettings) -> dict[str, float]:
-    """Best sample of each runner, in ns per operation, the runners interleaved round-robin.
-
-    Like ``timeit``: the garbage collector is off while timing, and each
-    runner is called once untimed first (first-call costs, caches).
-    """
-    best = {key: float("inf") for key in runners}
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for run in runners.values():
-            run(settings.inner)
-        for _ in range(settings.repeat):
-            for key, run in runners.items():
-                started = time.perf_counter_ns()
-                run(settings.inner)
-                best[key] = min(best[key], time.perf_counter_ns() - started)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return {key: elapsed / settings.inner for key, elapsed in best.items()}
-
-
 def run_core_bench(
-    twins: Mapping[str, QueueClass], settings: BenchSettings = BenchSettings(), *, notes: Sequence[str] = ()
+    twins: Mapping[str, QueueClass], settings: BenchSettings = DEFAULT_SETTINGS, *, notes: Sequence[str] = ()
 ) -> CoreBenchReport:
     """Measure every core comparison for the given twins (``{"c": ..., "py": ...}``)."""
     if not twins:
@@ -762,32 +686,6 @@ _RATIO_OF = {
     GROUP_WORK_QUEUE: "  vs queue.Queue",
     GROUP_DEPTH: f"  vs the same twin at depth {DEPTHS[0]}",
 }
-
-
-def format_times(ratio: float | None) -> str:
-    """A ratio as ``1.23x``, or ``-`` when it could not be measured."""
-    return "-" if ratio is None else f"{ratio:.2f}x"
-
-
-def render_heading(title: str, detail: str, notes: Sequence[str], paint: Paint = plain) -> list[str]:
-    """The first lines of every ``prazo bench`` report: what ran, on what, and any notes."""
-    return [
-        paint(title, "bold") + f" — {detail}",
-        f"{platform.python_implementation()} {platform.python_version()} on {platform.system()}, "
-        f"{os.cpu_count()} CPUs — " + paint("on a shared machine the numbers are noisy; compare ratios", "dim"),
-        *(paint(f"note: {note}", "warn") for note in notes),
-    ]
-
-
-def render_targets(targets: Sequence[Target], width: int, paint: Paint = plain) -> list[str]:
-    """The ``targets`` block: one ``[pass]`` / ``[MISS]`` / ``[n/a ]`` line per target."""
-    out = ["", paint("targets", "bold")]
-    for t in targets:
-        verdict, role = ("n/a ", "dim") if t.met is None else ("pass", "ok") if t.met else ("MISS", "bad")
-        out.append(
-            f"  {paint(f'[{verdict}]', role)} {t.label:<{width - 2}}{format_times(t.ratio):>8}  (target {t.limit})"
-        )
-    return out
 
 
 def render_core_report(report: CoreBenchReport, paint: Paint = plain) -> str:

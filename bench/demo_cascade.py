@@ -251,7 +251,7 @@ class _NaiveQueue:
 def _forwarder(next_url: str, params: CascadeParams, propagate: bool) -> Callable[..., Iterable[bytes]]:
     """A hop that calls the next one: with the budget (prazo) or a fixed timeout (naive)."""
     import requests
-    from prazo.bindings.client import DeadlineSession
+    from prazo.bindings.clients.requests import DeadlineSession
 
     local = threading.local()
 

@@ -25,9 +25,10 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from prazo.bench.harness import Paint, plain
 from prazo.bindings.headers import checked_ms
 from prazo.core import (
     NS_PER_MS,
@@ -49,11 +50,9 @@ __all__ = [
     "OUTCOME_QUEUE_FULL",
     "Arrival",
     "LatencySummary",
-    "Paint",
     "SeedParams",
     "SeedResult",
     "TimelineLine",
-    "plain",
     "render_seed_result",
     "run_seed_scenario",
 ]
@@ -78,14 +77,6 @@ _JOIN_SLACK_S = 30.0
 # Timeline lines beyond which moments are merged across longer gaps.
 _TIMELINE_MAX_LINES = 40
 _MOMENT_GAPS_MS = (5, 20, 100, 500, 2000, 10_000)
-
-# Role names understood by a ``Paint`` function (see prazo.bindings.cli).
-Paint = Callable[[str, str], str]
-
-
-def plain(text: str, role: str) -> str:
-    """The ``Paint`` that adds nothing: for pipes, files and tests."""
-    return text
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:

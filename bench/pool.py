@@ -34,16 +34,17 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from prazo.bindings.benchmarks import (
+from prazo.bench.harness import (
+    Paint,
     Target,
     check_counts,
     format_times,
     make_target,
+    plain,
     ratio_of,
     render_heading,
     render_targets,
 )
-from prazo.bindings.demo_core import Paint, plain
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import Deadline, deadline_scope
 

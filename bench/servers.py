@@ -268,7 +268,7 @@ def _in_process_server(kind: str, prazo: bool, settings: ServerBenchSettings) ->
     stop: Callable[[], object]
     if kind == "waitress":
         if prazo:
-            from prazo.bindings.waitress import create_server, shutdown
+            from prazo.bindings.servers.waitress import create_server, shutdown
 
             server = create_server(app, host="127.0.0.1", port=0, **limits)
             stop = lambda: shutdown(server, 0)
@@ -282,7 +282,7 @@ def _in_process_server(kind: str, prazo: bool, settings: ServerBenchSettings) ->
         port = server.effective_port
     elif kind == "cheroot":
         if prazo:
-            from prazo.bindings.cheroot import create_server as prazo_cheroot
+            from prazo.bindings.servers.cheroot import create_server as prazo_cheroot
 
             server = prazo_cheroot(app, ("127.0.0.1", 0), shutdown_timeout=0, **limits)
         else:
@@ -308,7 +308,7 @@ def _in_process_server(kind: str, prazo: bool, settings: ServerBenchSettings) ->
 def _socketserver(kind: str, prazo: bool, app: Callable[..., Any], limits: dict[str, Any]) -> Any:
     if kind == "werkzeug":
         if prazo:
-            from prazo.bindings.werkzeug import make_server
+            from prazo.bindings.servers.werkzeug import make_server
 
             return make_server("127.0.0.1", 0, app, **limits)
         from werkzeug.serving import make_server as plain_werkzeug
@@ -321,7 +321,7 @@ def _socketserver(kind: str, prazo: bool, app: Callable[..., Any], limits: dict[
             pass
 
     if prazo:
-        from prazo.bindings.wsgiref import make_server as prazo_wsgiref
+        from prazo.bindings.servers.wsgiref import make_server as prazo_wsgiref
 
         return prazo_wsgiref("127.0.0.1", 0, app, handler_class=QuietHandler, **limits)
 
@@ -345,7 +345,7 @@ def _gunicorn_server(prazo: bool, settings: ServerBenchSettings) -> Iterator[_Ru
             "PRAZO_MAX_QUEUE": str(settings.max_queue),
             "PRAZO_MAX_BUDGET_MS": "60000",
         }
-        worker = "prazo.bindings.gunicorn.AdmissionWorker" if prazo else "gthread"
+        worker = "prazo.bindings.servers.gunicorn.AdmissionWorker" if prazo else "gthread"
         command = [
             sys.executable, "-m", "gunicorn", "-k", worker, "--threads", str(settings.threads),
             "--workers", "1", "--bind", "127.0.0.1:0", "--graceful-timeout", "1", "--no-control-socket",

@@ -1,6 +1,6 @@
 """The admission queue against the stdlib primitives a user would otherwise reach for.
 
-Every operation is defined once in ``prazo.bindings.benchmarks`` and shared
+Every operation is defined once in ``prazo.bench.core`` and shared
 with ``prazo bench core``; this module only lays them out as pytest-benchmark
 groups, each competitor side by side with its baseline, both twins where the
 admission queue takes part::
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from prazo.bindings.benchmarks import (
+from prazo.bench.core import (
     DEPTHS,
     GROUP_DEPTH,
     GROUP_GATE,
@@ -25,13 +25,13 @@ from prazo.bindings.benchmarks import (
     ConditionGate,
     ConstantDepthRoundTrip,
     Gate,
-    LoopRunner,
     StdlibOperation,
     TwinOperation,
     admission_gate,
     empty_loop,
     handoff_placements,
 )
+from prazo.bench.harness import LoopRunner
 
 LoopBenchmark = Callable[[LoopRunner, str], None]
 HandoffBenchmark = Callable[[Gate, str], None]

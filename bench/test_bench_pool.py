@@ -1,6 +1,6 @@
 """``AdmissionPool`` against ``ThreadPoolExecutor``: whole batches of no-op tasks, end to end.
 
-Every competitor is defined once in ``prazo.bindings.bench_pool`` and shared
+Every competitor is defined once in ``prazo.bench.pool`` and shared
 with ``prazo bench pool``. One round is one batch: submit ``tasks`` no-op
 tasks, then wait for all of them; each pool is created and warmed up once,
 outside the timing, and a full garbage collection runs before each round
@@ -14,14 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prazo.bindings.bench_pool import (
-    GROUP_POOL,
-    POOL_COMPETITORS,
-    PoolBatch,
-    PoolBenchSettings,
-    collect_garbage,
-    open_batch,
-)
+from prazo.bench.pool import GROUP_POOL, POOL_COMPETITORS, PoolBatch, PoolBenchSettings, collect_garbage, open_batch
 
 SETTINGS = PoolBenchSettings()
 ROUNDS = 5

@@ -1,6 +1,6 @@
 """The WSGI middleware's cost per request, side by side with the bare app and a semaphore limiter.
 
-Every runner is defined once in ``prazo.bindings.bench_wsgi`` and shared with
+Every runner is defined once in ``prazo.bench.wsgi`` and shared with
 ``prazo bench wsgi``; one round is ``INNER_LOOPS`` (1000) requests, so the
 table's microseconds per round read as nanoseconds per request. The overhead
 of a middleware is its row minus the bare app's row of the same group::
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from prazo.bindings.bench_wsgi import (
+from prazo.bench.harness import LoopRunner
+from prazo.bench.wsgi import (
     GROUP_WSGI,
     REQUEST_KINDS,
     RequestKind,
@@ -22,7 +23,6 @@ from prazo.bindings.bench_wsgi import (
     middleware_requests,
     semaphore_requests,
 )
-from prazo.bindings.benchmarks import LoopRunner
 
 LoopBenchmark = Callable[[LoopRunner, str], None]
 

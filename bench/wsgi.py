@@ -4,7 +4,7 @@ Every competitor is driven the way a threaded WSGI server drives an app: a
 fresh copy of a minimal PEP 3333 environ (``wsgiref.util.setup_testing_defaults``),
 ``app(environ, start_response)``, iterate the body, then ``close()`` it if it
 has one. One runner repeats that ``loops`` times (see
-``prazo.bindings.benchmarks``), so the harness costs the same for everyone.
+``prazo.bench.core``), so the harness costs the same for everyone.
 
 Competitors, each measured against the bare app in the same run (the
 *overhead* is wrapped minus bare, per request):
@@ -33,18 +33,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prazo.bindings.benchmarks import (
+from prazo.bench.harness import (
+    DEFAULT_SETTINGS,
     BenchSettings,
     LoopRunner,
+    Paint,
     Target,
     best_ns_per_op,
     format_times,
     make_target,
+    plain,
     ratio_of,
     render_heading,
     render_targets,
 )
-from prazo.bindings.demo_core import Paint, plain
 from prazo.bindings.headers import BUDGET_ENVIRON_KEY
 from prazo.bindings.wsgi import AdmissionMiddleware, Environ, StartResponse, WSGIApp
 from prazo.core import AdmissionQueue
@@ -76,7 +78,6 @@ QueueClass = type[AdmissionQueue]
 
 GROUP_WSGI = "WSGI request in-process, uncontended"
 
-_DEFAULT_SETTINGS = BenchSettings()
 
 # Issue #3: the middleware's overhead at most half the semaphore limiter's.
 WSGI_OVERHEAD_LIMIT = 0.5
@@ -316,7 +317,7 @@ class WsgiBenchReport:
 
 
 def run_wsgi_bench(
-    twins: Mapping[str, QueueClass], settings: BenchSettings = _DEFAULT_SETTINGS, *, notes: Sequence[str] = ()
+    twins: Mapping[str, QueueClass], settings: BenchSettings = DEFAULT_SETTINGS, *, notes: Sequence[str] = ()
 ) -> WsgiBenchReport:
     """Time every request kind for bare, semaphore and each twin, all interleaved in one run."""
     if not twins:

@@ -464,7 +464,7 @@ def outgoing_headers_for(remaining_ms: float, *, grpc: bool = False) -> dict[str
     Always ``X-Request-Budget-Ms``; with ``grpc=True`` also ``grpc-timeout``
     (a receiver that reads both takes the smaller, so sending both is safe).
     Subtracting margins and refusing to call when nothing is left is the
-    caller's job (see ``prazo.bindings.client``).
+    caller's job (see ``prazo.bindings.outgoing``).
     """
     headers = {BUDGET_HEADER: format_budget_ms(remaining_ms)}
     if grpc:

@@ -15,18 +15,19 @@ a dependency should
   ``DeadlineExceeded`` with reason ``deadline-exceeded`` (a 504).
 
 ``outgoing_budget()`` computes "remaining minus margin -> (headers, timeout)"
-once, and every adapter uses it:
+once; a hand-written call uses ``outgoing_headers()``, and each adapter in
+``prazo.bindings.clients``, one module per client it wraps, builds on it:
 
-=======================  =====================================================
-``DeadlineSession``      a ``requests.Session``            (``client_requests``)
-``DeadlineTransport``    an ``httpx`` transport            (``client_httpx``)
-``DeadlinePoolManager``  a ``urllib3.PoolManager``         (``client_urllib3``)
-``deadline_urlopen``     ``urllib.request.urlopen``         (``client_urllib``)
-=======================  =====================================================
+=======================  ===================================  ==========================
+``DeadlineSession``      a ``requests.Session``               ``clients.requests``
+``DeadlineTransport``    an ``httpx`` transport               ``clients.httpx``
+``DeadlinePoolManager``  a ``urllib3.PoolManager``            ``clients.urllib3``
+``deadline_urlopen``     ``urllib.request.urlopen``           ``clients.urllib``
+=======================  ===================================  ==========================
 
-They are importable from here, but each third-party client is imported only
-when its adapter is first used, so this module needs none of them. Outside any
-deadline scope every adapter behaves exactly like the client it wraps.
+This module knows none of them (an adapter imports it, never the reverse),
+so it needs no third-party client. Outside any deadline scope every adapter
+behaves exactly like the client it wraps.
 
 A budget below one millisecond counts as nothing left: the header carries
 whole milliseconds and ``0`` would only tell the next hop to answer 504.
@@ -44,9 +45,8 @@ when the caller had set one.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from prazo.core import (
     REASON_DEADLINE_EXCEEDED,
@@ -66,20 +66,10 @@ from .headers import (
     outgoing_headers_for,
 )
 
-if TYPE_CHECKING:
-    from .client_httpx import DeadlineTransport
-    from .client_requests import DeadlineSession
-    from .client_urllib import deadline_urlopen
-    from .client_urllib3 import DeadlinePoolManager
-
 __all__ = [
     "DEFAULT_MARGIN_MS",
-    "DeadlinePoolManager",
-    "DeadlineSession",
-    "DeadlineTransport",
     "DownstreamOverloadedResponse",
     "OutgoingBudget",
-    "deadline_urlopen",
     "downstream_timed_out",
     "drop_budget_headers",
     "outgoing_budget",
@@ -98,14 +88,6 @@ _MIN_BUDGET_MS = 1.0
 # Every wire format a receiver reads a budget from (see ``headers``), lower-cased.
 _BUDGET_NAMES = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
 _GRPC_NAME = GRPC_TIMEOUT_HEADER.lower()
-
-_LAZY_ADAPTERS = {
-    "DeadlineSession": "client_requests",
-    "DeadlineTransport": "client_httpx",
-    "DeadlinePoolManager": "client_urllib3",
-    "deadline_urlopen": "client_urllib",
-}
-
 
 class OutgoingBudget(NamedTuple):
     """What one downstream call may use: the headers to send and a timeout in seconds."""
@@ -211,15 +193,3 @@ def downstream_timed_out(url: str) -> DeadlineExceeded:
     """The error for a client timeout under a deadline (raise it ``from`` the client's)."""
     return DeadlineExceeded(REASON_DEADLINE_EXCEEDED, f"{url} did not answer within the deadline")
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY_ADAPTERS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__package__}.{module_name}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_ADAPTERS))

@@ -13,7 +13,7 @@ It is ``ThreadPoolExecutor`` with the two things a saturated service needs:
 
 ``fn`` runs in a copy of the submitter's ``contextvars`` context in which the
 item's deadline is current, so ``current_deadline()``, ``Deadline.check()`` and
-the outgoing clients of ``prazo.bindings.client`` see it.
+the outgoing clients of ``prazo.bindings.clients`` see it.
 
 The work-queue face of ``prazo.core.AdmissionQueue`` does the bookkeeping:
 ``put`` admits, ``get`` hands a worker the next live item, ``task_done``
@@ -23,8 +23,6 @@ releases the slot and ``on_expired`` reports items that timed out in line.
 from __future__ import annotations
 
 import contextvars
-import heapq
-import itertools
 import threading
 import time
 import weakref
@@ -33,7 +31,6 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from prazo.core import (
-    NS_PER_SECOND,
     REASON_EXPIRED_IN_QUEUE,
     AdmissionQueue,
     Deadline,
@@ -43,13 +40,11 @@ from prazo.core import (
     deadline_context,
 )
 
+from .reaper import DeadlineReaper
+
 __all__ = ["AdmissionPool"]
 
 T = TypeVar("T")
-
-# The reaper sweeps the line at most once per this many ns, so thousands of
-# items with distinct deadlines cost a bounded number of O(queued) sweeps.
-_SWEEP_MIN_INTERVAL_NS = 1_000_000
 
 # Like ThreadPoolExecutor: at interpreter exit every live pool is shut down and
 # its workers are joined, so queued work still runs (or expires) before exit.
@@ -161,7 +156,7 @@ class _PoolFuture(Future):  # type: ignore[type-arg]
         return cancelled
 
 
-def _worker(q: AdmissionQueue, state: _WorkerState, reaper: _Reaper) -> None:
+def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> None:
     while True:
         try:
             item = q.get()
@@ -199,88 +194,6 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: _Reaper) -> None:
         # Break the reference cycle through the exception's traceback and do
         # not keep the item alive while blocked in get().
         del item, future, result
-
-
-class _Reaper:
-    """Fails queued futures at their own deadline: one thread that sleeps until the earliest one.
-
-    ``watch`` is a heap push (the caller holds the pool lock, which is also
-    this reaper's condition lock). Entries of items that already left the line
-    are dropped lazily, and the heap is compacted when it grows well beyond
-    the line, so it stays O(queued) on average.
-    """
-
-    def __init__(self, q: AdmissionQueue, cond: threading.Condition, thread_name: str) -> None:
-        self._queue = q
-        self._cond = cond
-        self._thread_name = thread_name
-        self._heap: list[tuple[int, int, _WorkItem]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-
-    def watch_locked(self, deadline_ns: int, item: _WorkItem) -> None:
-        heapq.heappush(self._heap, (deadline_ns, next(self._seq), item))
-        if len(self._heap) > 2 * self._queue.qsize() + 1024:
-            self._prune_claimed_locked()
-        if self._thread is None:
-            self._thread = threading.Thread(name=self._thread_name, target=self._run, daemon=True)
-            self._thread.start()
-        elif self._heap and self._heap[0][2] is item:
-            self._cond.notify()
-
-    def stop_locked(self) -> None:
-        self._stopping = True
-        self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self.stop_locked()
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
-
-    def join(self) -> None:
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            self.wake()
-            thread.join()
-
-    def _run(self) -> None:
-        last_sweep_ns = -_SWEEP_MIN_INTERVAL_NS
-        sweep_pending = False
-        with self._cond:
-            while True:
-                now = time.monotonic_ns()
-                if self._stopping:
-                    self._prune_claimed_locked()
-                while self._heap and (self._heap[0][2].claimed or self._heap[0][0] <= now):
-                    _, _, item = heapq.heappop(self._heap)
-                    sweep_pending = sweep_pending or not item.claimed
-                if sweep_pending:
-                    if now - last_sweep_ns >= _SWEEP_MIN_INTERVAL_NS:
-                        sweep_pending = False
-                        last_sweep_ns = now
-                        self._cond.release()
-                        try:
-                            self._queue.expire_overdue()
-                        finally:
-                            self._cond.acquire()
-                        continue
-                    wake_ns = last_sweep_ns + _SWEEP_MIN_INTERVAL_NS
-                elif self._heap:
-                    wake_ns = max(self._heap[0][0], last_sweep_ns + _SWEEP_MIN_INTERVAL_NS)
-                elif self._stopping:
-                    return
-                else:
-                    self._cond.wait()
-                    continue
-                self._cond.wait((wake_ns - now) / NS_PER_SECOND)
-
-    def _prune_claimed_locked(self) -> None:
-        self._heap = [entry for entry in self._heap if not entry[2].claimed]
-        heapq.heapify(self._heap)
 
 
 class AdmissionPool(Executor):
@@ -338,7 +251,7 @@ class AdmissionPool(Executor):
         self._threads: list[threading.Thread] = []
         self._shutdown = False
         self._thread_name_prefix = thread_name_prefix
-        self._reaper = _Reaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
+        self._reaper = DeadlineReaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
         # A pool dropped without shutdown() must not strand its threads
         # blocked in get(); the finalizer holds no reference to the pool.
         weakref.finalize(self, _release_collected_pool, self._queue, self._reaper)
@@ -481,7 +394,7 @@ class AdmissionPool(Executor):
         )
 
 
-def _release_collected_pool(q: AdmissionQueue, reaper: _Reaper) -> None:
+def _release_collected_pool(q: AdmissionQueue, reaper: DeadlineReaper) -> None:
     q.shutdown()
     reaper.stop()
 

@@ -5,7 +5,8 @@ The hot path has two twins with one API: the C ring buffer
 specification (``prazo.core._queue_py``). This module picks the C twin, or
 the Python twin when ``PRAZO_NO_EXTENSIONS=1`` is set, on interpreters other
 than CPython, or when the extension was not built (with a loud warning, so a
-silent slowdown never goes unnoticed). ``IMPLEMENTATION`` says which one won.
+silent slowdown never goes unnoticed). ``IMPLEMENTATION`` says which one won,
+``extension_wanted()`` whether the C twin was asked for.
 """
 
 from __future__ import annotations
@@ -47,16 +48,24 @@ __all__ = [
     "current_deadline",
     "deadline_context",
     "deadline_scope",
+    "extension_wanted",
 ]
 
 
-def _want_extension() -> bool:
+def extension_wanted() -> bool:
+    """True when this interpreter should run the C twin.
+
+    False with ``PRAZO_NO_EXTENSIONS=1`` (or ``true``/``yes``) and on
+    interpreters other than CPython. When it is True but ``IMPLEMENTATION``
+    is ``"py"``, the extension was wanted and failed to load: a broken build,
+    which a test suite must report instead of quietly testing the twin twice.
+    """
     return os.environ.get("PRAZO_NO_EXTENSIONS", "") not in ("1", "true", "yes") and (
         sys.implementation.name == "cpython"
     )
 
 
-if _want_extension():
+if extension_wanted():
     try:
         from ._queue_c import AdmissionQueue
     except ImportError as exc:  # pragma: no cover - depends on the build

@@ -54,7 +54,7 @@ from typing import Any
 from typing_extensions import Self
 
 from .deadline import Deadline
-from .deadline import _now as _clock
+from .deadline import clock_ns as _clock
 from .errors import (
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,

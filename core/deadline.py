@@ -21,7 +21,15 @@ from numbers import Real
 
 from .errors import REASON_DEADLINE_EXCEEDED, DeadlineExceeded
 
-__all__ = ["NS_PER_MS", "NS_PER_SECOND", "Deadline", "current_deadline", "deadline_context", "deadline_scope"]
+__all__ = [
+    "NS_PER_MS",
+    "NS_PER_SECOND",
+    "Deadline",
+    "clock_ns",
+    "current_deadline",
+    "deadline_context",
+    "deadline_scope",
+]
 
 NS_PER_SECOND = 1_000_000_000
 NS_PER_MS = 1_000_000
@@ -31,7 +39,7 @@ _INT64_MAX = 2**63 - 1
 _INT64_MIN = -(2**63)
 
 
-def _now(now_ns: int | None) -> int:
+def clock_ns(now_ns: int | None) -> int:
     """The clock reading to decide with: ``now_ns`` (a fake clock in tests) or the monotonic clock.
 
     Shared by every core operation that takes ``now_ns``, with the C twin's
@@ -93,12 +101,12 @@ class Deadline:
     @classmethod
     def after(cls, seconds: float, *, now_ns: int | None = None) -> Deadline:
         """The deadline ``seconds`` from now (or from ``now_ns``)."""
-        return cls(_checked_ns(_now(now_ns) + _duration_to_ns(seconds, NS_PER_SECOND, "seconds"), "seconds"))
+        return cls(_checked_ns(clock_ns(now_ns) + _duration_to_ns(seconds, NS_PER_SECOND, "seconds"), "seconds"))
 
     @classmethod
     def after_ms(cls, ms: float, *, now_ns: int | None = None) -> Deadline:
         """The deadline ``ms`` milliseconds from now (or from ``now_ns``)."""
-        return cls(_checked_ns(_now(now_ns) + _duration_to_ns(ms, NS_PER_MS, "ms"), "ms"))
+        return cls(_checked_ns(clock_ns(now_ns) + _duration_to_ns(ms, NS_PER_MS, "ms"), "ms"))
 
     @classmethod
     def at_ns(cls, monotonic_ns: int) -> Deadline:
@@ -119,26 +127,26 @@ class Deadline:
 
     def remaining_ns(self, *, now_ns: int | None = None) -> int:
         """Nanoseconds left; negative once the deadline has passed."""
-        return self._ns - _now(now_ns)
+        return self._ns - clock_ns(now_ns)
 
     def remaining(self, *, now_ns: int | None = None) -> float:
         """Seconds left; negative once the deadline has passed."""
-        return (self._ns - _now(now_ns)) / NS_PER_SECOND
+        return (self._ns - clock_ns(now_ns)) / NS_PER_SECOND
 
     def remaining_ms(self, *, now_ns: int | None = None) -> float:
         """Milliseconds left; negative once the deadline has passed."""
-        return (self._ns - _now(now_ns)) / NS_PER_MS
+        return (self._ns - clock_ns(now_ns)) / NS_PER_MS
 
     def expired(self, *, now_ns: int | None = None) -> bool:
         """True once now is at or past the deadline."""
-        return _now(now_ns) >= self._ns
+        return clock_ns(now_ns) >= self._ns
 
     def check(self, *, now_ns: int | None = None) -> None:
         """Raise ``DeadlineExceeded`` if the deadline has passed.
 
         The cooperative cancellation point: call it inside long loops.
         """
-        if _now(now_ns) >= self._ns:
+        if clock_ns(now_ns) >= self._ns:
             raise DeadlineExceeded(REASON_DEADLINE_EXCEEDED)
 
     def __eq__(self, other: object) -> bool:

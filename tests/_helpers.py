@@ -16,8 +16,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import pytest
-from prazo.core import NS_PER_MS, Deadline
-from prazo.core import _want_extension as extension_wanted
+from prazo.core import NS_PER_MS, Deadline, extension_wanted
 from prazo.core._queue_py import AdmissionQueue
 
 __all__ = [

@@ -332,7 +332,7 @@ def start_server(
     if header_timeout_ms is not None:
         limits["header_timeout_ms"] = header_timeout_ms
     if kind == "waitress":
-        from prazo.bindings import waitress as prazo_waitress
+        from prazo.bindings.servers import waitress as prazo_waitress
 
         server = prazo_waitress.create_server(app, host="127.0.0.1", port=0, **limits)
         thread = _in_thread(server.run, "waitress-io")
@@ -340,9 +340,9 @@ def start_server(
         return RunningServer(kind, server.effective_port, stop, thread, server.task_dispatcher.stats)
     if kind in ("werkzeug", "wsgiref"):
         if kind == "werkzeug":
-            from prazo.bindings.werkzeug import make_server
+            from prazo.bindings.servers.werkzeug import make_server
         else:
-            from prazo.bindings.wsgiref import WSGIRequestHandler, make_server
+            from prazo.bindings.servers.wsgiref import WSGIRequestHandler, make_server
 
             class QuietHandler(WSGIRequestHandler):
                 def log_message(self, *args: Any) -> None:
@@ -354,7 +354,7 @@ def start_server(
         thread = _in_thread(server.serve_forever, f"{kind}-accept")
         return RunningServer(kind, server.server_address[1], server.shutdown, thread, server.stats)
     if kind == "cheroot":
-        from prazo.bindings.cheroot import create_server
+        from prazo.bindings.servers.cheroot import create_server
 
         server = create_server(app, ("127.0.0.1", 0), shutdown_timeout=10, **limits)
         server.prepare()
@@ -383,7 +383,7 @@ def _start_gunicorn(
         env["PRAZO_HEADER_TIMEOUT_MS"] = str(header_timeout_ms)
     command = [
         sys.executable, "-m", "gunicorn",
-        "-k", "prazo.bindings.gunicorn.AdmissionWorker",
+        "-k", "prazo.bindings.servers.gunicorn.AdmissionWorker",
         "--threads", str(threads), "--workers", "1",
         "--bind", "127.0.0.1:0", "--graceful-timeout", "10", "--keep-alive", "5",
         "--no-control-socket", "--error-logfile", "-", "--log-level", "info",

@@ -17,33 +17,12 @@ from concurrent.futures import Future
 
 import pytest
 from _helpers import JOIN_TIMEOUT_S, TWIN_NAMES, QueueClass, load_twin
-from prazo.bindings import cli
-from prazo.bindings.bench_pool import (
-    POOL_COMPETITORS,
-    PoolBenchSettings,
-    PoolCompetitor,
-    noop,
-    open_batch,
-    render_pool_report,
-    run_pool_bench,
-)
-from prazo.bindings.bench_wsgi import (
-    KIND_PLAIN,
-    REQUEST_KINDS,
-    RequestKind,
-    SemaphoreLimiter,
-    middleware_for,
-    minimal_environ,
-    render_wsgi_report,
-    run_wsgi_bench,
-    serve_requests,
-)
-from prazo.bindings.benchmarks import (
+from prazo.bench import cli
+from prazo.bench.core import (
     DEPTHS,
     GROUP_DEPTH,
     GROUP_GATE,
     GROUP_WORK_QUEUE,
-    BenchSettings,
     ConditionGate,
     ConstantDepthRoundTrip,
     HandoffPingPong,
@@ -53,7 +32,7 @@ from prazo.bindings.benchmarks import (
     run_core_bench,
     summarize_handoff,
 )
-from prazo.bindings.demo_core import (
+from prazo.bench.demo_core import (
     OUTCOME_COMPLETED,
     OUTCOME_EXPIRED_IN_QUEUE,
     OUTCOME_EXPIRED_ON_ARRIVAL,
@@ -63,6 +42,27 @@ from prazo.bindings.demo_core import (
     SeedResult,
     render_seed_result,
     run_seed_scenario,
+)
+from prazo.bench.harness import BenchSettings
+from prazo.bench.pool import (
+    POOL_COMPETITORS,
+    PoolBenchSettings,
+    PoolCompetitor,
+    noop,
+    open_batch,
+    render_pool_report,
+    run_pool_bench,
+)
+from prazo.bench.wsgi import (
+    KIND_PLAIN,
+    REQUEST_KINDS,
+    RequestKind,
+    SemaphoreLimiter,
+    middleware_for,
+    minimal_environ,
+    render_wsgi_report,
+    run_wsgi_bench,
+    serve_requests,
 )
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import IMPLEMENTATION, NS_PER_MS, Deadline

@@ -24,25 +24,24 @@ from typing import Any
 
 import httpx
 import pytest
-import requests
 import urllib3
 from _loopback import LoopbackServer
-from prazo.bindings.client import (
-    DeadlinePoolManager,
-    DeadlineSession,
-    DeadlineTransport,
-    DownstreamOverloadedResponse,
-    deadline_urlopen,
-    outgoing_budget,
-    outgoing_headers,
-    replace_budget_headers,
-)
+from prazo.bindings.clients.httpx import DeadlineTransport
+from prazo.bindings.clients.requests import DeadlineSession
+from prazo.bindings.clients.urllib import deadline_urlopen
+from prazo.bindings.clients.urllib3 import DeadlinePoolManager
 from prazo.bindings.headers import (
     BUDGET_HEADER,
     ENVOY_TIMEOUT_HEADER,
     GRPC_TIMEOUT_HEADER,
     budget_from_headers,
     parse_grpc_timeout,
+)
+from prazo.bindings.outgoing import (
+    DownstreamOverloadedResponse,
+    outgoing_budget,
+    outgoing_headers,
+    replace_budget_headers,
 )
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import (
@@ -437,32 +436,24 @@ def test_overloaded_error_pickles_without_the_response() -> None:
     assert type(copy) is DownstreamOverloaded and copy.reason == exc.reason and str(copy) == str(exc)
 
 
-def test_the_module_needs_none_of_the_optional_clients() -> None:
+def test_the_budget_and_the_stdlib_adapter_need_none_of_the_optional_clients() -> None:
     script = textwrap.dedent(
         """
         import sys
         for name in ("requests", "httpx", "urllib3"):
             sys.modules[name] = None  # makes any import of it fail
-        from prazo.bindings import client
+        from prazo.bindings import outgoing
+        from prazo.bindings.clients.urllib import deadline_urlopen
         from prazo.core import Deadline, deadline_scope
         with deadline_scope(Deadline.after(1.0)):
-            assert "X-Request-Budget-Ms" in client.outgoing_headers()
-        assert callable(client.deadline_urlopen)
+            assert "X-Request-Budget-Ms" in outgoing.outgoing_headers()
+        assert callable(deadline_urlopen)
         try:
-            client.DeadlineSession
+            from prazo.bindings.clients import requests
         except ImportError:
-            print("lazy")
+            print("needs requests")
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "lazy\n"
-
-
-def test_unknown_attribute_is_an_attribute_error() -> None:
-    import prazo.bindings.client as client_module
-
-    with pytest.raises(AttributeError, match="NoSuchThing"):
-        client_module.NoSuchThing  # noqa: B018
-    assert "DeadlineSession" in dir(client_module)
-    assert isinstance(requests.Session(), requests.Session)
+    assert result.stdout == "needs requests\n"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import requests
-from prazo.bindings.client import DeadlineSession
+from prazo.bindings.clients.requests import DeadlineSession
 from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER, parse_budget_ms
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import NS_PER_MS, REASON_NO_BUDGET_FOR_DOWNSTREAM

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from prazo.bindings.bench_servers import BenchState, ServerBenchSettings, bench_servers, run_server_bench
+from prazo.bench.servers import BenchState, ServerBenchSettings, bench_servers, run_server_bench
 
 
 def test_work_finished_after_the_client_gave_up_is_wasted() -> None:

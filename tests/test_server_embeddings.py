@@ -1,7 +1,7 @@
 """Every server embedding, on loopback with real HTTP: the same scenarios for each server.
 
 waitress, werkzeug, wsgiref and cheroot run in this process; gunicorn runs as
-a real ``gunicorn -k prazo.bindings.gunicorn.AdmissionWorker`` subprocess.
+a real ``gunicorn -k prazo.bindings.servers.gunicorn.AdmissionWorker`` subprocess.
 All of them serve ``_server_harness.app``. Timing never decides an outcome:
 requests are held at a gate file the test opens, and every wait is bounded
 generously.
@@ -270,7 +270,7 @@ def test_waitress_answers_pipelined_requests_refused_one_after_another(
 def test_waitress_stops_gracefully_on_systemexit_in_run(tmp_path: Path) -> None:
     """``run()`` ending with SystemExit (as Ctrl-C does) drains the queue, turning the I/O loop itself."""
     from _server_harness import app
-    from prazo.bindings.waitress import create_server
+    from prazo.bindings.servers.waitress import create_server
 
     server = create_server(app, host="127.0.0.1", port=0, threads=1, max_queue=3)
     dispatcher = server.task_dispatcher

@@ -243,8 +243,8 @@ def test_a_real_server_deducts_the_proxy_queue_time(tmp_path: Path) -> None:
     import threading
 
     from _server_harness import request
-    from prazo.bindings.servers import resolve_settings
-    from prazo.bindings.waitress import create_server, shutdown
+    from prazo.bindings.servers.settings import resolve_settings
+    from prazo.bindings.servers.waitress import create_server, shutdown
 
     def app(environ: dict, start_response: object) -> list:
         body = f"{environ['prazo.deadline'].remaining_ms():.0f}".encode()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, request, statuses
-from prazo.bindings.serve import load_app, main_serve
+from prazo.bindings.servers.serve import load_app, main_serve
 
-_LAUNCH = "import sys; from prazo.bindings.serve import main_serve; sys.exit(main_serve(sys.argv[1:]))"
+_LAUNCH = "import sys; from prazo.bindings.servers.serve import main_serve; sys.exit(main_serve(sys.argv[1:]))"
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from _server_harness import TESTS_DIR
 from prazo.bindings.headers import BudgetPolicy
 from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy
-from prazo.bindings.servers import ServerSettings, resolve_settings
+from prazo.bindings.servers.settings import ServerSettings, resolve_settings
 
 
 def test_defaults_without_arguments_or_environment() -> None:
@@ -141,7 +141,7 @@ def test_bad_arguments_name_the_argument(kwargs: dict, error: type, message: str
 
 
 def test_gunicorn_settings_come_from_threads_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prazo.bindings.gunicorn import settings_for
+    from prazo.bindings.servers.gunicorn import settings_for
 
     cfg = SimpleNamespace(threads=3, is_ssl=False, http_protocols=["h1"])
     monkeypatch.setenv("PRAZO_MAX_QUEUE", "5")
@@ -159,7 +159,7 @@ def test_gunicorn_settings_come_from_threads_and_the_environment(monkeypatch: py
 def test_gunicorn_refuses_to_start_with_a_malformed_variable() -> None:
     env = {**os.environ, "PRAZO_MAX_QUEUE": "lots", "PYTHONPATH": str(TESTS_DIR)}
     command = [
-        sys.executable, "-m", "gunicorn", "-k", "prazo.bindings.gunicorn.AdmissionWorker",
+        sys.executable, "-m", "gunicorn", "-k", "prazo.bindings.servers.gunicorn.AdmissionWorker",
         "--bind", "127.0.0.1:0", "--no-control-socket", "_server_harness:app",
     ]  # fmt: skip
     result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=60)

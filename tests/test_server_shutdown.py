@@ -3,7 +3,7 @@
 Admitted requests (running and queued) are held at a gate while the server
 stops, so "during the drain" never depends on timing: the server cannot
 finish stopping before the test opens the gate. gunicorn runs as a real
-``gunicorn -k prazo.bindings.gunicorn.AdmissionWorker`` subprocess and is
+``gunicorn -k prazo.bindings.servers.gunicorn.AdmissionWorker`` subprocess and is
 stopped with signals.
 """
 
@@ -122,7 +122,7 @@ def test_gunicorn_sigint_is_a_quick_stop_queued_requests_get_503_running_ones_ar
 def test_waitress_ctrl_c_drain_answers_new_connections_503_shutting_down(tmp_path: Path) -> None:
     """``run()`` ending on SystemExit (Ctrl-C, SIGTERM under ``prazo serve``) keeps the listener open to refuse politely."""
     from _server_harness import app
-    from prazo.bindings.waitress import create_server
+    from prazo.bindings.servers.waitress import create_server
 
     server = create_server(app, host="127.0.0.1", port=0, threads=1, max_queue=2, default_budget_ms=BUDGET_MS)
     port = server.effective_port

@@ -46,8 +46,8 @@ from prazo.core import (
     ShutDown,
     current_deadline,
     deadline_scope,
+    extension_wanted,
 )
-from prazo.core import _want_extension as extension_wanted
 
 # -- the two paths ----------------------------------------------------------------
 

@@ -37,8 +37,8 @@ from prazo.core import (
     DownstreamOverloaded,
     current_deadline,
     deadline_scope,
+    extension_wanted,
 )
-from prazo.core import _want_extension as extension_wanted
 from prazo.core._queue_py import AdmissionQueue as PythonTwinQueue
 from test_wsgi import Probe, Server, call, fast_path, make_environ
 

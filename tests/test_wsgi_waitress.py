@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from prazo.bindings.wsgi import AdmissionMiddleware
-from prazo.core import _want_extension as extension_wanted
+from prazo.core import extension_wanted
 
 waitress = pytest.importorskip("waitress")
 wasyncore = pytest.importorskip("waitress.wasyncore")
@@ -100,7 +100,7 @@ def test_middleware_keeps_waitress_content_length_for_a_one_element_list(fast_pa
 
 @pytest.mark.parametrize("body", [(BODY,), [BODY]], ids=["tuple", "list"])
 def test_waitress_embedding_keeps_content_length_for_a_one_element_body(body: Any) -> None:
-    from prazo.bindings import waitress as prazo_waitress
+    from prazo.bindings.servers import waitress as prazo_waitress
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         start_response("200 OK", [("Content-Type", "text/plain")])

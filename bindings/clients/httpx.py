@@ -1,6 +1,6 @@
 """``DeadlineTransport``: an ``httpx`` transport that passes the budget downstream.
 
-Imported lazily through ``prazo.bindings.client``; needs ``httpx`` (the
+Built on ``prazo.bindings.outgoing``; needs ``httpx`` (the
 ``clients`` extra).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from .client import (
+from ..outgoing import (
     DEFAULT_MARGIN_MS,
     DownstreamOverloadedResponse,
     downstream_timed_out,
@@ -32,7 +32,7 @@ class DeadlineTransport(httpx.BaseTransport):
     * carries ``X-Request-Budget-Ms`` = remaining − ``margin_ms`` (also
       ``grpc-timeout`` with ``grpc=True``);
       a budget header already on the request (any letter case) is replaced,
-      and its value can only shorten the budget (see ``prazo.bindings.client``);
+      and its value can only shorten the budget (see ``prazo.bindings.outgoing``);
     * has each of its connect/read/write/pool timeouts capped at that budget;
     * is not sent when nothing is left (``DeadlineExceeded``, reason
       ``no-budget-for-downstream``);

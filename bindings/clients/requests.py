@@ -1,6 +1,6 @@
 """``DeadlineSession``: a ``requests.Session`` that passes the budget downstream.
 
-Imported lazily through ``prazo.bindings.client``; needs ``requests`` (the
+Built on ``prazo.bindings.outgoing``; needs ``requests`` (the
 ``clients`` extra).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import requests
 from urllib3.util import Timeout
 
-from .client import (
+from ..outgoing import (
     DEFAULT_MARGIN_MS,
     DownstreamOverloadedResponse,
     OutgoingBudget,
@@ -21,7 +21,7 @@ from .client import (
     replace_budget_headers,
     validate_margin_ms,
 )
-from .client_urllib3 import capped_urllib3_timeout
+from .urllib3 import capped_urllib3_timeout
 
 __all__ = ["DeadlineSession"]
 
@@ -49,7 +49,7 @@ class DeadlineSession(requests.Session):
     * carries ``X-Request-Budget-Ms`` = remaining − ``margin_ms`` (also
       ``grpc-timeout`` with ``grpc=True``);
       a budget header already on the request (any letter case) is replaced,
-      and its value can only shorten the budget (see ``prazo.bindings.client``);
+      and its value can only shorten the budget (see ``prazo.bindings.outgoing``);
     * uses the smaller of your ``timeout`` (number or ``(connect, read)``)
       and that budget — requests applies it to connecting and to each read;
     * is not sent when nothing is left (``DeadlineExceeded``, reason

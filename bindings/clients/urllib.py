@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .client import (
+from ..outgoing import (
     DEFAULT_MARGIN_MS,
     DownstreamOverloadedResponse,
     downstream_timed_out,
@@ -31,7 +31,7 @@ def deadline_urlopen(
 
     Under a ``deadline_scope``: sends ``X-Request-Budget-Ms`` = remaining −
     ``margin_ms`` in place of any budget header on the ``Request`` (whose
-    value can only shorten it, see ``prazo.bindings.client``); uses the
+    value can only shorten it, see ``prazo.bindings.outgoing``); uses the
     smaller of ``timeout`` and that budget (urllib
     applies it to connecting and to each socket read); refuses with
     ``DeadlineExceeded("no-budget-for-downstream")`` before any connection

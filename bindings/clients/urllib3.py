@@ -1,6 +1,6 @@
 """``DeadlinePoolManager``: a ``urllib3.PoolManager`` that passes the budget downstream.
 
-Imported lazily through ``prazo.bindings.client``; needs ``urllib3`` (the
+Built on ``prazo.bindings.outgoing``; needs ``urllib3`` (the
 ``clients`` extra).
 """
 
@@ -14,7 +14,7 @@ from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util import Retry, Timeout
 
-from .client import (
+from ..outgoing import (
     DEFAULT_MARGIN_MS,
     DownstreamOverloadedResponse,
     OutgoingBudget,
@@ -58,7 +58,7 @@ class DeadlinePoolManager(PoolManager):
     * sends ``X-Request-Budget-Ms`` (remaining minus ``margin_ms``; also
       ``grpc-timeout`` with ``grpc=True``);
       a budget header already on the request (any letter case) is replaced,
-      and its value can only shorten the budget (see ``prazo.bindings.client``);
+      and its value can only shorten the budget (see ``prazo.bindings.outgoing``);
     * has a ``Timeout`` whose total is at most that budget;
     * is not sent when nothing is left (``DeadlineExceeded``, reason
       ``no-budget-for-downstream``);

@@ -5,7 +5,7 @@ own ``ThreadPool`` either grows without bound or, when bounded, *blocks* the
 accepting thread until a worker frees up (then answers a bare 503). Here
 ``server.requests`` is an ``AdmissionThreadPool``::
 
-    from prazo.bindings.cheroot import create_server
+    from prazo.bindings.servers.cheroot import create_server
 
     server = create_server(app, ("127.0.0.1", 8080), threads=4, max_queue=16)
     server.safe_start()             # server.stop() from another thread
@@ -44,9 +44,12 @@ from typing import Any
 from cheroot import server as cheroot_server
 from cheroot import wsgi as cheroot_wsgi
 
-from .headers import is_ambiguous_header_name
-from .servers import ConnectionAdmission, ServerSettings, Ticket, peek_bytes, peekable, resolve_settings
-from .wsgi import WSGIApp
+from ..headers import is_ambiguous_header_name
+from ..wsgi import WSGIApp
+from .connection import ConnectionAdmission
+from .dispatcher import Ticket
+from .heads import peek_bytes, peekable
+from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionThreadPool", "create_server"]
 
@@ -186,7 +189,7 @@ def create_server(
 
     Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
     ...) or its default, or all of them from ``settings``; see
-    ``prazo.bindings.servers.resolve_settings``. ``cheroot_options`` are
+    ``prazo.bindings.servers.settings.resolve_settings``. ``cheroot_options`` are
     cheroot's own (``timeout``, ``shutdown_timeout``, ``server_name``, ...),
     except the thread counts. Over TLS the head cannot be peeked at, so
     ``header_timeout_ms`` does not apply (cheroot's ``timeout`` does). After ``prepare()`` (or in ``start()``),

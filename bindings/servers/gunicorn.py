@@ -3,7 +3,7 @@
 ::
 
     PRAZO_MAX_QUEUE=16 PRAZO_DEFAULT_BUDGET_MS=1000 PRAZO_MAX_BUDGET_MS=30000 \\
-        gunicorn -k prazo.bindings.gunicorn.AdmissionWorker --threads 4 app:app
+        gunicorn -k prazo.bindings.servers.gunicorn.AdmissionWorker --threads 4 app:app
 
 gunicorn's ``gthread`` worker accepts connections in its main loop and
 submits each to an unbounded ``ThreadPoolExecutor``: under overload requests
@@ -56,13 +56,15 @@ from typing import Any
 
 from gunicorn.workers.gthread import DEFAULT_WORKER_DATA_TIMEOUT, TConn, ThreadWorker
 
-from .servers import ConnectionAdmission, ServerSettings, Ticket, resolve_settings
+from .connection import ConnectionAdmission
+from .dispatcher import Ticket
+from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionWorker", "settings_for"]
 
 if not all(hasattr(ThreadWorker, name) for name in ("finish_request", "murder_pending", "_cap_keepalive")):
     raise ImportError(
-        "prazo.bindings.gunicorn needs the gthread worker of gunicorn 27 "
+        "prazo.bindings.servers.gunicorn needs the gthread worker of gunicorn 27 "
         "(ThreadWorker.finish_request, murder_pending, _cap_keepalive); upgrade gunicorn"
     )
 
@@ -106,7 +108,7 @@ class _AdmissionPool:
 class AdmissionWorker(ThreadWorker):
     """gunicorn's ``gthread`` worker with prazo's admission queue in place of its thread pool.
 
-    Use it with ``gunicorn -k prazo.bindings.gunicorn.AdmissionWorker --threads N``;
+    Use it with ``gunicorn -k prazo.bindings.servers.gunicorn.AdmissionWorker --threads N``;
     see the module docstring for the effects.
     """
 

@@ -10,7 +10,7 @@ until SIGTERM or Ctrl-C, then shuts down gracefully: new requests are refused
 (503 ``shutting-down``) and every admitted request finishes, for at most
 ``--shutdown-timeout`` seconds. Options not given fall back to the
 ``PRAZO_*`` environment variables, then to the defaults (see
-``prazo.bindings.servers.resolve_settings``).
+``prazo.bindings.servers.settings.resolve_settings``).
 
 Servers: ``waitress`` (the default: production-grade, pure Python),
 ``gunicorn`` (``--workers`` processes of ``AdmissionWorker``; POSIX only),
@@ -35,8 +35,9 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any, TextIO
 
-from .proxy_headers import checked_max_upstream_ms, trusted_networks
-from .servers import (
+from ..proxy_headers import checked_max_upstream_ms, trusted_networks
+from ..wsgi import WSGIApp
+from .settings import (
     ENV_DEFAULT_BUDGET_MS,
     ENV_HEADER_TIMEOUT_MS,
     ENV_MAX_BUDGET_MS,
@@ -47,7 +48,6 @@ from .servers import (
     ServerSettings,
     resolve_settings,
 )
-from .wsgi import WSGIApp
 
 __all__ = ["SERVERS", "add_serve_arguments", "build_serve_parser", "load_app", "main_serve", "run_serve"]
 
@@ -250,7 +250,7 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
         "bind": f"fd://{listener_fd}",
         "workers": args.workers,
         "threads": settings.threads,
-        "worker_class": "prazo.bindings.gunicorn.AdmissionWorker",
+        "worker_class": "prazo.bindings.servers.gunicorn.AdmissionWorker",
         "graceful_timeout": math.ceil(args.shutdown_timeout),
     }
 

@@ -4,11 +4,11 @@ waitress reads every request completely (head and body) in its I/O thread
 and then queues the connection for a worker thread. ``create_server``
 replaces that queue with prazo's, as waitress's task dispatcher::
 
-    from prazo.bindings.waitress import create_server
+    from prazo.bindings.servers.waitress import create_server
 
     server = create_server(app, host="127.0.0.1", port=8080,
                            threads=4, max_queue=16, default_budget_ms=1000)
-    server.run()            # or prazo.bindings.waitress.serve(app, ...)
+    server.run()            # or prazo.bindings.servers.waitress.serve(app, ...)
 
 Effects, per request:
 
@@ -50,8 +50,9 @@ from waitress.server import create_server as _waitress_create_server
 from waitress.task import ErrorTask
 from waitress.utilities import Error
 
-from .servers import AdmissionDispatcher, AdmittedApp, ServerSettings, Ticket, resolve_settings
-from .wsgi import MiddlewareCounters, WSGIApp, rejection_response
+from ..wsgi import MiddlewareCounters, WSGIApp, rejection_response
+from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
+from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionChannel", "WaitressDispatcher", "create_server", "serve", "shutdown"]
 
@@ -151,7 +152,7 @@ class WaitressDispatcher:
         self.shutdown_timeout = 5.0
 
     def wrap(self, app: WSGIApp) -> AdmittedApp:
-        """The app as waitress must call it (see ``prazo.bindings.servers.AdmittedApp``)."""
+        """The app as waitress must call it (see ``prazo.bindings.servers.dispatcher.AdmittedApp``)."""
         return AdmittedApp(app, self.dispatcher, self.policy, self.counters)
 
     def stats(self) -> dict[str, int]:
@@ -317,7 +318,7 @@ def shutdown(server: Any, timeout: float = 5.0) -> bool:
     """
     dispatcher = server.task_dispatcher
     if not isinstance(dispatcher, WaitressDispatcher):
-        raise TypeError("server must come from prazo.bindings.waitress.create_server")
+        raise TypeError("server must come from prazo.bindings.servers.waitress.create_server")
     listeners = _listening_servers(server)
     socket_map = server.map if isinstance(server, MultiSocketServer) else server._map
     trigger = listeners[0].trigger

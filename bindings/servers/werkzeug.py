@@ -3,9 +3,9 @@
 ``werkzeug.serving.make_server(..., threaded=True)`` starts one thread per
 connection and has no queue at all. ``make_server`` here returns a werkzeug
 ``BaseWSGIServer`` whose accept loop feeds prazo's admission queue and whose
-``threads`` fixed workers serve (see ``prazo.bindings.wsgiref.AdmissionServerMixin``)::
+``threads`` fixed workers serve (see ``prazo.bindings.servers.wsgiref.AdmissionServerMixin``)::
 
-    from prazo.bindings.werkzeug import make_server
+    from prazo.bindings.servers.werkzeug import make_server
 
     server = make_server("127.0.0.1", 8080, app, threads=4, max_queue=16)
     server.serve_forever()          # server.shutdown() from another thread
@@ -24,8 +24,8 @@ from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
 
-from .servers import ServerSettings, resolve_settings
-from .wsgi import WSGIApp
+from ..wsgi import WSGIApp
+from .settings import ServerSettings, resolve_settings
 from .wsgiref import AdmissionServerMixin
 
 __all__ = ["AdmissionWSGIServer", "make_server"]
@@ -78,7 +78,7 @@ def make_server(
 
     Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
     ...) or its default, or all of them from ``settings``; see
-    ``prazo.bindings.servers.resolve_settings``. The rest are werkzeug's.
+    ``prazo.bindings.servers.settings.resolve_settings``. The rest are werkzeug's.
     """
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,

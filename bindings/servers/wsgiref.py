@@ -8,10 +8,10 @@ connection) for its first bytes; the connection is then offered to prazo's
 admission queue — deadline from the request head, 503 at once when
 ``threads + max_queue`` are taken — and one of ``threads`` fixed workers
 serves it. This module applies it to the standard library's
-``wsgiref.simple_server``; ``prazo.bindings.werkzeug`` applies it to
+``wsgiref.simple_server``; ``prazo.bindings.servers.werkzeug`` applies it to
 werkzeug's server::
 
-    from prazo.bindings.wsgiref import make_server
+    from prazo.bindings.servers.wsgiref import make_server
 
     server = make_server("127.0.0.1", 8080, app, threads=4, max_queue=16)
     server.serve_forever()          # server.shutdown() from another thread
@@ -31,9 +31,12 @@ from typing import Any
 from wsgiref import simple_server
 from wsgiref.simple_server import WSGIServer
 
-from .headers import is_ambiguous_header_name
-from .servers import ConnectionAdmission, ReadinessWatcher, ServerSettings, Ticket, resolve_settings
-from .wsgi import WSGIApp
+from ..headers import is_ambiguous_header_name
+from ..wsgi import WSGIApp
+from .connection import ConnectionAdmission
+from .dispatcher import Ticket
+from .settings import ServerSettings, resolve_settings
+from .sockets import ReadinessWatcher
 
 __all__ = ["AdmissionServerMixin", "AdmissionWSGIRefServer", "WSGIRequestHandler", "make_server"]
 
@@ -189,7 +192,7 @@ def make_server(
 
     Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
     ...) or its default, or all of them from ``settings``; see
-    ``prazo.bindings.servers.resolve_settings``.
+    ``prazo.bindings.servers.settings.resolve_settings``.
     """
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,

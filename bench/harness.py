@@ -1,0 +1,146 @@
+"""What every ``prazo bench`` runner shares: timing loops, settings, targets, report lines, paint.
+
+A runner (``prazo.bench.core``, ``.wsgi``, ``.pool``) times ``LoopRunner`` s
+with ``best_ns_per_op`` under ``BenchSettings``, states its goals as
+``Target`` s, and renders its report with ``render_heading`` and
+``render_targets`` through a ``Paint`` (``plain`` for pipes, files and
+tests; the CLI paints a terminal).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "INNER_LOOPS",
+    "QUICK",
+    "BenchSettings",
+    "LoopRunner",
+    "Paint",
+    "Target",
+    "best_ns_per_op",
+    "check_counts",
+    "format_times",
+    "make_target",
+    "plain",
+    "ratio_of",
+    "render_heading",
+    "render_targets",
+]
+
+# Role names understood by a ``Paint`` function (see prazo.bench.cli).
+Paint = Callable[[str, str], str]
+
+
+def plain(text: str, role: str) -> str:
+    """The ``Paint`` that adds nothing: for pipes, files and tests."""
+    return text
+
+
+# Operations per timed round: per-round microseconds read directly as per-operation nanoseconds.
+INNER_LOOPS = 1000
+# A runner repeats its operation ``loops`` times; see the module docstring.
+LoopRunner = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How long to measure: ``repeat`` samples of ``inner`` operations (the best counts), and handoffs."""
+
+    inner: int = INNER_LOOPS
+    repeat: int = 100
+    handoff_samples: int = 2000
+
+    def __post_init__(self) -> None:
+        check_counts(self, inner=1, repeat=1, handoff_samples=2)
+
+
+def check_counts(settings: object, **minimums: int) -> None:
+    """Check that each named field of ``settings`` is an int at least its minimum (TypeError / ValueError)."""
+    for name, minimum in minimums.items():
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+DEFAULT_SETTINGS = BenchSettings()
+QUICK = BenchSettings(repeat=10, handoff_samples=200)
+
+
+@dataclass(frozen=True)
+class Target:
+    """An issue target, its measured ratio, and whether it was met (None: not measurable here)."""
+
+    label: str
+    ratio: float | None
+    limit: str
+    met: bool | None
+
+
+def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is not positive."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def make_target(label: str, value: float | None, limit: str, test: Callable[[float], bool]) -> Target:
+    """A ``Target`` whose verdict is ``test(value)`` (None when ``value`` could not be measured)."""
+    return Target(label, value, limit, None if value is None else test(value))
+
+
+def best_ns_per_op(runners: Mapping[str, LoopRunner], settings: BenchSettings) -> dict[str, float]:
+    """Best sample of each runner, in ns per operation, the runners interleaved round-robin.
+
+    Like ``timeit``: the garbage collector is off while timing, and each
+    runner is called once untimed first (first-call costs, caches).
+    """
+    best = {key: float("inf") for key in runners}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for run in runners.values():
+            run(settings.inner)
+        for _ in range(settings.repeat):
+            for key, run in runners.items():
+                started = time.perf_counter_ns()
+                run(settings.inner)
+                best[key] = min(best[key], time.perf_counter_ns() - started)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {key: elapsed / settings.inner for key, elapsed in best.items()}
+
+
+def format_times(ratio: float | None) -> str:
+    """A ratio as ``1.23x``, or ``-`` when it could not be measured."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def render_heading(title: str, detail: str, notes: Sequence[str], paint: Paint = plain) -> list[str]:
+    """The first lines of every ``prazo bench`` report: what ran, on what, and any notes."""
+    return [
+        paint(title, "bold") + f" — {detail}",
+        f"{platform.python_implementation()} {platform.python_version()} on {platform.system()}, "
+        f"{os.cpu_count()} CPUs — " + paint("on a shared machine the numbers are noisy; compare ratios", "dim"),
+        *(paint(f"note: {note}", "warn") for note in notes),
+    ]
+
+
+def render_targets(targets: Sequence[Target], width: int, paint: Paint = plain) -> list[str]:
+    """The ``targets`` block: one ``[pass]`` / ``[MISS]`` / ``[n/a ]`` line per target."""
+    out = ["", paint("targets", "bold")]
+    for t in targets:
+        verdict, role = ("n/a ", "dim") if t.met is None else ("pass", "ok") if t.met else ("MISS", "bad")
+        out.append(
+            f"  {paint(f'[{verdict}]', role)} {t.label:<{width - 2}}{format_times(t.ratio):>8}  (target {t.limit})"
+        )
+    return out

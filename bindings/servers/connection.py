@@ -1,0 +1,279 @@
+"""``ConnectionAdmission``: admission of a raw connection, for the socket-level servers.
+
+It waits, without a worker, until the request head is complete (408 after the
+header timeout), computes the exact deadline from it, offers the connection
+to the ``AdmissionDispatcher``, writes refusals itself and closes them
+politely through a ``LingeringCloser`` (so a client still uploading its body
+reads the 503 instead of a reset). The cheroot, werkzeug, wsgiref and
+gunicorn embeddings are built on it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prazo.core import NS_PER_MS, Deadline, ShutDown
+
+from ..wsgi import MiddlewareCounters, WSGIApp
+from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
+from .heads import MAX_HEAD_BYTES, find_head, head_environ, peek_bytes, peekable
+from .refusals import HEADER_TIMEOUT_ANSWER, LingeringCloser, rejection_bytes
+from .settings import ServerSettings
+from .sockets import hard_close, send_all
+
+__all__ = ["ConnectionAdmission"]
+
+# One logger for the machinery every embedding shares (dispatcher, watchers,
+# connection admission), so a service configures it under one name.
+_log = logging.getLogger("prazo.servers")
+
+# A head still arriving is peeked at again after 1 ms, then after twice as
+# long each time, up to 0.1 s: a head split across packets is seen a moment
+# after its end arrives, and a slow-loris client costs at most ten peeks a
+# second. (Peeking leaves the bytes for the server, so the socket stays
+# readable and readiness cannot tell when more arrive.)
+_HEAD_FIRST_LOOK_NS = 1_000_000
+_HEAD_MAX_LOOK_NS = 100_000_000
+
+
+class _PendingHead:
+    """A connection whose request head is still arriving, and what admitting it will need."""
+
+    __slots__ = ("arrival_ns", "buffered", "give_up_ns", "item", "look_ns", "next_look_ns", "remote_addr", "sock")
+
+    def __init__(
+        self, item: Any, sock: socket.socket, remote_addr: object, buffered: bytes, arrival_ns: int, give_up_ns: int
+    ) -> None:
+        self.item = item
+        self.sock = sock
+        self.remote_addr = remote_addr
+        self.buffered = buffered
+        self.arrival_ns = arrival_ns
+        self.give_up_ns = give_up_ns
+        self.look_ns = _HEAD_FIRST_LOOK_NS
+        self.next_look_ns = arrival_ns
+
+    def __lt__(self, other: _PendingHead) -> bool:
+        return self.next_look_ns < other.next_look_ns
+
+
+class _HeadWatcher:
+    """Holds connections whose request head is incomplete, in one thread, until it is complete.
+
+    ``offer(pending)`` looks at the head at once, in the caller's thread; when
+    it is incomplete the connection waits here, looked at again on a doubling
+    interval (see ``_HEAD_FIRST_LOOK_NS``), until its head is complete, its
+    peer closes, or ``pending.give_up_ns`` passes. Each outcome goes to the
+    ``ConnectionAdmission``. ``stop()`` drops every connection still waiting;
+    ``offer`` returns False once stopped.
+    """
+
+    def __init__(self, admission: ConnectionAdmission, name: str) -> None:
+        self._admission = admission
+        self._name = name
+        self._cond = threading.Condition()
+        self._heap: list[_PendingHead] = []
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.pending = 0
+
+    def offer(self, pending: _PendingHead) -> bool:
+        with self._cond:
+            if self._stopped:
+                return False
+            self.pending += 1
+        self._look(pending)
+        return True
+
+    def _look(self, pending: _PendingHead) -> None:
+        try:
+            waiting = self._admission._look_at_head(pending)
+        except Exception:  # noqa: BLE001 - the watcher serves every other pending head too
+            _log.exception("prazo: %s failed on %r", self._name, pending.sock)
+            self._admission._drop(pending)
+            waiting = False
+        with self._cond:
+            if not waiting:
+                self.pending -= 1
+                return
+            now = time.monotonic_ns()
+            pending.next_look_ns = min(now + pending.look_ns, pending.give_up_ns)
+            pending.look_ns = min(2 * pending.look_ns, _HEAD_MAX_LOOK_NS)
+            if self._stopped:
+                self.pending -= 1
+                stopped = True
+            else:
+                stopped = False
+                heapq.heappush(self._heap, pending)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if stopped:
+            self._admission._drop(pending)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    wait_ns = self._heap[0].next_look_ns - time.monotonic_ns() if self._heap else None
+                    if wait_ns is not None and wait_ns <= 0:
+                        break
+                    self._cond.wait(None if wait_ns is None else wait_ns / 1e9)
+                if self._stopped:
+                    return
+                pending = heapq.heappop(self._heap)
+            self._look(pending)
+
+    def stop(self) -> None:
+        """Stop watching; every connection still waiting for its head is dropped."""
+        with self._cond:
+            self._stopped = True
+            thread = self._thread
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cond:
+            leftovers, self._heap = self._heap, []
+            self.pending -= len(leftovers)
+        for pending in leftovers:
+            self._admission._drop(pending)
+
+
+class ConnectionAdmission:
+    """Admission of raw connections: the shared core of the socket-level embeddings.
+
+    Effects: ``admit(item, sock, remote_addr)`` stamps the arrival (the first
+    bytes of the request have arrived) and waits, without a worker and without
+    a place in line, until the request head is complete: it peeks at the head
+    without consuming it, and while it is incomplete the connection waits in a
+    watcher thread. A head not complete within ``header_timeout_ms`` of the
+    arrival is answered 408 (``X-Prazo-Reason: header-timeout``) and closed
+    (also when its client has left: a peek cannot see the end of the stream
+    behind the bytes it sent); one reset by its peer is closed at once;
+    neither was ever offered to the queue. A complete head gives the deadline (``X-Request-Budget-Ms``,
+    ``grpc-timeout``, ... and, when trusted, ``X-Request-Start``, counted from
+    the arrival) and the connection is offered to the queue. When the head
+    cannot be seen (TLS, or larger than ``MAX_HEAD_BYTES``) the ticket is
+    provisional and ``AdmittedApp`` finishes the job. A refused connection is
+    answered here — 503 or 504 with ``Connection: close`` — and closed through
+    the ``LingeringCloser``. ``on_closed(item)`` lets the server drop its own
+    bookkeeping for every connection closed here (before the socket is closed
+    or handed to the closer). ``serve(ticket)`` runs in the dispatcher's
+    workers.
+    """
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        serve: Callable[[Ticket], object],
+        socket_of: Callable[[Any], socket.socket],
+        on_closed: Callable[[Any], object] | None = None,
+        name: str = "prazo",
+        closer: LingeringCloser | None = None,
+    ) -> None:
+        self.settings = settings
+        self.policy = settings.policy()
+        self.counters = MiddlewareCounters()
+        self.closer = LingeringCloser(name=f"{name}-linger") if closer is None else closer
+        self._socket_of = socket_of
+        self._on_closed = on_closed
+        self._provisional_ns = int(self.policy.max_budget_ms * NS_PER_MS)
+        self._header_timeout_ns = int(settings.header_timeout_ms * NS_PER_MS)
+        self._heads = _HeadWatcher(self, f"{name}-heads")
+        # admit() and the watcher thread both look at heads.
+        self._header_timeouts_lock = threading.Lock()
+        self._header_timeouts = 0
+        self.dispatcher = AdmissionDispatcher(
+            settings.threads, settings.max_queue, serve=serve, reject=self._reject, name=name
+        )
+
+    def wrap(self, app: WSGIApp) -> AdmittedApp:
+        """The app as the server must call it (see ``AdmittedApp``)."""
+        return AdmittedApp(app, self.dispatcher, self.policy, self.counters)
+
+    def start(self) -> None:
+        """Start the worker threads (idempotent)."""
+        self.dispatcher.start()
+
+    def admit(self, item: Any, sock: socket.socket, remote_addr: object, *, buffered: bytes = b"") -> None:
+        """Offer the connection whose next request is arriving; ``buffered``: its bytes the server already read."""
+        arrival_ns = time.monotonic_ns()
+        if not peekable(sock):
+            self._submit(item, None, arrival_ns, remote_addr)
+            return
+        pending = _PendingHead(item, sock, remote_addr, buffered, arrival_ns, arrival_ns + self._header_timeout_ns)
+        if not self._heads.offer(pending):
+            self._answer_and_close(item, sock, rejection_bytes(ShutDown("the server is shutting down")))
+
+    def _look_at_head(self, pending: _PendingHead) -> bool:
+        """Admit, answer or drop ``pending`` if its head is complete or will never be; True to keep waiting."""
+        data = pending.buffered
+        peeked = peek_bytes(pending.sock, MAX_HEAD_BYTES - len(data)) if len(data) < MAX_HEAD_BYTES else None
+        data += peeked or b""
+        head = find_head(data)
+        if head is not None or len(data) >= MAX_HEAD_BYTES:
+            self._submit(pending.item, head, pending.arrival_ns, pending.remote_addr)
+        elif peeked == b"":
+            self._drop(pending)  # reset, or closed after the server read what it sent
+        elif time.monotonic_ns() >= pending.give_up_ns:
+            with self._header_timeouts_lock:
+                self._header_timeouts += 1
+            self._answer_and_close(pending.item, pending.sock, HEADER_TIMEOUT_ANSWER)
+        else:
+            return True
+        return False
+
+    def _submit(self, item: Any, head: bytes | None, arrival_ns: int, remote_addr: object) -> None:
+        if head is None:
+            ticket = Ticket(item, Deadline.at_ns(arrival_ns + self._provisional_ns), arrival_ns, provisional=True)
+        else:
+            deadline, incoming = self.policy.deadline_for(head_environ(head, remote_addr), arrival_ns)
+            if incoming.invalid:
+                self.counters.add("invalid_budget_header", incoming.invalid)
+            ticket = Ticket(item, deadline, arrival_ns, incoming)
+        self.dispatcher.submit(ticket)
+
+    def _reject(self, ticket: Ticket, exc: BaseException) -> None:
+        self.counters.count_response(exc)
+        self._answer_and_close(ticket.item, self._socket_of(ticket.item), rejection_bytes(exc))
+
+    def _answer_and_close(self, item: Any, sock: socket.socket, answer: bytes) -> None:
+        send_all(sock, answer)
+        if self._on_closed is not None:
+            self._on_closed(item)
+        self.closer.close(sock)
+
+    def _drop(self, pending: _PendingHead) -> None:
+        if self._on_closed is not None:
+            self._on_closed(pending.item)
+        hard_close(pending.sock)
+
+    def stats(self) -> dict[str, int]:
+        """The queue's counters, the refusals sent and the heads still arriving or timed out."""
+        return {
+            **self.dispatcher.stats(),
+            **self.counters.snapshot(),
+            "lingering": self.closer.lingering,
+            "pending_heads": self._heads.pending,
+            "header_timeouts": self._header_timeouts,
+        }
+
+    def close(self, timeout: float | None = None, *, cancel_waiting: bool = False) -> bool:
+        """Stop admitting, let the admitted finish (see ``AdmissionDispatcher.shutdown``).
+
+        Connections whose request head has not arrived completely are closed
+        at once; a request arriving on a connection after this is answered
+        503 ``shutting-down``.
+        """
+        self._heads.stop()
+        finished = self.dispatcher.shutdown(timeout, cancel_waiting=cancel_waiting)
+        self.closer.stop()
+        return finished

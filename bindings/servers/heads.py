@@ -1,0 +1,98 @@
+"""The head reader: find a request's head in the bytes waiting on its socket, without consuming them.
+
+The socket-level embeddings compute a request's exact deadline before the
+server reads it: they peek at the bytes waiting on the connection
+(``peek_bytes``), find the complete head in them (``find_head``) and turn its
+header fields into the CGI-style keys a ``BudgetPolicy`` reads
+(``head_environ``).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+
+from ..headers import is_ambiguous_header_name
+
+__all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "peek_bytes", "peekable"]
+
+# A request head larger than this is not peeked at; the request is admitted
+# with a provisional deadline and its real one is computed once it is parsed.
+MAX_HEAD_BYTES = 65536
+_MSG_PEEK_DONTWAIT = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+_CAN_PEEK_WITHOUT_BLOCKING = hasattr(socket, "MSG_DONTWAIT")
+
+
+def find_head(data: bytes) -> bytes | None:
+    """The request head (request line and header lines) if ``data`` holds all of it.
+
+    Leading empty lines are skipped, as HTTP/1.1 servers must; the head ends
+    at the first empty line (CRLF or bare LF).
+    """
+    start = 0
+    while data.startswith(b"\r\n", start) or data.startswith(b"\n", start):
+        start += 2 if data.startswith(b"\r\n", start) else 1
+    body = data[start:]
+    end = body.find(b"\n\r\n")
+    bare = body.find(b"\n\n")
+    if end < 0 or (0 <= bare < end):
+        end = bare
+    if end < 0:
+        return None
+    return body[: end + 1]
+
+
+def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
+    """CGI-style ``HTTP_*`` keys for the header fields of a request head.
+
+    Only what a ``BudgetPolicy`` reads: malformed lines, obsolete line
+    folding and names with an underscore (``is_ambiguous_header_name``) are
+    skipped, repeated fields are joined with ``","`` as WSGI servers do, and
+    ``REMOTE_ADDR`` is set when given.
+    """
+    environ: dict[str, str] = {}
+    if isinstance(remote_addr, str):
+        environ["REMOTE_ADDR"] = remote_addr
+    for line in head.split(b"\n")[1:]:
+        name, colon, value = line.rstrip(b"\r").partition(b":")
+        if not colon or not name or name != name.strip() or b" " in name or b"\t" in name:
+            continue
+        text_name = name.decode("latin-1")
+        if is_ambiguous_header_name(text_name):
+            continue
+        key = "HTTP_" + text_name.upper().replace("-", "_")
+        text = value.decode("latin-1").strip(" \t")
+        environ[key] = f"{environ[key]},{text}" if key in environ else text
+    return environ
+
+
+def peekable(sock: socket.socket) -> bool:
+    """True when ``peek_bytes`` can see what waits on ``sock`` (not TLS, platform support)."""
+    return _CAN_PEEK_WITHOUT_BLOCKING and not isinstance(sock, ssl.SSLSocket)
+
+
+def peek_bytes(sock: socket.socket, limit: int = MAX_HEAD_BYTES) -> bytes | None:
+    """Up to ``limit`` bytes waiting on ``sock``, left in place; never blocks.
+
+    Returns None when nothing has arrived yet or the socket cannot be peeked
+    at (see ``peekable``), and ``b""`` when the peer has closed its side.
+    """
+    if not peekable(sock):
+        return None
+    timeout = sock.gettimeout()
+    try:
+        # A socket with a timeout would first wait for data (CPython polls
+        # before recv), whatever MSG_DONTWAIT says; peek in non-blocking mode.
+        if timeout:
+            sock.settimeout(0.0)
+        return sock.recv(limit, _MSG_PEEK_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+    finally:
+        if timeout:
+            try:
+                sock.settimeout(timeout)
+            except OSError:
+                pass

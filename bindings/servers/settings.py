@@ -1,0 +1,254 @@
+"""``ServerSettings`` / ``resolve_settings``: the limits of a server embedding.
+
+Threads, queue size, budgets and the header timeout, from arguments or the
+environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
+``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``,
+``PRAZO_TRUST_REQUEST_START``, ``PRAZO_TRUSTED_PROXIES``,
+``PRAZO_MAX_UPSTREAM_MS``); explicit arguments win over the environment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prazo.core import IMPLEMENTATION
+
+from ..headers import BudgetPolicy
+from ..proxy_headers import (
+    DEFAULT_MAX_UPSTREAM_MS,
+    FrontProxyBudgetPolicy,
+    checked_max_upstream_ms,
+    trusted_networks,
+)
+
+__all__ = [
+    "DEFAULT_BUDGET_MS",
+    "DEFAULT_HEADER_TIMEOUT_MS",
+    "DEFAULT_MAX_BUDGET_MS",
+    "DEFAULT_QUEUE_PER_THREAD",
+    "DEFAULT_THREADS",
+    "ENV_DEFAULT_BUDGET_MS",
+    "ENV_HEADER_TIMEOUT_MS",
+    "ENV_MAX_BUDGET_MS",
+    "ENV_MAX_QUEUE",
+    "ENV_MAX_UPSTREAM_MS",
+    "ENV_TRUSTED_PROXIES",
+    "ENV_TRUST_REQUEST_START",
+    "ServerSettings",
+    "checked_count",
+    "resolve_settings",
+]
+
+ENV_MAX_QUEUE = "PRAZO_MAX_QUEUE"
+ENV_DEFAULT_BUDGET_MS = "PRAZO_DEFAULT_BUDGET_MS"
+ENV_MAX_BUDGET_MS = "PRAZO_MAX_BUDGET_MS"
+ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
+ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
+ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
+ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
+DEFAULT_THREADS = 4
+# Without an explicit size the line holds four requests per worker: with a
+# typical service time well under the default 1 s budget, the last in line
+# still starts in time, and a burst of four times the workers is absorbed.
+DEFAULT_QUEUE_PER_THREAD = 4
+DEFAULT_BUDGET_MS = 1000.0
+DEFAULT_MAX_BUDGET_MS = 30000.0
+# nginx's client_header_timeout is 60 s; a head from a healthy client takes
+# one round trip, and every second a slow one is allowed is a connection a
+# slow-loris client keeps open for free.
+DEFAULT_HEADER_TIMEOUT_MS = 5000.0
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+
+def checked_count(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _env_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
+    return value
+
+
+def _env_ms(environ: Mapping[str, str], name: str) -> float | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a number of milliseconds, got {raw!r}") from None
+    if math.isnan(value) or math.isinf(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {raw!r}")
+    return value
+
+
+def _env_bool(environ: Mapping[str, str], name: str) -> bool | None:
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    word = raw.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {raw!r}")
+
+
+def _env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The limits of one server embedding; build it with ``resolve_settings``.
+
+    ``threads`` requests run at once and ``max_queue`` more wait, so the
+    capacity is ``threads + max_queue``; every request's deadline comes from
+    ``policy()``. With ``trust_request_start`` the time a request spent queued
+    in a front proxy (``X-Request-Start``) is taken off its budget, at most
+    ``max_upstream_ms``, for peers in ``trusted_proxies`` (all when None). On
+    the socket-level servers a request head must be complete within
+    ``header_timeout_ms`` of its first byte, or it is answered 408.
+    """
+
+    threads: int
+    max_queue: int
+    default_budget_ms: float = DEFAULT_BUDGET_MS
+    max_budget_ms: float = DEFAULT_MAX_BUDGET_MS
+    trust_request_start: bool = False
+    max_upstream_ms: float = DEFAULT_MAX_UPSTREAM_MS
+    trusted_proxies: tuple[str, ...] | None = None
+    header_timeout_ms: float = DEFAULT_HEADER_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        checked_count(self.threads, "threads", 1)
+        checked_count(self.max_queue, "max_queue", 0)
+        timeout = self.header_timeout_ms
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"header_timeout_ms must be a number, not {type(timeout).__name__}")
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
+        if not isinstance(self.trust_request_start, bool):
+            raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
+        # Building the policy validates the budgets; the front-proxy options are
+        # checked even while trust is off, so a bad value fails at start-up.
+        self.policy()
+        checked_max_upstream_ms(self.max_upstream_ms)
+        trusted_networks(self.trusted_proxies)
+
+    @property
+    def capacity(self) -> int:
+        """Requests the server holds at most: running plus waiting."""
+        return self.threads + self.max_queue
+
+    def policy(self) -> BudgetPolicy:
+        """A fresh ``BudgetPolicy`` (``FrontProxyBudgetPolicy`` when trusting proxies)."""
+        if self.trust_request_start:
+            return FrontProxyBudgetPolicy(
+                self.default_budget_ms,
+                self.max_budget_ms,
+                max_upstream_ms=self.max_upstream_ms,
+                trusted_proxies=self.trusted_proxies,
+            )
+        return BudgetPolicy(self.default_budget_ms, self.max_budget_ms)
+
+    def describe(self) -> str:
+        """One line naming the limits, for a startup log."""
+        text = (
+            f"threads={self.threads} max_queue={self.max_queue} (capacity {self.capacity}) "
+            f"default_budget_ms={self.default_budget_ms:g} max_budget_ms={self.max_budget_ms:g} "
+            f"core={IMPLEMENTATION}"
+        )
+        if self.trust_request_start:
+            proxies = "any" if self.trusted_proxies is None else ",".join(self.trusted_proxies)
+            text += f" X-Request-Start from {proxies} (cap {self.max_upstream_ms:g} ms)"
+        return text
+
+
+def resolve_settings(
+    *,
+    threads: int | None = None,
+    max_queue: int | None = None,
+    default_budget_ms: float | None = None,
+    max_budget_ms: float | None = None,
+    trust_request_start: bool | None = None,
+    trusted_proxies: Iterable[str] | None = None,
+    max_upstream_ms: float | None = None,
+    header_timeout_ms: float | None = None,
+    environ: Mapping[str, str] | None = None,
+    settings: ServerSettings | None = None,
+) -> ServerSettings:
+    """The settings of an embedding: each argument, else its environment variable, else the default.
+
+    ``settings``, when given, is returned as it is (the embeddings take either
+    a complete ``ServerSettings`` or the individual limits, not both).
+
+    Reads ``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
+    ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``, ``PRAZO_TRUST_REQUEST_START``,
+    ``PRAZO_TRUSTED_PROXIES`` (comma-separated) and ``PRAZO_MAX_UPSTREAM_MS``
+    from ``environ`` (default ``os.environ``). A malformed variable raises
+    ``ValueError`` naming it. ``max_queue`` defaults to four per thread.
+
+    >>> resolve_settings(threads=2, environ={"PRAZO_MAX_QUEUE": "5"}).capacity
+    7
+    """
+    if settings is not None:
+        if not isinstance(settings, ServerSettings):
+            raise TypeError(f"settings must be a ServerSettings, not {type(settings).__name__}")
+        given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
+        if any(value is not None for value in (*given, max_upstream_ms, header_timeout_ms)):
+            raise TypeError("pass either settings or the individual limits, not both")
+        return settings
+    env = os.environ if environ is None else environ
+    threads = DEFAULT_THREADS if threads is None else checked_count(threads, "threads", 1)
+    if max_queue is None:
+        max_queue = _env_int(env, ENV_MAX_QUEUE, 0)
+    if max_queue is None:
+        max_queue = DEFAULT_QUEUE_PER_THREAD * threads
+    if default_budget_ms is None:
+        default_budget_ms = _env_ms(env, ENV_DEFAULT_BUDGET_MS)
+    if max_budget_ms is None:
+        max_budget_ms = _env_ms(env, ENV_MAX_BUDGET_MS)
+    if trust_request_start is None:
+        trust_request_start = _env_bool(env, ENV_TRUST_REQUEST_START)
+    if max_upstream_ms is None:
+        max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
+    if header_timeout_ms is None:
+        header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
+    proxies: tuple[str, ...] | None
+    if trusted_proxies is None:
+        proxies = _env_list(env, ENV_TRUSTED_PROXIES)
+        trusted_networks(proxies, ENV_TRUSTED_PROXIES)
+    elif isinstance(trusted_proxies, (str, bytes)):
+        raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
+    else:
+        proxies = tuple(trusted_proxies)
+    return ServerSettings(
+        threads=threads,
+        max_queue=max_queue,
+        default_budget_ms=DEFAULT_BUDGET_MS if default_budget_ms is None else default_budget_ms,
+        max_budget_ms=DEFAULT_MAX_BUDGET_MS if max_budget_ms is None else max_budget_ms,
+        trust_request_start=False if trust_request_start is None else trust_request_start,
+        max_upstream_ms=DEFAULT_MAX_UPSTREAM_MS if max_upstream_ms is None else max_upstream_ms,
+        trusted_proxies=proxies,
+        header_timeout_ms=DEFAULT_HEADER_TIMEOUT_MS if header_timeout_ms is None else header_timeout_ms,
+    )
