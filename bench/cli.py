@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import math
 import os
 import sys
@@ -39,7 +38,7 @@ from typing import TextIO, TypeAlias
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
 from prazo.bench.harness import QUICK, BenchSettings, Paint, plain
-from prazo.core import AdmissionQueue
+from prazo.core import IMPLEMENTATION, TWINS, AdmissionQueue, load_twin
 
 __all__ = ["TwinUnavailable", "build_parser", "load_queue_class", "main", "make_paint", "select_twins"]
 
@@ -47,8 +46,6 @@ QueueClass = type[AdmissionQueue]
 Handler = Callable[[argparse.Namespace, TextIO], int]
 _Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-TWIN_NAMES = ("c", "py")
-_TWIN_MODULES = {"c": "prazo.core._queue_c", "py": "prazo.core._queue_py"}
 
 _ANSI = {"bold": "1", "dim": "2", "ok": "32", "warn": "33", "bad": "31", "info": "36"}
 
@@ -60,21 +57,18 @@ class TwinUnavailable(RuntimeError):
 def load_queue_class(impl: str | None = None) -> tuple[str, QueueClass]:
     """``(name, AdmissionQueue class)`` of the twin ``impl`` (``"c"``/``"py"``), or prazo.core's pick.
 
-    The module is imported directly, so ``--impl c`` ignores
-    ``PRAZO_NO_EXTENSIONS`` and fails loudly instead of falling back.
+    ``prazo.core.load_twin`` never falls back, so ``--impl c`` ignores
+    ``PRAZO_NO_EXTENSIONS`` and fails loudly instead.
     """
     if impl is None:
-        from prazo.core import IMPLEMENTATION
-
         return IMPLEMENTATION, AdmissionQueue
-    if impl not in _TWIN_MODULES:
-        raise ValueError(f"impl must be one of {', '.join(TWIN_NAMES)}, got {impl!r}")
+    if impl not in TWINS:
+        raise ValueError(f"impl must be one of {', '.join(TWINS)}, got {impl!r}")
     try:
-        queue_class: QueueClass = importlib.import_module(_TWIN_MODULES[impl]).AdmissionQueue
-    except (ImportError, AttributeError) as exc:
+        queue_class = load_twin(impl)
+    except ImportError as exc:
         raise TwinUnavailable(
-            f"the {impl} twin ({_TWIN_MODULES[impl]}) cannot be loaded: {exc}. "
-            "Build the C twin with `make build`, or pass --impl py."
+            f"the {impl} twin cannot be loaded: {exc}. Build the C twin with `make build`, or pass --impl py."
         ) from exc
     return impl, queue_class
 
@@ -146,7 +140,7 @@ def _impl_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
         "--impl",
-        choices=TWIN_NAMES,
+        choices=TWINS,
         default=argparse.SUPPRESS,
         help="force the C or the Python twin of the admission queue",
     )
@@ -334,7 +328,6 @@ def _run_bench_wsgi(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run_bench_pool(args: argparse.Namespace, out: TextIO) -> int:
     from prazo.bench.pool import QUICK_POOL, PoolBenchSettings, render_pool_report, run_pool_bench
-    from prazo.core import IMPLEMENTATION
 
     settings = QUICK_POOL if getattr(args, "quick", False) else PoolBenchSettings()
     settings = dataclasses.replace(settings, **_given(args, PoolBenchSettings))  # type: ignore[arg-type]
@@ -448,8 +441,6 @@ def _add_bench(commands: _Commands) -> _Commands:
 
 
 def _version() -> str:
-    from prazo.core import IMPLEMENTATION
-
     try:
         version = metadata.version("prazo")
     except metadata.PackageNotFoundError:  # running from a tree that was never installed

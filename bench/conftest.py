@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from prazo.bench.cli import TWIN_NAMES, TwinUnavailable, load_queue_class
+from prazo.bench.cli import TwinUnavailable, load_queue_class
 from prazo.bench.core import (
     GROUP_HANDOFF,
     Gate,
@@ -31,7 +31,7 @@ from prazo.bench.core import (
     summarize_handoff,
 )
 from prazo.bench.harness import INNER_LOOPS, LoopRunner
-from prazo.core import extension_wanted
+from prazo.core import TWINS, extension_wanted
 
 # Ping-pong rounds timed per handoff benchmark, after the warm-up ones.
 HANDOFF_ROUNDS = 2000
@@ -40,7 +40,7 @@ HANDOFF_WARMUP = 50
 _handoff_results: dict[str, HandoffSummary] = {}
 
 
-@pytest.fixture(scope="session", params=TWIN_NAMES)
+@pytest.fixture(scope="session", params=TWINS)
 def twin(request: pytest.FixtureRequest) -> object:
     """The ``AdmissionQueue`` class of one twin."""
     try:

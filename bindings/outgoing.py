@@ -89,6 +89,7 @@ _MIN_BUDGET_MS = 1.0
 _BUDGET_NAMES = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
 _GRPC_NAME = GRPC_TIMEOUT_HEADER.lower()
 
+
 class OutgoingBudget(NamedTuple):
     """What one downstream call may use: the headers to send and a timeout in seconds."""
 
@@ -192,4 +193,3 @@ def outgoing_headers(margin_ms: float = DEFAULT_MARGIN_MS, *, grpc: bool = False
 def downstream_timed_out(url: str) -> DeadlineExceeded:
     """The error for a client timeout under a deadline (raise it ``from`` the client's)."""
     return DeadlineExceeded(REASON_DEADLINE_EXCEEDED, f"{url} did not answer within the deadline")
-

@@ -6,7 +6,8 @@ specification (``prazo.core._queue_py``). This module picks the C twin, or
 the Python twin when ``PRAZO_NO_EXTENSIONS=1`` is set, on interpreters other
 than CPython, or when the extension was not built (with a loud warning, so a
 silent slowdown never goes unnoticed). ``IMPLEMENTATION`` says which one won,
-``extension_wanted()`` whether the C twin was asked for.
+``extension_wanted()`` whether the C twin was asked for, and ``load_twin(name)``
+gives either twin by name, for the tests and benchmarks that drive both.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
     "REASON_QUEUE_FULL",
+    "TWINS",
     "AdmissionQueue",
     "Deadline",
     "DeadlineExceeded",
@@ -49,7 +51,11 @@ __all__ = [
     "deadline_context",
     "deadline_scope",
     "extension_wanted",
+    "load_twin",
 ]
+
+# The names of the two twins, as ``IMPLEMENTATION`` and ``load_twin`` spell them.
+TWINS = ("c", "py")
 
 
 def extension_wanted() -> bool:
@@ -85,3 +91,21 @@ else:
     from ._queue_py import AdmissionQueue  # type: ignore[assignment]
 
     IMPLEMENTATION = "py"
+
+
+def load_twin(name: str) -> type[AdmissionQueue]:
+    """The ``AdmissionQueue`` class of the twin ``name`` (``"c"`` or ``"py"``), whichever one won.
+
+    For tests and benchmarks that compare or cross-check the twins. Nothing
+    falls back here: asking for the C twin when it was not built raises
+    ``ImportError``, even with ``PRAZO_NO_EXTENSIONS=1``.
+    """
+    if name == "c":
+        from ._queue_c import AdmissionQueue as c_twin
+
+        return c_twin
+    if name == "py":
+        from ._queue_py import AdmissionQueue as python_twin
+
+        return python_twin  # type: ignore[return-value]
+    raise ValueError(f"name must be one of {', '.join(TWINS)}, got {name!r}")

@@ -8,7 +8,6 @@ bound (``JOIN_TIMEOUT_S``) so a hang fails instead of blocking the suite.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +15,8 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import pytest
-from prazo.core import NS_PER_MS, Deadline, extension_wanted
+from prazo.core import NS_PER_MS, TWINS, Deadline, extension_wanted
+from prazo.core import load_twin as load_core_twin
 from prazo.core._queue_py import AdmissionQueue
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "wait_until",
 ]
 
-TWIN_NAMES = ("c", "py")
+TWIN_NAMES = TWINS
 
 # The counters ``stats()`` documents, besides the derived ``expired`` and the
 # configuration (``max_concurrency``, ``max_queue``). Spelled out here, not
@@ -73,21 +73,16 @@ def load_twin(name: str) -> QueueClass:
     extensions); otherwise it fails, so ``make test`` can never pass quietly
     on the Python twin alone.
     """
-    if name == "py":
-        return AdmissionQueue
-    if name != "c":
-        raise ValueError(f"name must be 'c' or 'py', got {name!r}")
     try:
-        queue_class: QueueClass = importlib.import_module("prazo.core._queue_c").AdmissionQueue
-    except (ImportError, AttributeError) as exc:
+        return load_core_twin(name)
+    except ImportError as exc:
         if not extension_wanted():
             pytest.skip(f"C twin not available and PRAZO_NO_EXTENSIONS is set ({exc})")
         pytest.fail(
-            f"the C twin prazo.core._queue_c.AdmissionQueue cannot be loaded ({exc}); "
+            f"the C twin cannot be loaded ({exc}); "
             "build it (`make build`) or set PRAZO_NO_EXTENSIONS=1 to test the Python twin alone",
             pytrace=False,
         )
-    return queue_class
 
 
 class FakeClock:
