@@ -17,7 +17,9 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 
 The mutex is taken while holding the GIL on the fast path (cheaper than
 releasing the GIL); that is deadlock-free because a thread holding the mutex
-never asks for the GIL.
+never asks for the GIL. The garbage collector's traversal takes the mutex too
+(see the end of this file), so a thread holding it must also never create or
+release a Python object, which could start a collection on that thread.
 """
 
 cimport cython
