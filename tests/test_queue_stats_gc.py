@@ -179,12 +179,8 @@ def test_every_stats_snapshot_balances_while_threads_work(impl: QueueClass) -> N
 # -- reference cycles through the queue are collected ---------------------------------
 
 
-class Marker:
-    """A weak-referenceable object that holds nothing."""
-
-
 class Holder:
-    """An object that keeps a queue (``self.q``) and reacts to its expiries."""
+    """Holds whatever a test gives it (a queue) and reacts to expiries."""
 
     q: Any
 
@@ -192,33 +188,44 @@ class Holder:
         pass
 
 
-def collected(*refs: weakref.ref[Any]) -> bool:
+def own_class() -> type[Holder]:
+    """A subclass of this test's own, so counting its live instances sees only this test's objects."""
+    return type("Holder", (Holder,), {})
+
+
+def freed(cls: type, *refs: weakref.ref[Any]) -> bool:
+    """After a collection, no instance of ``cls`` and none of ``refs`` is alive.
+
+    Weak references die as soon as the collector finds a cycle unreachable,
+    even when clearing the cycle then fails to free it; counting the live
+    instances is what shows the objects were really freed.
+    """
     gc.collect()
-    return all(ref() is None for ref in refs)
+    return all(ref() is None for ref in refs) and not any(type(obj) is cls for obj in gc.get_objects())
 
 
-def test_a_cycle_through_items_in_both_rings_is_collected(impl: QueueClass) -> None:
+def test_a_cycle_through_items_in_both_rings_is_freed(impl: QueueClass) -> None:
+    item_class = own_class()
     q = impl(1, 4)
-    # A tuple cannot be cleared, so only the queue itself can break these cycles.
-    assigned, waiting = Marker(), Marker()
-    q.put((q, assigned))  # takes the slot: it waits in the hand-off buffer for get()
-    q.put((q, waiting))  # waits in line
-    holder = Holder()
+    # A tuple has no tp_clear, so only the queue itself can break these cycles.
+    q.put((q, item_class()))  # takes the slot: it waits in the hand-off buffer for get()
+    q.put((q, item_class()))  # waits in line
+    holder = item_class()
     holder.q = q
     q.put(holder)
     assert q.stats()["assigned"] == 1 and q.qsize() == 2
-    refs = (weakref.ref(q), weakref.ref(assigned), weakref.ref(waiting), weakref.ref(holder))
-    del q, assigned, waiting, holder
-    assert collected(*refs)
+    queue_ref = weakref.ref(q)
+    del q, holder
+    assert freed(item_class, queue_ref)
 
 
-def test_a_cycle_through_on_expired_is_collected(impl: QueueClass) -> None:
-    holder = Holder()
+def test_a_cycle_through_on_expired_is_freed(impl: QueueClass) -> None:
+    holder_class = own_class()
+    holder = holder_class()
     holder.q = impl(1, 1, on_expired=holder.on_expired)
-    holder.q.put((holder, Marker()))
-    refs = (weakref.ref(holder), weakref.ref(holder.q))
+    queue_ref = weakref.ref(holder.q)
     del holder
-    assert collected(*refs)
+    assert freed(holder_class, queue_ref)
 
 
 def test_collections_while_threads_use_a_cyclic_queue_never_crash(impl: QueueClass) -> None:
@@ -464,14 +471,12 @@ def clear_like_the_collector(obj: object) -> None:
 
 
 def test_a_queue_cleared_by_the_collector_drops_its_items_and_refuses_every_call(impl: QueueClass) -> None:
-    q = impl(1, 3, on_expired=Holder().on_expired)
-    assigned, waiting = Marker(), Marker()
-    q.put(assigned)
-    q.put(waiting)
-    refs = (weakref.ref(assigned), weakref.ref(waiting))
-    del assigned, waiting
+    item_class = own_class()
+    q = impl(1, 3, on_expired=item_class().on_expired)
+    q.put(item_class())  # holds the slot
+    q.put(item_class())  # waits
     clear_like_the_collector(q)
-    assert all(ref() is None for ref in refs), "the cleared queue still holds its items"
+    assert freed(item_class), "the cleared queue still holds its items or its callback"
     assert NOT_INITIALISED in repr(q)
     outcomes = {}
     for name, call in CALLS.items():
