@@ -914,32 +914,32 @@ cdef int _clear_queue(PyObject *o) noexcept:
     """
     cdef AdmissionQueue queue = <AdmissionQueue>o
     cdef PyObject *batch[_BATCH]
-    cdef Py_ssize_t i, count = 1
+    cdef Py_ssize_t i, count
     cdef Entry entry
-    if queue._ring != NULL:
+    if queue._ring == NULL:
+        return _generated_clear(o)
+    while True:
         pthread_mutex_lock(&queue._mutex)
         queue._initialised = False
         queue._shutdown = True
-        while count > 0:
-            count = 0
-            while count < _BATCH and queue._ring_count > 0:
-                prazo_add(&queue._c.cancelled, 1)
-                queue._dismiss(queue._ring_pop_next(), _CANCELLED, batch, &count)
-            while count < _BATCH and queue._ready_count > 0:
-                entry = queue._ready[queue._ready_head]
-                queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
-                queue._ready_count -= 1
-                prazo_add(&queue._c.assigned, -1)
-                prazo_add(&queue._c.in_flight, -1)
-                prazo_add(&queue._c.cancelled, 1)
-                batch[count] = entry.item
-                count += 1
-            pthread_mutex_unlock(&queue._mutex)
-            for i in range(count):
-                Py_XDECREF(batch[i])
-            pthread_mutex_lock(&queue._mutex)
-        pthread_cond_broadcast(&queue._ready_cond)
+        count = 0
+        while count < _BATCH and queue._ring_count > 0:
+            prazo_add(&queue._c.cancelled, 1)
+            queue._dismiss(queue._ring_pop_next(), _CANCELLED, batch, &count)
+        while count < _BATCH and queue._ready_count > 0:
+            entry = queue._ready[queue._ready_head]
+            queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
+            queue._ready_count -= 1
+            prazo_add(&queue._c.assigned, -1)
+            prazo_add(&queue._c.in_flight, -1)
+            prazo_add(&queue._c.cancelled, 1)
+            batch[count] = entry.item
+            count += 1
         pthread_mutex_unlock(&queue._mutex)
+        if count == 0:
+            break
+        for i in range(count):
+            Py_XDECREF(batch[i])
     return _generated_clear(o)
 
 

@@ -472,9 +472,11 @@ def clear_like_the_collector(obj: object) -> None:
 
 def test_a_queue_cleared_by_the_collector_drops_its_items_and_refuses_every_call(impl: QueueClass) -> None:
     item_class = own_class()
-    q = impl(1, 3, on_expired=item_class().on_expired)
-    q.put(item_class())  # holds the slot
-    q.put(item_class())  # waits
+    q = impl(2, 40, on_expired=item_class().on_expired)
+    # More than one batch (16) of items to drop, in both rings.
+    for _ in range(2 + 40):
+        q.put(item_class())
+    assert q.stats()["assigned"] == 2 and q.qsize() == 40
     clear_like_the_collector(q)
     assert freed(item_class), "the cleared queue still holds its items or its callback"
     assert NOT_INITIALISED in repr(q)
