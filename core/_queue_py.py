@@ -75,8 +75,7 @@ NO_DEADLINE_NS = 2**63 - 1
 _WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
 
 _NOT_INITIALISED = (
-    "the AdmissionQueue is not initialised: its __init__ did not complete "
-    "(or the garbage collector has cleared it)"
+    "the AdmissionQueue is not initialised: its __init__ did not complete (or the garbage collector has cleared it)"
 )
 
 _COUNTERS = (
