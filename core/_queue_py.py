@@ -34,7 +34,10 @@ cannot wake themselves; ``expire_overdue()`` sweeps them out on demand.
 Counters (``stats()``), with ``expired = expired_on_arrival + expired_in_queue``::
 
     offered == started + rejected_full + expired + cancelled + queued + assigned
+    in_flight == started - completed + assigned
     0 <= in_flight <= max_concurrency,  0 <= queued <= max_queue
+
+``stats()`` reads them under the lock, so they hold in every snapshot.
 
 Every operation that decides on time takes an optional ``now_ns`` (the
 ``time.monotonic_ns()`` value to use), so tests can run both twins on one
@@ -194,6 +197,10 @@ class AdmissionQueue:
     noticed) for every work item whose deadline passed while it waited.
     """
 
+    # An instance whose __init__ never completed (or whose __dict__ the
+    # garbage collector cleared) finds this class default and refuses every call.
+    _initialised = False
+
     def __init__(
         self,
         max_concurrency: int,
@@ -236,10 +243,6 @@ class AdmissionQueue:
         self._peak_queued = 0
         self._queue_wait_ns_total = 0
         self._initialised = True
-
-    # An instance whose __init__ never completed (or whose __dict__ the
-    # garbage collector cleared) finds this class default and refuses every call.
-    _initialised = False
 
     def _check_initialised(self) -> None:
         if not self._initialised:
