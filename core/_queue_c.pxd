@@ -90,7 +90,7 @@ cdef class AdmissionQueue:
     cdef int64_t _max_queue
     cdef bint _lifo
     cdef bint _shutdown
-    cdef bint _sync_ready
+    cdef bint _initialised        # __init__ completed and the GC has not cleared it
     cdef Counters _c
     cdef object _on_expired
     cdef object __weakref__

@@ -8,25 +8,38 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
   entry leaves from the middle of the line) and never while Python code runs
   or while this thread waits for the GIL, so correctness never rests on the GIL;
-* counters are C11 atomics, so ``stats()`` reads them without the mutex;
+* counters are C11 atomics written under the mutex: ``qsize()`` and
+  ``full()`` read one or two without it, ``stats()`` copies them all under it
+  so that every snapshot balances;
 * waiting releases the GIL and sleeps on a condition variable that times out
   on CLOCK_MONOTONIC; each gate waiter has its own condition, so a release
   wakes exactly the thread it hands its slot to.
 
 The mutex is taken while holding the GIL on the fast path (cheaper than
 releasing the GIL); that is deadlock-free because a thread holding the mutex
-never asks for the GIL.
+never asks for the GIL. The garbage collector's traversal takes the mutex too
+(see the end of this file), so a thread holding it must also never create or
+release a Python object, which could start a collection on that thread.
 """
 
 cimport cython
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_DECREF
+from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from libc.stdint cimport int64_t, INT64_MAX
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() except -1
+    # Declared here with PyObject * and noexcept, as the collector calls them.
+    ctypedef int (*visitproc)(PyObject *, void *) noexcept
+    ctypedef int (*traverseproc)(PyObject *, visitproc, void *) noexcept
+    ctypedef int (*inquiry)(PyObject *) noexcept
+    ctypedef struct PyTypeObject:
+        unsigned long tp_flags
+        traverseproc tp_traverse
+        inquiry tp_clear
+    unsigned long Py_TPFLAGS_HAVE_GC
 
 import queue as _stdlib_queue
 
@@ -84,6 +97,14 @@ _COUNTER_NAMES = (
     "queue_wait_ns_total",
 )
 
+# Counters is a struct of atomics only, in the order of _COUNTER_NAMES.
+cdef Py_ssize_t _N_COUNTERS = sizeof(Counters) // sizeof(prazo_atomic_i64)
+if _N_COUNTERS != len(_COUNTER_NAMES):
+    raise ImportError("prazo: the Counters struct and _COUNTER_NAMES disagree; rebuild the C twin")
+
+_NOT_INITIALISED = ("the AdmissionQueue is not initialised: its __init__ did not complete "
+                    "(or the garbage collector has cleared it)")
+
 
 cdef extern from "prazo_slots.h":
     Py_ssize_t prazo_slot_offset(object descr)
@@ -136,6 +157,12 @@ cdef object _admission_error(int outcome):
     return QueueFull(REASON_QUEUE_FULL)
 
 
+cdef inline int _check_initialised(AdmissionQueue queue) except -1:
+    if not queue._initialised:
+        raise RuntimeError(_NOT_INITIALISED)
+    return 0
+
+
 cdef void _log_callback_error(object item):
     import logging
 
@@ -162,6 +189,8 @@ cdef class Slot:
         self.started_ns = 0
 
     def __enter__(self):
+        if self._queue is None:
+            raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
         self.started_ns = self._queue._acquire(
@@ -197,91 +226,128 @@ cdef class AdmissionQueue:
     """
 
     def __cinit__(self, *args, **kwargs):
+        # Until __init__ succeeds every method refuses (_check_initialised),
+        # and _ring == NULL says no C resource is owned yet.
         self._ring = NULL
         self._ready = NULL
-        self._sync_ready = False
+        self._initialised = False
 
     def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None):
-        if self._sync_ready:
+        cdef Entry *ring
+        cdef Entry *ready
+        cdef Py_ssize_t concurrency, waiting, ring_cap
+        # A second __init__ would reset the counters and the rings under the
+        # threads already using them.
+        if self._ring != NULL:
             raise RuntimeError("AdmissionQueue.__init__ must not be called twice")
-        self._max_concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
-        self._max_queue = _validate_size(max_queue, "max_queue", 0)
+        # Everything is validated and allocated before anything is assigned,
+        # so a failed __init__ leaves the queue as __new__ made it (refusing
+        # every call) and never half-built: a zero capacity would divide by zero.
+        concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
+        waiting = _validate_size(max_queue, "max_queue", 0)
         if not isinstance(order, str):
             raise TypeError(f"order must be 'fifo' or 'lifo', not {type(order).__name__}")
         if order not in ("fifo", "lifo"):
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
         if on_expired is not None and not callable(on_expired):
             raise TypeError("on_expired must be callable or None")
+        # One extra entry so a max_queue of 0 still gets a valid allocation.
+        ring_cap = waiting if waiting > 0 else 1
+        ring = <Entry *>malloc(ring_cap * sizeof(Entry))
+        ready = <Entry *>malloc(concurrency * sizeof(Entry))
+        try:
+            if ring == NULL or ready == NULL:
+                raise MemoryError("cannot allocate the admission ring")
+            if pthread_mutex_init(&self._mutex, NULL) != 0:
+                raise OSError("pthread_mutex_init failed")
+            if prazo_cond_init_monotonic(&self._ready_cond) != 0:
+                pthread_mutex_destroy(&self._mutex)
+                raise OSError("pthread_cond_init failed")
+        except BaseException:
+            free(ring)
+            free(ready)
+            raise
+        self._max_concurrency = concurrency
+        self._max_queue = waiting
         self._lifo = order == "lifo"
         self._on_expired = on_expired
         self._shutdown = False
         memset(&self._c, 0, sizeof(Counters))
-        # One extra entry so a max_queue of 0 still gets a valid allocation.
-        self._ring_cap = self._max_queue if self._max_queue > 0 else 1
-        self._ready_cap = self._max_concurrency
-        self._ring = <Entry *>malloc(self._ring_cap * sizeof(Entry))
-        self._ready = <Entry *>malloc(self._ready_cap * sizeof(Entry))
-        if self._ring == NULL or self._ready == NULL:
-            raise MemoryError("cannot allocate the admission ring")
+        self._ring_cap = ring_cap
+        self._ready_cap = concurrency
         self._ring_head = self._ring_count = 0
         self._ready_head = self._ready_count = 0
-        if pthread_mutex_init(&self._mutex, NULL) != 0:
-            raise OSError("pthread_mutex_init failed")
-        if prazo_cond_init_monotonic(&self._ready_cond) != 0:
-            pthread_mutex_destroy(&self._mutex)
-            raise OSError("pthread_cond_init failed")
-        self._sync_ready = True
+        self._ready = ready
+        self._ring = ring
+        self._initialised = True
 
     def __dealloc__(self):
         cdef Py_ssize_t i
-        if self._ring != NULL:
-            for i in range(self._ring_count):
-                if self._ring[(self._ring_head + i) % self._ring_cap].item != NULL:
-                    Py_DECREF(<object>self._ring[(self._ring_head + i) % self._ring_cap].item)
-            free(self._ring)
-        if self._ready != NULL:
-            for i in range(self._ready_count):
-                if self._ready[(self._ready_head + i) % self._ready_cap].item != NULL:
-                    Py_DECREF(<object>self._ready[(self._ready_head + i) % self._ready_cap].item)
-            free(self._ready)
-        if self._sync_ready:
-            pthread_cond_destroy(&self._ready_cond)
-            pthread_mutex_destroy(&self._mutex)
+        if self._ring == NULL:
+            return
+        for i in range(self._ring_count):
+            Py_XDECREF(self._ring[(self._ring_head + i) % self._ring_cap].item)
+        for i in range(self._ready_count):
+            Py_XDECREF(self._ready[(self._ready_head + i) % self._ready_cap].item)
+        free(self._ring)
+        free(self._ready)
+        pthread_cond_destroy(&self._ready_cond)
+        pthread_mutex_destroy(&self._mutex)
 
     # -- configuration -------------------------------------------------------
 
     @property
     def max_concurrency(self):
+        _check_initialised(self)
         return self._max_concurrency
 
     @property
     def max_queue(self):
+        _check_initialised(self)
         return self._max_queue
 
     @property
     def order(self):
+        _check_initialised(self)
         return "lifo" if self._lifo else "fifo"
 
     @property
     def is_shutdown(self):
+        _check_initialised(self)
         return self._shutdown
 
     def qsize(self):
         """Entries waiting for a slot (not counting the ones holding one)."""
+        _check_initialised(self)
         return prazo_load(&self._c.queued)
 
     def full(self):
         """True when an arrival now would get ``QueueFull``."""
+        _check_initialised(self)
         return (prazo_load(&self._c.in_flight) >= self._max_concurrency
                 and prazo_load(&self._c.queued) >= self._max_queue)
 
     def stats(self):
-        """A snapshot of the counters, read without taking the mutex."""
+        """A consistent snapshot of the counters: they balance in every snapshot.
+
+        Every counter is written with the mutex held, but some writers run
+        without the GIL (a waiter leaving at its own deadline), so reading
+        the atomics one by one could catch half of an update; copying them
+        under the mutex cannot. The mutex may be taken with the GIL held
+        because no thread holding it ever asks for the GIL.
+        """
+        cdef Counters copy
         cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
+        cdef prazo_atomic_i64 *copied = <prazo_atomic_i64 *>&copy
         cdef Py_ssize_t i
+        _check_initialised(self)
+        pthread_mutex_lock(&self._mutex)
+        for i in range(_N_COUNTERS):
+            prazo_store(&copied[i], prazo_load(&fields[i]))
+        pthread_mutex_unlock(&self._mutex)
         snapshot = {}
-        for i in range(len(_COUNTER_NAMES)):
-            snapshot[_COUNTER_NAMES[i]] = prazo_load(&fields[i])
+        for i in range(_N_COUNTERS):
+            snapshot[_COUNTER_NAMES[i]] = prazo_load(&copied[i])
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
@@ -423,6 +489,7 @@ cdef class AdmissionQueue:
 
     def slot(self, deadline=None, *, now_ns=None):
         """A context manager holding one slot for the body of a ``with``."""
+        _check_initialised(self)
         cdef Slot s = Slot.__new__(Slot)
         s._queue = self
         s._deadline_ns = _deadline_ns(deadline)
@@ -440,6 +507,7 @@ cdef class AdmissionQueue:
         ``DeadlineExceeded`` when the deadline passes before a slot is granted
         (on arrival, while waiting, or just as the slot arrives).
         """
+        _check_initialised(self)
         self._acquire(_deadline_ns(deadline), _clock(now_ns))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
@@ -564,6 +632,7 @@ cdef class AdmissionQueue:
 
     def release(self, *, now_ns=None):
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+        _check_initialised(self)
         self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
@@ -595,6 +664,7 @@ cdef class AdmissionQueue:
         """
         cdef Entry entry
         cdef int outcome
+        _check_initialised(self)
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
         entry.item = <PyObject *>item
@@ -632,6 +702,7 @@ cdef class AdmissionQueue:
         cdef Entry entry
         cdef PyObject *batch[_BATCH]
         cdef int waited
+        _check_initialised(self)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
                 raise TypeError(f"timeout must be a number or None, not {type(timeout).__name__}")
@@ -685,6 +756,7 @@ cdef class AdmissionQueue:
 
     def task_done(self, *, now_ns=None):
         """Give back the slot of an item taken by ``get()``."""
+        _check_initialised(self)
         self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
 
     def expire_overdue(self, *, now_ns=None):
@@ -697,6 +769,7 @@ cdef class AdmissionQueue:
         cdef Py_ssize_t i, kept = 0, count = 0, n_items = 0
         cdef Entry entry
         cdef PyObject **items
+        _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         items = <PyObject **>malloc((self._ring_count + 1) * sizeof(PyObject *))
         if items == NULL:
@@ -730,6 +803,7 @@ cdef class AdmissionQueue:
         cdef Py_ssize_t i
         cdef PyObject *target = <PyObject *>item
         cdef bint found = False
+        _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         for i in range(self._ring_count):
             if self._ring[(self._ring_head + i) % self._ring_cap].item == target:
@@ -754,6 +828,7 @@ cdef class AdmissionQueue:
         cdef Py_ssize_t i, n_items = 0
         cdef Entry entry
         cdef PyObject **items = NULL
+        _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         self._shutdown = True
         if cancel and self._ring_count > 0:
@@ -779,8 +854,99 @@ cdef class AdmissionQueue:
         return cancelled
 
     def __repr__(self):
+        if not self._initialised:
+            return f"<{type(self).__module__}.{type(self).__name__} (not initialised)>"
         return (
             f"<{type(self).__module__}.{type(self).__name__} max_concurrency={self._max_concurrency} "
             f"max_queue={self._max_queue} order={self.order!r} in_flight={prazo_load(&self._c.in_flight)} "
             f"queued={prazo_load(&self._c.queued)}>"
         )
+
+
+# -- garbage collection of the items in the rings --------------------------------
+#
+# The rings hold owned references that Cython cannot see, so without help a
+# cycle through a waiting item (queue -> item -> queue) is never collected.
+# Cython does not let a class define tp_traverse / tp_clear, so the slots it
+# generates (which cover _on_expired) are wrapped here, once, at import.
+#
+# Both take the mutex: a waiter leaving at its deadline moves entries of the
+# ring without the GIL, and the collector must see one consistent set of
+# items. That is deadlock-free for the same reason as the fast path (no thread
+# holding the mutex asks for the GIL), and it also needs no Python object to
+# be allocated while the mutex is held, which could start a collection on
+# that same thread. An item leaves the rings only with the GIL held, so the
+# set cannot change between the collector's passes.
+
+cdef traverseproc _generated_traverse
+cdef inquiry _generated_clear
+
+
+cdef int _traverse_queue(PyObject *o, visitproc visit, void *arg) noexcept:
+    cdef AdmissionQueue queue = <AdmissionQueue>o
+    cdef Py_ssize_t i
+    cdef PyObject *item
+    cdef int err = _generated_traverse(o, visit, arg)
+    if err or queue._ring == NULL:
+        return err
+    pthread_mutex_lock(&queue._mutex)
+    for i in range(queue._ring_count):
+        item = queue._ring[(queue._ring_head + i) % queue._ring_cap].item
+        if item != NULL:
+            err = visit(item, arg)
+            if err:
+                break
+    if not err:
+        for i in range(queue._ready_count):
+            err = visit(queue._ready[(queue._ready_head + i) % queue._ready_cap].item, arg)
+            if err:
+                break
+    pthread_mutex_unlock(&queue._mutex)
+    return err
+
+
+cdef int _clear_queue(PyObject *o) noexcept:
+    """Drop every item the rings hold and leave the queue refusing every call.
+
+    The entries are counted ``cancelled`` (an item holding an assigned slot
+    gives it back), so the counters still balance; the references are
+    dropped outside the mutex, in batches, since that can run arbitrary code.
+    """
+    cdef AdmissionQueue queue = <AdmissionQueue>o
+    cdef PyObject *batch[_BATCH]
+    cdef Py_ssize_t i, count
+    cdef Entry entry
+    if queue._ring == NULL:
+        return _generated_clear(o)
+    while True:
+        pthread_mutex_lock(&queue._mutex)
+        queue._initialised = False
+        queue._shutdown = True
+        count = 0
+        while count < _BATCH and queue._ring_count > 0:
+            prazo_add(&queue._c.cancelled, 1)
+            queue._dismiss(queue._ring_pop_next(), _CANCELLED, batch, &count)
+        while count < _BATCH and queue._ready_count > 0:
+            entry = queue._ready[queue._ready_head]
+            queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
+            queue._ready_count -= 1
+            prazo_add(&queue._c.assigned, -1)
+            prazo_add(&queue._c.in_flight, -1)
+            prazo_add(&queue._c.cancelled, 1)
+            batch[count] = entry.item
+            count += 1
+        pthread_mutex_unlock(&queue._mutex)
+        if count == 0:
+            break
+        for i in range(count):
+            Py_XDECREF(batch[i])
+    return _generated_clear(o)
+
+
+cdef PyTypeObject *_queue_type = <PyTypeObject *><PyObject *>AdmissionQueue
+if not _queue_type.tp_flags & Py_TPFLAGS_HAVE_GC or _queue_type.tp_traverse == NULL or _queue_type.tp_clear == NULL:
+    raise ImportError("prazo: AdmissionQueue must be a garbage-collected type (it lost its object attributes?)")
+_generated_traverse = _queue_type.tp_traverse
+_generated_clear = _queue_type.tp_clear
+_queue_type.tp_traverse = _traverse_queue
+_queue_type.tp_clear = _clear_queue

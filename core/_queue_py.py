@@ -34,7 +34,10 @@ cannot wake themselves; ``expire_overdue()`` sweeps them out on demand.
 Counters (``stats()``), with ``expired = expired_on_arrival + expired_in_queue``::
 
     offered == started + rejected_full + expired + cancelled + queued + assigned
+    in_flight == started - completed + assigned
     0 <= in_flight <= max_concurrency,  0 <= queued <= max_queue
+
+``stats()`` reads them under the lock, so they hold in every snapshot.
 
 Every operation that decides on time takes an optional ``now_ns`` (the
 ``time.monotonic_ns()`` value to use), so tests can run both twins on one
@@ -73,6 +76,10 @@ _log = logging.getLogger("prazo")
 NO_DEADLINE_NS = 2**63 - 1
 
 _WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
+
+_NOT_INITIALISED = (
+    "the AdmissionQueue is not initialised: its __init__ did not complete (or the garbage collector has cleared it)"
+)
 
 _COUNTERS = (
     "offered",
@@ -154,9 +161,13 @@ class Slot:
         self.started_ns = 0
 
     def __enter__(self) -> Self:
+        try:
+            queue = self._queue
+        except AttributeError:
+            raise RuntimeError("this Slot was not made by AdmissionQueue.slot()") from None
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self.started_ns = self._queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns))
+        self.started_ns = queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns))
         self._held = True
         return self
 
@@ -186,6 +197,10 @@ class AdmissionQueue:
     noticed) for every work item whose deadline passed while it waited.
     """
 
+    # An instance whose __init__ never completed (or whose __dict__ the
+    # garbage collector cleared) finds this class default and refuses every call.
+    _initialised = False
+
     def __init__(
         self,
         max_concurrency: int,
@@ -194,10 +209,19 @@ class AdmissionQueue:
         order: str = "fifo",
         on_expired: Callable[[Any], object] | None = None,
     ) -> None:
-        self._max_concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
-        self._max_queue = _validate_size(max_queue, "max_queue", 0)
-        self._lifo = _validate_order(order) == "lifo"
+        # A second __init__ would reset the counters and the line under the
+        # threads already using them.
+        if self._initialised:
+            raise RuntimeError("AdmissionQueue.__init__ must not be called twice")
+        # Everything is validated before anything is assigned, so a failed
+        # __init__ leaves the queue refusing every call, never half-built.
+        concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
+        waiting = _validate_size(max_queue, "max_queue", 0)
+        lifo = _validate_order(order) == "lifo"
         _validate_on_expired(on_expired)
+        self._max_concurrency = concurrency
+        self._max_queue = waiting
+        self._lifo = lifo
         self._on_expired = on_expired
         self._lock = threading.Lock()
         self._waiting: deque[_Entry] = deque()
@@ -218,36 +242,53 @@ class AdmissionQueue:
         self._peak_in_flight = 0
         self._peak_queued = 0
         self._queue_wait_ns_total = 0
+        self._initialised = True
+
+    def _check_initialised(self) -> None:
+        if not self._initialised:
+            raise RuntimeError(_NOT_INITIALISED)
 
     # -- configuration -------------------------------------------------------
 
     @property
     def max_concurrency(self) -> int:
+        self._check_initialised()
         return self._max_concurrency
 
     @property
     def max_queue(self) -> int:
+        self._check_initialised()
         return self._max_queue
 
     @property
     def order(self) -> str:
+        self._check_initialised()
         return "lifo" if self._lifo else "fifo"
 
     @property
     def is_shutdown(self) -> bool:
+        self._check_initialised()
         return self._shutdown
 
     def qsize(self) -> int:
         """Entries waiting for a slot (not counting the ones holding one)."""
+        self._check_initialised()
         return self._queued
 
     def full(self) -> bool:
         """True when an arrival now would get ``QueueFull``."""
+        self._check_initialised()
         return self._in_flight >= self._max_concurrency and self._queued >= self._max_queue
 
     def stats(self) -> dict[str, int]:
-        """A snapshot of the counters, read without taking the lock."""
-        snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
+        """A consistent snapshot of the counters: they balance in every snapshot.
+
+        Read under the lock: a thread switch can fall between two counter
+        updates of one operation, and an unlocked read would see half of it.
+        """
+        self._check_initialised()
+        with self._lock:
+            snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
@@ -332,6 +373,7 @@ class AdmissionQueue:
 
     def slot(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> Slot:
         """A context manager holding one slot for the body of a ``with``."""
+        self._check_initialised()
         _deadline_ns(deadline)
         if now_ns is not None:
             _clock(now_ns)
@@ -344,6 +386,7 @@ class AdmissionQueue:
         ``DeadlineExceeded`` when the deadline passes before a slot is granted
         (on arrival, while waiting, or just as the slot arrives).
         """
+        self._check_initialised()
         self._acquire(_deadline_ns(deadline), _clock(now_ns))
 
     def _acquire(self, deadline_ns: int, now: int) -> int:
@@ -412,6 +455,7 @@ class AdmissionQueue:
 
     def release(self, *, now_ns: int | None = None) -> None:
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+        self._check_initialised()
         now = _clock(now_ns)
         expired_items: list[Any] = []
         with self._lock:
@@ -430,6 +474,7 @@ class AdmissionQueue:
         how fast consumers wake up); otherwise it waits in line. Raises
         ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
         """
+        self._check_initialised()
         deadline_ns = _deadline_ns(deadline)
         now = _clock(now_ns)
         with self._lock:
@@ -453,6 +498,7 @@ class AdmissionQueue:
         ready (at once, or after ``timeout`` seconds), and ``ShutDown`` once
         the queue is shut down and nothing is left to hand out.
         """
+        self._check_initialised()
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
                 raise TypeError(f"timeout must be a number or None, not {type(timeout).__name__}")
@@ -506,6 +552,7 @@ class AdmissionQueue:
         Gate waiters already leave at their own deadline; this is how work
         items, which cannot wake themselves, get the same treatment.
         """
+        self._check_initialised()
         now = _clock(now_ns)
         expired_items: list[Any] = []
         with self._lock:
@@ -529,6 +576,7 @@ class AdmissionQueue:
         never be handed out), False when it was not in line (already holding a
         slot, taken, expired or never put).
         """
+        self._check_initialised()
         with self._lock:
             for entry in self._waiting:
                 if entry.cond is None and entry.item is item:
@@ -546,6 +594,7 @@ class AdmissionQueue:
         ``cancelled``: gate waiters raise ``ShutDown`` and the work items are
         returned (oldest first) so the caller can answer them.
         """
+        self._check_initialised()
         cancelled: list[Any] = []
         with self._lock:
             self._shutdown = True
@@ -559,6 +608,8 @@ class AdmissionQueue:
         return cancelled
 
     def __repr__(self) -> str:
+        if not self._initialised:
+            return f"<{type(self).__module__}.{type(self).__name__} (not initialised)>"
         return (
             f"<{type(self).__module__}.{type(self).__name__} max_concurrency={self._max_concurrency} "
             f"max_queue={self._max_queue} order={self.order!r} in_flight={self._in_flight} queued={self._queued}>"

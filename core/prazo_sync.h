@@ -3,8 +3,9 @@
  * CLOCK_MONOTONIC (never the wall clock, which can jump).
  *
  * Every counter is written only while the queue's mutex is held, so a plain
- * relaxed load + store is enough for writers; readers (stats()) load without
- * the mutex, and the atomics make those unlocked reads well-defined. */
+ * relaxed load + store is enough for writers. qsize()/full() load one or two
+ * without the mutex, and the atomics make those unlocked reads well-defined;
+ * stats() copies all of them under the mutex so that they balance. */
 #ifndef PRAZO_SYNC_H
 #define PRAZO_SYNC_H
 
