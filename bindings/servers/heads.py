@@ -19,6 +19,7 @@ __all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "peek_bytes", "peekabl
 # A request head larger than this is not peeked at; the request is admitted
 # with a provisional deadline and its real one is computed once it is parsed.
 MAX_HEAD_BYTES = 65536
+
 _MSG_PEEK_DONTWAIT = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
 _CAN_PEEK_WITHOUT_BLOCKING = hasattr(socket, "MSG_DONTWAIT")
 

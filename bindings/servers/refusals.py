@@ -31,6 +31,7 @@ __all__ = [
 
 # X-Prazo-Reason of the 408 answering a head not complete within the header timeout.
 REASON_HEADER_TIMEOUT = "header-timeout"
+
 # Polite close: after a refusal the write side is shut and the client's bytes
 # are read and dropped for up to DEFAULT_LINGER_S or DEFAULT_MAX_DRAIN_BYTES,
 # so a client still sending its body finishes and then reads the answer.

@@ -49,6 +49,7 @@ ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
 ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
 ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
 ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
+
 DEFAULT_THREADS = 4
 # Without an explicit size the line holds four requests per worker: with a
 # typical service time well under the default 1 s budget, the last in line
@@ -60,11 +61,13 @@ DEFAULT_MAX_BUDGET_MS = 30000.0
 # one round trip, and every second a slow one is allowed is a connection a
 # slow-loris client keeps open for free.
 DEFAULT_HEADER_TIMEOUT_MS = 5000.0
+
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 
 
 def checked_count(value: object, name: str, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; TypeError / ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < minimum:

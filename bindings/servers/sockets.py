@@ -31,6 +31,7 @@ _SEND_TIMEOUT_S = 1.0
 
 
 def send_all(sock: socket.socket, payload: bytes) -> bool:
+    """Write all of ``payload`` within a second; False (never an exception) when the peer is gone or stuck."""
     try:
         sock.settimeout(_SEND_TIMEOUT_S)
         sock.sendall(payload)
@@ -40,6 +41,7 @@ def send_all(sock: socket.socket, payload: bytes) -> bool:
 
 
 def hard_close(sock: socket.socket) -> None:
+    """Close ``sock`` now, whatever state it is in."""
     try:
         sock.close()
     except OSError:
