@@ -17,6 +17,14 @@
 admission queue; without it the demo uses whichever ``prazo.core`` picked and
 the benchmark compares both.
 
+The command lives here, in ``prazo.bench``, because most of it runs what
+measures prazo (the demos and benchmarks), and the arrows only point down:
+bench may import ``prazo.bindings``, a binding never imports bench. ``prazo
+serve`` is what a service runs, so it lives in
+``prazo.bindings.servers.serve`` and is only wired in here; a deployment that
+wants it without the measuring code runs ``python -m
+prazo.bindings.servers.serve``.
+
 Adding to the command: a new command is an ``_add_<name>(commands)`` function
 called from ``build_parser``; a new topic of ``demo`` or ``bench`` is added to
 the sub-command set those functions return. Every handler has the signature

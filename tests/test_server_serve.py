@@ -15,7 +15,8 @@ import pytest
 from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, request, statuses
 from prazo.bindings.servers.serve import load_app, main_serve
 
-_LAUNCH = "import sys; from prazo.bindings.servers.serve import main_serve; sys.exit(main_serve(sys.argv[1:]))"
+# `prazo serve` as a deployment without prazo.bench runs it.
+_SERVE = (sys.executable, "-m", "prazo.bindings.servers.serve")
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
     kind: str, processes: list[subprocess.Popen]
 ) -> None:
     command = [
-        sys.executable, "-c", _LAUNCH, "_server_harness:app", "--server", kind, "--port", "0",
+        *_SERVE, "_server_harness:app", "--server", kind, "--port", "0",
         "--threads", "2", "--max-queue", "3", "--default-budget-ms", "1500", "--shutdown-timeout", "10",
     ]  # fmt: skip
     process = subprocess.Popen(

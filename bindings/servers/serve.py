@@ -18,7 +18,8 @@ Servers: ``waitress`` (the default: production-grade, pure Python),
 
 For the ``prazo`` command line: ``add_serve_arguments(parser)`` declares the
 options on a (sub)parser and ``run_serve(args, out)`` runs them;
-``main_serve(argv)`` is the same as a standalone program.
+``main_serve(argv)`` is the same as a standalone program, which is also
+``python -m prazo.bindings.servers.serve`` (no ``prazo.bench`` needed).
 """
 
 from __future__ import annotations
@@ -331,3 +332,7 @@ def run_serve(args: argparse.Namespace, out: TextIO) -> int:
 def main_serve(argv: list[str] | None = None) -> int:
     """``prazo serve`` as a standalone program; returns the exit status."""
     return run_serve(build_serve_parser().parse_args(argv), sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main_serve())
