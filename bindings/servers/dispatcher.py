@@ -220,7 +220,7 @@ class AdmissionDispatcher:
             # It may be waiting: make sure it is refused at its own deadline.
             with self._reaper_cond:
                 if not ticket.claimed:
-                    self._reaper.watch_locked(ticket.deadline.ns, ticket)  # type: ignore[arg-type]
+                    self._reaper.watch_locked(ticket.deadline.ns, ticket)
         return True
 
     def current_ticket(self) -> Ticket | None:
