@@ -29,9 +29,7 @@ from .sockets import hard_close, send_all
 
 __all__ = ["ConnectionAdmission"]
 
-# One logger for the machinery every embedding shares (dispatcher, watchers,
-# connection admission), so a service configures it under one name.
-_log = logging.getLogger("prazo.servers")
+_log = logging.getLogger("prazo.servers")  # one name for all the shared machinery, see dispatcher
 
 # A head still arriving is peeked at again after 1 ms, then after twice as
 # long each time, up to 0.1 s: a head split across packets is seen a moment

@@ -21,9 +21,7 @@ from .settings import checked_count
 
 __all__ = ["ReadinessWatcher", "SocketWatcher", "WatchedSocket", "hard_close", "send_all"]
 
-# One logger for the machinery every embedding shares (dispatcher, watchers,
-# connection admission), so a service configures it under one name.
-_log = logging.getLogger("prazo.servers")
+_log = logging.getLogger("prazo.servers")  # one name for all the shared machinery, see dispatcher
 
 # A refusal is a few hundred bytes into an empty send buffer; this bound only
 # matters for a peer that stopped reading entirely.
