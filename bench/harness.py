@@ -45,7 +45,8 @@ def plain(text: str, role: str) -> str:
 
 # Operations per timed round: per-round microseconds read directly as per-operation nanoseconds.
 INNER_LOOPS = 1000
-# A runner repeats its operation ``loops`` times; see the module docstring.
+# A runner repeats its operation ``loops`` times in a local loop, so the harness
+# pays its own call overhead once per round (``prazo.bench.core`` explains why).
 LoopRunner = Callable[[int], None]
 
 
