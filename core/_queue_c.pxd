@@ -26,6 +26,8 @@ cdef extern from "prazo_sync.h" nogil:
     void prazo_store(prazo_atomic_i64 *, int64_t)
     void prazo_add(prazo_atomic_i64 *, int64_t)
     void prazo_raise_peak(prazo_atomic_i64 *, int64_t)
+    int64_t prazo_sub_saturating(int64_t, int64_t)
+    void prazo_add_saturating(prazo_atomic_i64 *, int64_t)
     int prazo_cond_init_monotonic(pthread_cond_t *)
     int prazo_cond_wait_until(pthread_cond_t *, pthread_mutex_t *, int64_t)
     int ETIMEDOUT

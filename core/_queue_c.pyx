@@ -395,7 +395,7 @@ cdef class AdmissionQueue:
 
     cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil:
         prazo_add(&self._c.started, 1)
-        prazo_add(&self._c.queue_wait_ns_total, now - enqueued_ns)
+        prazo_add_saturating(&self._c.queue_wait_ns_total, prazo_sub_saturating(now, enqueued_ns))
 
     cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil:
         """An entry leaves the line without a slot: wake its gate waiter with
