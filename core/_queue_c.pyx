@@ -509,6 +509,10 @@ cdef class AdmissionQueue:
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
         """Take a slot; returns the monotonic time at which it started."""
         cdef int outcome
+        # A signal that arrived before this call (e.g. while this thread waited
+        # for the GIL) is raised now, before the slot is taken: after the
+        # return it would be raised in the caller, with the slot leaked.
+        PyErr_CheckSignals()
         pthread_mutex_lock(&self._mutex)
         outcome = self._admit(deadline_ns, now)
         if outcome == _ADMIT_START:
@@ -680,6 +684,8 @@ cdef class AdmissionQueue:
         cdef int outcome
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
+        # A pending signal is raised before the item is queued, not after (see _acquire).
+        PyErr_CheckSignals()
         entry.item = <PyObject *>item
         entry.waiter = NULL
         Py_INCREF(item)
@@ -723,6 +729,8 @@ cdef class AdmissionQueue:
                 end_ns = prazo_monotonic_ns() + <int64_t>(float(timeout) * 1e9)
         if use_fake:
             fake_now = _clock(now_ns)
+        # A pending signal is raised before an item is taken, not after (see _acquire).
+        PyErr_CheckSignals()
         while True:
             pthread_mutex_lock(&self._mutex)
             if self._ready_count > 0:
