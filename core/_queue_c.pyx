@@ -242,7 +242,14 @@ cdef class AdmissionQueue:
         q.task_done()                        # releases the slot
 
     ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited.
+    noticed) for every work item whose deadline passed while it waited, once
+    the hand-over that met it is complete, in line order. A callback's
+    Exception is logged; the first BaseException is raised once every item
+    has been reported.
+
+    A waiter interrupted by an exception (a signal handler's, or one raised
+    into its thread) leaves the line counted ``cancelled`` and passes on a
+    slot just granted to it; a blocked ``get()`` interrupted so takes nothing.
     """
 
     def __cinit__(self, *args, **kwargs):
