@@ -381,12 +381,20 @@ PENDING_SIGNAL = textwrap.dedent(
         "acquire": q.acquire,
         "put": functools.partial(q.put, "new"),
     }
+    steps = [
+        functools.partial(signal.setitimer, signal.ITIMER_REAL, 0.002),
+        functools.partial(sum, range(3 * 10**7)),
+        calls[sys.argv[2]],
+    ]
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, 0.002)
-    # The signal arrives during the sum; map() then calls the queue with no
-    # bytecode in between, so the handler has not run yet when it is entered.
+    # map() makes the three calls from C with no bytecode in between: the
+    # timer is armed, the signal arrives during the sum (a C loop that checks
+    # none), and the handler has not run yet when the queue is entered.
+    # (Arming it before map() would let a descheduled process run the handler
+    # first, and the test would pass on a queue that takes the item.)
+    # methodcaller, not operator.call, which Python 3.10 lacks.
     try:
-        list(map(operator.call, [functools.partial(sum, range(3 * 10**7)), calls[sys.argv[2]]]))
+        list(map(operator.methodcaller("__call__"), steps))
         outcome = "not interrupted"
     except Interrupt:
         outcome = "interrupted"
