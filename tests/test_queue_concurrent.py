@@ -523,31 +523,26 @@ class BaseExit(SystemExit):
     """A SystemExit that says which callback call raised it."""
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    dead=st.one_of(st.integers(HAND_OVER_BATCH + 1, 150), st.integers(0, HAND_OVER_BATCH)),
-    behind=st.integers(0, 4),
-    extra_room=st.integers(0, 100),
-    trigger=st.sampled_from(("task_done", "release", "get")),
-    actions=st.dictionaries(st.integers(0, 160), st.sampled_from(CALLBACK_ACTIONS), max_size=6),
-)
-def test_one_hand_over_hands_the_slot_on_then_reports_every_expired_item_once(
+def check_one_hand_over(
     impl: QueueClass,
     caplog: pytest.LogCaptureFixture,
     dead: int,
     behind: int,
     extra_room: int,
     trigger: str,
-    actions: dict[int, str],
+    actions: Mapping[int, str],
 ) -> None:
-    """A single hand-over meets ``dead`` expired items (often more than the C
-    twin's batch of 16) before the live item that gets the slot. Hypothesis
-    picks what ``on_expired`` does at each call: record, raise Exception, raise
-    KeyboardInterrupt or SystemExit, or re-enter with ``get_nowait()`` /
-    ``put()``. Whatever it does: the slot reaches the live item before any
-    callback runs, every expired item is reported once in line order, the
-    first BaseException reaches the caller of the triggering operation, and
-    the queue drains to rest."""
+    """One hand-over meets ``dead`` expired items, then the live item that gets the slot.
+
+    ``trigger`` is the operation that frees the slot (``task_done``,
+    ``release``, or ``get`` finding its assigned item expired), ``behind`` live
+    items wait after the live one, and ``actions`` says what ``on_expired``
+    does at each call (by call index; "record" when absent). Checks the
+    hand-over-before-callbacks semantics of issue 7: the slot reaches the live
+    item before any callback runs, every expired item is reported once in line
+    order whatever the callbacks raise, the first BaseException reaches the
+    caller of the trigger, Exceptions are logged, and the queue drains to rest.
+    """
     clock = FakeClock()
     reported: list[str] = []
     taken_by_callback: list[str] = []
@@ -622,19 +617,26 @@ def test_one_hand_over_hands_the_slot_on_then_reports_every_expired_item_once(
         assert outcome.args == (raising[0],), "the FIRST BaseException must reach the caller"
     n_exceptions = sum(1 for n in range(len(expected_reported)) if actions.get(n) == "raise-exception")
     assert len(logged) == n_exceptions, "each Exception from on_expired is logged once"
-    # Hand-over before callbacks: the first re-entrant get_nowait() saw the live item.
+    # The live item is taken at most once: by the triggering get(), or by a
+    # re-entrant get_nowait() in a callback — never when a BaseException
+    # reaches the caller of get() (the item then stays for the next consumer).
+    taken = taken_by_callback + (["live"] if outcome == "live" else [])
+    assert taken in ([], ["live"]), f"the live item was taken {taken}"
     reentrant_gets = [n for n in range(len(expected_reported)) if actions.get(n) == "reenter-get"]
-    if reentrant_gets:
-        assert taken_by_callback == ["live"]
-    elif trigger == "get" and not raising:
-        assert outcome == "live"
+    if trigger != "get" and reentrant_gets:
+        # Hand-over before callbacks: a re-entrant get_nowait() sees the item that got the slot.
+        assert taken_by_callback == ["live"], "on_expired ran before the slot reached the live item"
+    if trigger == "get" and not raising:
+        assert taken == ["live"], f"get() ended with {outcome!r} and the live item was not taken"
+    if trigger == "get" and raising:
+        assert outcome != "live"
     stats = q.stats()
     assert_conservation(stats)
     assert stats["expired_in_queue"] == len(expected_reported)
     assert stats["in_flight"] == 1, "the slot must be held by the live item, never lost"
     assert stats["queued"] == behind + len(put_by_callback)
-    live_taken = bool(taken_by_callback) or outcome == "live"
-    assert stats["assigned"] == (0 if live_taken else 1)
+    live_taken = taken == ["live"]
+    assert stats["assigned"] == (0 if live_taken else 1), "the live item must keep its slot until taken"
 
     # Drain: the live item, then everything behind it (no deadlines, so no more callbacks).
     if not live_taken:
@@ -649,6 +651,58 @@ def test_one_hand_over_hands_the_slot_on_then_reports_every_expired_item_once(
         q.task_done(now_ns=clock.ns)
     assert drained == behind_items + put_by_callback
     assert_at_rest(q)
+
+
+HAND_OVER_CASES = {
+    # name: (dead, trigger, actions)
+    "plain-40-expired": (40, "task_done", {}),
+    "exceptions-logged-and-reporting-goes-on": (40, "release", {0: "raise-exception", 20: "raise-exception"}),
+    "keyboard-interrupt-after-the-first-batch": (40, "task_done", {20: "raise-keyboard-interrupt"}),
+    "system-exit-in-the-first-batch": (40, "release", {3: "raise-system-exit"}),
+    "first-of-two-base-exceptions-wins": (
+        40,
+        "task_done",
+        {2: "raise-system-exit", 30: "raise-keyboard-interrupt"},
+    ),
+    "base-exception-from-a-get-hand-over": (40, "get", {25: "raise-keyboard-interrupt"}),
+    "reentrant-get-sees-the-live-item": (40, "task_done", {0: "reenter-get"}),
+    "reentrant-get-during-a-get": (40, "get", {30: "reenter-get"}),
+    "reentrant-put-queues-behind": (40, "release", {1: "reenter-put", 25: "reenter-put"}),
+}
+
+
+@pytest.mark.parametrize("case", HAND_OVER_CASES)
+def test_one_hand_over_named_cases(impl: QueueClass, caplog: pytest.LogCaptureFixture, case: str) -> None:
+    """The hand-over semantics one at a time, so a failure names the broken rule."""
+    dead, trigger, actions = HAND_OVER_CASES[case]
+    check_one_hand_over(impl, caplog, dead, 2, 0, trigger, actions)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    database=None,
+)
+@given(
+    dead=st.one_of(st.integers(HAND_OVER_BATCH + 1, 150), st.integers(0, HAND_OVER_BATCH)),
+    behind=st.integers(0, 4),
+    extra_room=st.integers(0, 100),
+    trigger=st.sampled_from(("task_done", "release", "get")),
+    actions=st.dictionaries(st.integers(0, 40), st.sampled_from(CALLBACK_ACTIONS), max_size=6),
+)
+def test_one_hand_over_whatever_the_callbacks_do(
+    impl: QueueClass,
+    caplog: pytest.LogCaptureFixture,
+    dead: int,
+    behind: int,
+    extra_room: int,
+    trigger: str,
+    actions: dict[int, str],
+) -> None:
+    """Hypothesis picks the number of expired items (often past the C twin's
+    batch of 16), the trigger and what ``on_expired`` does at each call."""
+    check_one_hand_over(impl, caplog, dead, behind, extra_room, trigger, actions)
 
 
 # -- stats() snapshots ----------------------------------------------------------------------------
