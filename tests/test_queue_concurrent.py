@@ -318,9 +318,11 @@ def test_gate_timeout_races_the_grant(impl: QueueClass, seed: int) -> None:
                 for _ in range(max_concurrency):
                     q.release()
                 round_end.wait(JOIN_TIMEOUT_S)
-    finally:
+    except BaseException:
+        # Free the racers (only on failure: parties may still be leaving the last barrier).
         round_start.abort()
         round_end.abort()
+        raise
     join_all(workers)
 
     stats = assert_at_rest(q)
@@ -685,7 +687,7 @@ def test_one_hand_over_named_cases(impl: QueueClass, caplog: pytest.LogCaptureFi
     database=None,
 )
 @given(
-    dead=st.one_of(st.integers(HAND_OVER_BATCH + 1, 150), st.integers(0, HAND_OVER_BATCH)),
+    dead=st.one_of(st.integers(HAND_OVER_BATCH + 1, 80), st.integers(0, HAND_OVER_BATCH)),
     behind=st.integers(0, 4),
     extra_room=st.integers(0, 100),
     trigger=st.sampled_from(("task_done", "release", "get")),
