@@ -477,31 +477,57 @@ def test_producers_consumers_with_hostile_callbacks_and_a_shutdown_while_waiting
             run.guarded(q.expire_overdue)
             time.sleep(0.015)
 
+    gate_ledger = Ledger()
+
+    def gate_user(user_seed: int) -> None:
+        # Gate callers share the slots with the consumers, until the shutdown turns them away.
+        user_rng = random.Random(user_seed)
+        while True:
+            deadline = Deadline.after_ms(user_rng.uniform(1.0, 30.0))
+            try:
+                run.guarded(
+                    lambda d=deadline: gate_attempt(
+                        q, gate_ledger, run.meter, d, user_rng.random() < 0.5, user_rng.uniform(0.0, 0.002)
+                    )
+                )
+            except ShutDown:
+                gate_ledger.note("shutdown")
+                return
+
     with caplog.at_level(logging.CRITICAL, logger="prazo"), stats_monitor(q, balance=False):
         takers = [spawn(consumer) for _ in range(consumers)]
+        takers += [spawn(gate_user, seed * 10 + index) for index in range(2)]
         sweep = spawn(sweeper)
         join_all([spawn(producer, seed * 100 + index) for index in range(producers)])
         producing.clear()
         sweep.result(JOIN_TIMEOUT_S)
-        # Shut down while consumers wait in get() and items may still be in line.
+        # Shut down while consumers wait in get(), gate callers wait in line,
+        # and items may still be in line.
         shut_out = q.shutdown(cancel_waiting=True)
         join_all(takers)
 
     cancelled_ids = run.cancelled + [item_id for item_id, _ in shut_out]
     stats = assert_at_rest(q)
     assert_no_late_start(run.ledger)
+    assert_no_late_start(gate_ledger)
     # Every accepted item ended exactly once: consumed, reported expired, or cancelled.
     fates = run.consumed + run.reported + cancelled_ids
     duplicated = [item_id for item_id, n in Counter(fates).items() if n > 1]
     assert duplicated == [], "items with more than one fate"
     assert set(fates) == run.accepted, f"items with no fate: {sorted(run.accepted - set(fates))[:20]}"
-    seen = run.ledger.outcomes
-    assert stats["offered"] == len(run.accepted) + seen["queue-full"] + seen["expired-on-arrival"]
-    assert stats["started"] == len(run.consumed) == seen["started"]
-    assert stats["expired_in_queue"] == len(run.reported)
-    assert stats["rejected_full"] == seen["queue-full"]
-    assert stats["expired_on_arrival"] == seen["expired-on-arrival"]
-    assert stats["cancelled"] == len(cancelled_ids)
+    work, gate = run.ledger.outcomes, gate_ledger.outcomes
+    # Gate callers waiting at the shutdown were cancelled; the later ones were never offered.
+    gate_cancelled = stats["cancelled"] - len(cancelled_ids)
+    assert gate["shutdown"] == 2, gate
+    assert 0 <= gate_cancelled <= 2, (gate_cancelled, gate)
+    gate_expired = gate["expired-on-arrival"] + gate["expired-in-queue"]
+    gate_offered = gate["started"] + gate["queue-full"] + gate_expired + gate_cancelled
+    assert stats["offered"] == len(run.accepted) + work["queue-full"] + work["expired-on-arrival"] + gate_offered
+    assert work["started"] == len(run.consumed)
+    assert stats["started"] == len(run.consumed) + gate["started"]
+    assert stats["expired_in_queue"] == len(run.reported) + gate["expired-in-queue"]
+    assert stats["rejected_full"] == work["queue-full"] + gate["queue-full"]
+    assert stats["expired_on_arrival"] == work["expired-on-arrival"] + gate["expired-on-arrival"]
     assert run.meter.peak <= max_concurrency
 
 
