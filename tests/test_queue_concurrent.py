@@ -647,7 +647,10 @@ def check_one_hand_over(
             outcome = exc
     logged = [record for record in caplog.records if record.name == "prazo"]
 
-    assert reported == expected_reported, "each expired item must be reported once, in line order"
+    assert reported == expected_reported, (
+        f"each expired item must be reported once, in line order: {len(reported)} reports for "
+        f"{len(expected_reported)} expired items; the {trigger} ended with {outcome!r}"
+    )
     if raising:
         assert isinstance(outcome, (BaseInterrupt, BaseExit)), f"expected the first BaseException, got {outcome!r}"
         assert outcome.args == (raising[0],), "the FIRST BaseException must reach the caller"
@@ -715,7 +718,7 @@ def test_one_hand_over_named_cases(impl: QueueClass, caplog: pytest.LogCaptureFi
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
     database=None,
