@@ -12,21 +12,28 @@ This file reaches them, on both twins:
   against a grant (deadlines scattered within a millisecond of the release);
 * producers and consumers on the work-queue face (``put``, ``get(timeout)``,
   ``task_done``, ``expire_overdue``, ``cancel``) with ``on_expired`` callbacks
-  that raise ``Exception``, raise ``KeyboardInterrupt`` and re-enter the queue,
-  ended by ``shutdown(cancel_waiting=True)`` while consumers wait in ``get``;
-* one hand-over meeting more than 16 expired items (``max_queue`` 64-256),
-  with Hypothesis choosing the callback's behaviour item by item on a fake
-  clock: the hand-over completes before any callback runs, every item is
-  reported once in line order, the first BaseException reaches the caller
-  that triggered the hand-over, and the slot is never lost;
+  that raise ``Exception``, raise ``KeyboardInterrupt`` and re-enter the queue
+  (``put``, ``get_nowait``), gate callers sharing the same slots, and a
+  ``shutdown(cancel_waiting=True)`` while consumers wait in ``get`` and gate
+  callers wait in line;
+* one hand-over meeting more than 16 expired items (``max_queue`` 64-256) on
+  a fake clock, with the callback's behaviour chosen item by item (named
+  cases, then Hypothesis): the hand-over completes before any callback runs,
+  every item is reported once in line order, Exceptions are logged, the first
+  BaseException reaches the caller that triggered the hand-over, and the slot
+  is never lost (issue 7 defect 2);
 * ``stats()`` read by a monitor thread while others write: every snapshot must
   balance (issue 7 defect 3);
-* SIGINT, or SIGUSR1 with a handler raising SystemExit, delivered to the main
-  thread while it waits in ``slot()`` or ``get()`` with 16 threads hammering
-  the queues. That runs in a subprocess under a watchdog, because the C twin
-  deadlocked the whole process there (issue 7 defect 1).
+* SIGINT, or SIGUSR1 with a handler raising SystemExit, delivered every 10 ms
+  to the main thread while it waits in ``slot()`` (with and without a
+  deadline) or ``get()``, with 40 threads hammering the gate, two holding
+  slots past the C twin's 100 ms signal-check slice, and producers and a
+  sweeper on a work queue. That runs in a subprocess under a watchdog,
+  because the C twin deadlocks the whole process there (issue 7 defect 1).
 
-After every run: no body started at or after its deadline, every offered item
+After every run: no body started at or after its deadline (exact for
+``slot()``; for ``acquire()``/``get()`` judged by a lower bound, see
+"When a start is known" below), every offered item
 has exactly one outcome and the counters agree with what the callers saw,
 every expired work item was reported exactly once, the queue is at rest
 (``in_flight == queued == assigned == 0``) and no thread is left behind. Runs
