@@ -228,9 +228,11 @@ def gate_attempt(
 ) -> None:
     """One arrival at the gate, through ``slot()`` or ``acquire/release``; its outcome lands in ``ledger``."""
     deadline_ns = deadline.ns if deadline is not None else NO_DEADLINE_NS
+    entered = False
     try:
         if use_slot:
             with q.slot(deadline) as slot:
+                entered = True
                 now_ns = time.monotonic_ns()
                 assert 0 < slot.started_ns <= now_ns
                 ledger.note_start(deadline_ns, slot.started_ns)
@@ -242,6 +244,13 @@ def gate_attempt(
     except (QueueFull, DeadlineExceeded) as exc:
         ledger.note_error(exc)
         return
+    except KeyboardInterrupt:
+        # An on_expired callback raised it during a hand-over this arrival
+        # triggered before starting: the only one is passing on a slot granted
+        # too late, so the arrival itself expired in the queue.
+        if not entered:
+            ledger.note("expired-in-queue")
+        raise
     try:
         ledger.note_start(deadline_ns, asked_ns)
         with meter:
