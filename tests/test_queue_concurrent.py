@@ -815,7 +815,7 @@ def test_stats_snapshots_balance_while_other_threads_write(impl: QueueClass) -> 
 # -- signals while the main thread waits (subprocess) ----------------------------------------------
 
 # The child runs for RUN_S; a watchdog (faulthandler, which needs no GIL) dumps
-# every thread's stack and exits 3 if it is still alive after WATCHDOG_S — a
+# every thread's stack and exits 1 if it is still alive after WATCHDOG_S — a
 # deadlock then fails with its stacks instead of hanging; the parent's timeout
 # is the last resort.
 SIGNAL_RUN_S = 2.0
@@ -830,13 +830,15 @@ from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown
 twin, signame = sys.argv[1], sys.argv[2]
 AdmissionQueue = importlib.import_module("prazo.core._queue_" + twin).AdmissionQueue
 signum = getattr(signal, signame)
-if signame == "SIGUSR1":
-    def on_signal(number, frame):
-        raise SystemExit("SIGUSR1")   # like a SIGTERM handler that exits
-    interrupt = SystemExit
-else:
-    on_signal = signal.default_int_handler
-    interrupt = KeyboardInterrupt
+# SIGINT raises KeyboardInterrupt; SIGUSR1 stands for a SIGTERM handler that exits.
+interrupt = KeyboardInterrupt if signame == "SIGINT" else SystemExit
+# The handler works a few ms holding the GIL before it raises (as a handler
+# that logs or flushes would): other threads then ask for the GIL, and the
+# waiter's clean-up runs while they want it -- the moment a clean-up that
+# holds the queue's lock while asking for the GIL deadlocks. bytes.fromhex
+# fails in C after parsing, and `raise interrupt` runs no Python code, so no
+# GIL switch happens between the work and the raise.
+SLOW_BAD_HEX = "00" * 8_000_000 + "zz"
 
 gate = AdmissionQueue(2, 256)
 expired = []
@@ -852,7 +854,13 @@ def handler(number, frame):
         return
     if current["mode"] == "get" and work.stats()["started"] != current["taken"]:
         return   # get() already took an item; CPython runs handlers right after a call returns
-    on_signal(number, frame)
+    try:
+        bytes.fromhex(SLOW_BAD_HEX)
+    except ValueError:
+        # One exception per wait: signals arriving during the clean-up are
+        # dropped (no pure-Python clean-up survives a signal at every line).
+        current["mode"] = None
+        raise interrupt
 
 def hammer(seed):
     rng = random.Random(seed)
@@ -981,9 +989,12 @@ print(json.dumps({
 def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl: QueueClass, signame: str) -> None:
     """SIGINT (KeyboardInterrupt), or SIGUSR1 whose handler raises SystemExit,
     arrives every 10 ms at the main thread while it waits in ``slot()`` (with
-    and without a deadline) or ``get()``, and 16 threads hammer the queues. The
-    child must finish on its own with both queues at rest, the counters
-    balanced and every accepted work item with exactly one fate."""
+    and without a deadline) or ``get()``, while 40 threads hammer the gate, two
+    hold its slots past the C twin's 100 ms signal-check slice, one takes its
+    lock non-stop and producers and a sweeper work a second queue. The handler
+    works a few ms holding the GIL before it raises, once per wait. The child
+    must finish on its own with both queues at rest, the counters balanced,
+    no thread error, and every accepted work item with exactly one fate."""
     twin = "c" if impl.__module__.endswith("_queue_c") else "py"
     script = SIGNAL_CHILD.replace("WATCHDOG_S", str(SIGNAL_WATCHDOG_S)).replace("RUN_S", str(SIGNAL_RUN_S))
     try:
