@@ -29,7 +29,10 @@ This file reaches them, on both twins:
   deadline) or ``get()``, with 40 threads hammering the gate, two holding
   slots past the C twin's 100 ms signal-check slice, and producers and a
   sweeper on a work queue. That runs in a subprocess under a watchdog,
-  because the C twin deadlocks the whole process there (issue 7 defect 1).
+  because the C twin deadlocks the whole process there (issue 7 defect 1);
+* one SIGINT, deterministic, reaching a gate waiter woken at its deadline
+  while another thread holds the queue's lock: its clean-up must still run
+  under the lock (the Python twin's Condition.wait re-lock is interruptible).
 
 After every run: no body started at or after its deadline (exact for
 ``slot()``; for ``acquire()``/``get()`` judged by a lower bound, see
@@ -985,6 +988,37 @@ print(json.dumps({
 """
 
 
+def twin_name(impl: QueueClass) -> str:
+    return "c" if impl.__module__.endswith("_queue_c") else "py"
+
+
+def run_child(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter; return the JSON report on its last stdout line.
+
+    The child must exit 0 on its own (its faulthandler watchdog exits 1 with
+    every thread's stack on a deadlock); the parent's timeout is the last resort.
+    """
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=SIGNAL_PARENT_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child hung past {SIGNAL_PARENT_TIMEOUT_S} s; stderr: {exc.stderr!r}"[-3000:])
+    if child.returncode != 0:
+        # The start of stderr holds any traceback; its end, the main thread's stack on a hang.
+        excerpt = child.stderr if len(child.stderr) < 3000 else f"{child.stderr[:1800]}\n...\n{child.stderr[-1200:]}"
+        pytest.fail(
+            f"the child did not finish cleanly (rc={child.returncode}; the watchdog exits 1 after "
+            f"{SIGNAL_WATCHDOG_S} s, e.g. on a deadlock); stderr:\n{excerpt}",
+            pytrace=False,
+        )
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGUSR1"])
 def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl: QueueClass, signame: str) -> None:
     """SIGINT (KeyboardInterrupt), or SIGUSR1 whose handler raises SystemExit,
@@ -995,23 +1029,8 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
     works a few ms holding the GIL before it raises, once per wait. The child
     must finish on its own with both queues at rest, the counters balanced,
     no thread error, and every accepted work item with exactly one fate."""
-    twin = "c" if impl.__module__.endswith("_queue_c") else "py"
     script = SIGNAL_CHILD.replace("WATCHDOG_S", str(SIGNAL_WATCHDOG_S)).replace("RUN_S", str(SIGNAL_RUN_S))
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", script, twin, signame],
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=SIGNAL_PARENT_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the child hung past {SIGNAL_PARENT_TIMEOUT_S} s; stderr: {exc.stderr!r}"[-3000:])
-    assert child.returncode == 0, (
-        f"the child did not finish cleanly (rc={child.returncode}; the watchdog exits 1 after "
-        f"{SIGNAL_WATCHDOG_S} s, e.g. on a deadlock); stderr tail:\n{child.stderr[-3000:]}"
-    )
-    report = json.loads(child.stdout.strip().splitlines()[-1])
+    report = run_child(script, twin_name(impl), signame)
     assert report["thread_errors"] == []
     assert report["alive"] == []
     for name in ("gate", "work"):
@@ -1025,3 +1044,86 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
     assert report["work"]["started"] == report["consumed"]
     assert report["work"]["expired_in_queue"] == report["expired"]
     assert report["counts"]["interrupted"] > 0, "no signal reached the main thread"
+
+
+RELOCK_CHILD = r"""
+import faulthandler, importlib, json, queue, signal, sys, threading, time
+faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+from prazo.core import Deadline, DeadlineExceeded, ShutDown
+
+AdmissionQueue = importlib.import_module("prazo.core._queue_" + sys.argv[1]).AdmissionQueue
+BALLAST = 100_000
+q = AdmissionQueue(1, BALLAST + 1)
+q.acquire()                                  # the only slot is taken
+for n in range(BALLAST):
+    q.put(n, Deadline.after(60))             # long work items in line for expire_overdue() to scan
+thread_errors = []
+threading.excepthook = lambda args: thread_errors.append(f"{args.exc_type.__name__}: {args.exc_value}")
+armed = [True]
+def handler(number, frame):
+    if armed[0]:
+        raise KeyboardInterrupt
+signal.signal(signal.SIGINT, handler)
+main = threading.get_ident()
+deadline = Deadline.after(0.8)              # the lock is taken well before it
+
+def busy():
+    # Holds the queue's lock from before the waiter's deadline until well
+    # after it, and interrupts the waiter while it is woken up and waiting to
+    # take the lock back. The Python twin's lock is held directly (sweeps
+    # leave gaps the waiter can slip through); the C twin's mutex is kept busy
+    # by sweeps of a long line (its waiter re-locks in C, where no signal
+    # handler can run, so it is the reference behaviour here).
+    while q.qsize() < BALLAST + 1:
+        time.sleep(0.001)
+    end = deadline.ns + 400_000_000
+    python_lock = getattr(q, "_lock", None)
+    if python_lock is not None:
+        with python_lock:
+            time.sleep(max(0, deadline.ns + 150_000_000 - time.monotonic_ns()) / 1e9)
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(max(0, end - time.monotonic_ns()) / 1e9)
+        return
+    sent = False
+    while time.monotonic_ns() < end:
+        q.expire_overdue()
+        if not sent and time.monotonic_ns() >= deadline.ns + 150_000_000:
+            signal.pthread_kill(main, signal.SIGINT)
+            sent = True
+
+worker = threading.Thread(target=busy)
+worker.start()
+try:
+    q.acquire(deadline)
+    outcome = "started"
+except DeadlineExceeded:
+    outcome = "expired"
+except KeyboardInterrupt:
+    outcome = "interrupted"
+armed[0] = False
+worker.join(10)
+time.sleep(0.01)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+q.shutdown(cancel_waiting=True)             # the ballast leaves the line...
+if outcome == "started":
+    q.release()
+q.release()                                  # ...so the first slot is simply freed
+print(json.dumps({"outcome": outcome, "thread_errors": thread_errors, "alive": worker.is_alive(),
+                  "stats": q.stats()}))
+"""
+
+
+def test_a_gate_waiter_interrupted_while_it_takes_the_lock_back_leaves_the_queue_consistent(impl: QueueClass) -> None:
+    """One Ctrl-C, deterministic: a gate waiter wakes at its deadline while
+    another thread holds the queue's lock (a long ``expire_overdue()`` sweep),
+    and SIGINT arrives while it waits to take the lock back. Whatever the
+    waiter raises, its clean-up must run under the lock: the sweeping thread
+    must not see its lock released under it, and the counters must balance."""
+    script = RELOCK_CHILD.replace("WATCHDOG_S", str(SIGNAL_WATCHDOG_S))
+    report = run_child(script, twin_name(impl))
+    assert report["thread_errors"] == [], "the waiter's clean-up broke the lock another thread held"
+    assert report["alive"] is False
+    assert report["outcome"] in ("expired", "interrupted")
+    stats = report["stats"]
+    assert_conservation(stats)
+    assert (stats["in_flight"], stats["queued"], stats["assigned"]) == (0, 0, 0), stats
