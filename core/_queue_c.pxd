@@ -26,6 +26,8 @@ cdef extern from "prazo_sync.h" nogil:
     void prazo_store(prazo_atomic_i64 *, int64_t)
     void prazo_add(prazo_atomic_i64 *, int64_t)
     void prazo_raise_peak(prazo_atomic_i64 *, int64_t)
+    int64_t prazo_sub_saturating(int64_t, int64_t)
+    void prazo_add_saturating(prazo_atomic_i64 *, int64_t)
     int prazo_cond_init_monotonic(pthread_cond_t *)
     int prazo_cond_wait_until(pthread_cond_t *, pthread_mutex_t *, int64_t)
     int ETIMEDOUT
@@ -55,6 +57,17 @@ cdef struct Entry:
     int64_t enqueued_ns
     PyObject *item        # owned reference for work items; NULL for gate waiters
     Waiter *waiter        # NULL for work items
+
+
+# Work items that expired during a hand-over, a sweep or a shutdown, collected
+# with the mutex held and answered after it is released. Small batches stay on
+# the caller's stack; a larger one moves to the heap (never copy this struct:
+# `items` may point into it).
+cdef struct Expired:
+    PyObject **items
+    Py_ssize_t count
+    Py_ssize_t cap
+    PyObject *on_stack[16]
 
 
 cdef struct Counters:
@@ -102,14 +115,15 @@ cdef class AdmissionQueue:
     cdef void _ready_push(self, Entry entry) noexcept nogil
     cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil
     cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil
-    cdef void _dismiss(self, Entry entry, int state, PyObject **items, Py_ssize_t *count) noexcept nogil
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, Py_ssize_t *count, Waiter **granted) noexcept nogil
-    cdef void _report(self, PyObject **batch, Py_ssize_t count)
-    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, Py_ssize_t count) except -1
+    cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil
+    cdef int _report(self, Expired *expired) except -1
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1
     cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1
     cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil
     cdef void _await_granter_locked(self, Waiter *waiter) noexcept nogil
-    cdef void _abandon(self, Waiter *waiter) except *
+    cdef void _leave_line(self, Waiter *waiter, Expired *expired) noexcept nogil
+    cdef int _abandon(self, Waiter *waiter) except -1
     cdef int _release(self, int64_t now, bint real_clock) except -1
     cdef void _wait_ready(self, int64_t end_ns) noexcept nogil

@@ -22,14 +22,15 @@ cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, INT64_MAX
-from libc.stdlib cimport malloc, free
-from libc.string cimport memset
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy, memset
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() except -1
 
 import queue as _stdlib_queue
 
+from ._checkpoint import checkpoint as _checkpoint
 from .deadline import Deadline as _Deadline
 from .errors import (
     DeadlineExceeded,
@@ -64,9 +65,8 @@ cdef enum:
     _ADMIT_EXPIRED = 3
     _ADMIT_FULL = 4
 
-# Expired work items are handed to on_expired in batches, outside the mutex.
-cdef enum:
-    _BATCH = 16
+# A get() timeout this long (about 31.7 years) or longer waits like timeout=None.
+cdef double _UNBOUNDED_TIMEOUT_S = 1e9
 
 _COUNTER_NAMES = (
     "offered",
@@ -140,6 +140,55 @@ cdef void _log_callback_error(object item):
     import logging
 
     logging.getLogger("prazo").exception("prazo: on_expired callback raised for %r", item)
+
+
+cdef int _check_interrupts() except -1:
+    """Raise what a signal handler or another thread wants this thread to raise.
+
+    A wait with the GIL released runs no bytecode, so nothing is delivered
+    during it: PyErr_CheckSignals runs the signal handlers, and running a line
+    of Python lets the interpreter raise a pending asynchronous exception
+    (PyThreadState_SetAsyncExc) here, before this thread takes a slot or an
+    item it could not hand back.
+    """
+    PyErr_CheckSignals()
+    _checkpoint()
+    return 0
+
+
+# -- the expired-items buffer (see Expired in _queue_c.pxd) ---------------------------
+
+cdef inline void _expired_init(Expired *expired) noexcept nogil:
+    expired.items = expired.on_stack
+    expired.count = 0
+    expired.cap = 16
+
+
+cdef bint _expired_reserve(Expired *expired, Py_ssize_t needed) noexcept nogil:
+    """Make room for ``needed`` items in all; False when memory ran out."""
+    cdef Py_ssize_t cap = expired.cap
+    cdef PyObject **grown
+    if needed <= cap:
+        return True
+    while cap < needed:
+        cap *= 2
+    if expired.items == expired.on_stack:
+        grown = <PyObject **>malloc(cap * sizeof(PyObject *))
+        if grown != NULL:
+            memcpy(grown, expired.on_stack, expired.count * sizeof(PyObject *))
+    else:
+        grown = <PyObject **>realloc(expired.items, cap * sizeof(PyObject *))
+    if grown == NULL:
+        return False
+    expired.items = grown
+    expired.cap = cap
+    return True
+
+
+cdef inline void _expired_free(Expired *expired) noexcept nogil:
+    if expired.items != expired.on_stack:
+        free(expired.items)
+    _expired_init(expired)
 
 
 @cython.freelist(64)
@@ -346,34 +395,43 @@ cdef class AdmissionQueue:
 
     cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil:
         prazo_add(&self._c.started, 1)
-        prazo_add(&self._c.queue_wait_ns_total, now - enqueued_ns)
+        prazo_add_saturating(&self._c.queue_wait_ns_total, prazo_sub_saturating(now, enqueued_ns))
 
-    cdef void _dismiss(self, Entry entry, int state, PyObject **items, Py_ssize_t *count) noexcept nogil:
+    cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil:
         """An entry leaves the line without a slot: wake its gate waiter with
-        ``state``, or add its work item to ``items`` for the caller to answer."""
+        ``state``, or add its work item to ``expired`` for the caller to answer.
+
+        False (nothing done) only when a work item finds no room in
+        ``expired`` because memory ran out.
+        """
         if entry.waiter != NULL:
             entry.waiter.state = state
             pthread_cond_signal(&entry.waiter.cond)
-        else:
-            items[count[0]] = entry.item
-            count[0] += 1
+            return True
+        if not _expired_reserve(expired, expired.count + 1):
+            return False
+        expired.items[expired.count] = entry.item
+        expired.count += 1
+        return True
 
-    cdef bint _hand_over(self, int64_t now, PyObject **batch, Py_ssize_t *count, Waiter **granted) noexcept nogil:
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil:
         """Give the slot in hand to the next live entry, or free it.
 
-        Expired work items go into ``batch`` (the caller reports them after
-        unlocking). A gate waiter given the slot is returned in ``granted``
-        for the caller to signal after unlocking. Returns False, with the slot
-        still in hand, when the batch fills up before the slot found a home.
+        The whole hand-over happens here, with the mutex held and before any
+        Python code runs: every expired entry met on the way leaves the line
+        (work items into ``expired``, for the caller to report after
+        unlocking), and the slot reaches its new holder. A gate waiter given
+        the slot is returned in ``granted`` for the caller to signal after
+        unlocking.
         """
         cdef Entry entry
         while self._ring_count > 0:
-            if count[0] >= _BATCH:
-                return False
             entry = self._ring_pop_next()
-            if now >= entry.deadline_ns:
+            # Out of memory for reporting, an expired work item takes the
+            # slot like a live one; get() then finds it expired and passes
+            # the slot on, so it still never starts and the slot is not lost.
+            if now >= entry.deadline_ns and self._dismiss(entry, _EXPIRED, expired):
                 prazo_add(&self._c.expired_in_queue, 1)
-                self._dismiss(entry, _EXPIRED, batch, count)
                 continue
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
@@ -382,42 +440,48 @@ cdef class AdmissionQueue:
                 granted[0] = entry.waiter
             else:
                 self._ready_push(entry)
-            return True
+            return
         prazo_add(&self._c.in_flight, -1)
         if self._shutdown and prazo_load(&self._c.in_flight) == 0:
             pthread_cond_broadcast(&self._ready_cond)
-        return True
+
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil:
+        """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
+        cdef Waiter *granted = NULL
+        self._hand_over(now, expired, &granted)
+        pthread_mutex_unlock(&self._mutex)
+        if granted != NULL:
+            pthread_cond_signal(&granted.cond)
+            prazo_flag_set(&granted.signalled)
 
     # -- reporting expired work items (GIL held, mutex not held) ----------------
 
-    cdef void _report(self, PyObject **batch, Py_ssize_t count):
+    cdef int _report(self, Expired *expired) except -1:
+        """Call ``on_expired`` once per item, in line order, and free ``expired``.
+
+        A callback's Exception is logged. A BaseException (KeyboardInterrupt,
+        SystemExit) does not stop the others from being told either; the
+        first one is raised once every item has been reported.
+        """
         cdef Py_ssize_t i
         cdef object item
-        for i in range(count):
-            item = <object>batch[i]
+        cdef object interrupt = None
+        for i in range(expired.count):
+            item = <object>expired.items[i]
             Py_DECREF(item)  # the ring's reference; `item` keeps one of its own
-            if self._on_expired is not None:
-                try:
-                    self._on_expired(item)
-                except Exception:
-                    _log_callback_error(item)
-
-    cdef int _hand_over_unlocking(self, int64_t now, PyObject **batch, Py_ssize_t count) except -1:
-        """With the mutex held: hand the slot over, report, and unlock."""
-        cdef bint placed
-        cdef Waiter *granted = NULL
-        while True:
-            placed = self._hand_over(now, batch, &count, &granted)
-            pthread_mutex_unlock(&self._mutex)
-            if granted != NULL:
-                pthread_cond_signal(&granted.cond)
-                prazo_flag_set(&granted.signalled)
-                granted = NULL
-            self._report(batch, count)
-            count = 0
-            if placed:
-                return 0
-            pthread_mutex_lock(&self._mutex)
+            if self._on_expired is None:
+                continue
+            try:
+                self._on_expired(item)
+            except Exception:
+                _log_callback_error(item)
+            except BaseException as exc:
+                if interrupt is None:
+                    interrupt = exc
+        _expired_free(expired)
+        if interrupt is not None:
+            raise interrupt
+        return 0
 
     # -- gate face -----------------------------------------------------------
 
@@ -461,7 +525,7 @@ cdef class AdmissionQueue:
         cdef Waiter waiter
         cdef Entry entry
         cdef int state
-        cdef PyObject *batch[_BATCH]
+        cdef Expired expired
         if prazo_cond_init_monotonic(&waiter.cond) != 0:
             pthread_mutex_unlock(&self._mutex)
             raise OSError("pthread_cond_init failed")
@@ -478,9 +542,11 @@ cdef class AdmissionQueue:
             while True:
                 with nogil:
                     state = self._wait_slice(&waiter, deadline_ns)
+                # Also after a grant, as the Python twin does: an interrupt
+                # that arrived during the wait wins, and the slot moves on.
+                _check_interrupts()
                 if state != _WAITING:
                     break
-                PyErr_CheckSignals()
         except BaseException:
             self._abandon(&waiter)
             raise
@@ -504,7 +570,9 @@ cdef class AdmissionQueue:
         # The time ran out while this thread woke up: it never starts, and
         # the slot moves on.
         prazo_add(&self._c.expired_in_queue, 1)
-        self._hand_over_unlocking(now, batch, 0)
+        _expired_init(&expired)
+        self._hand_over_unlock(now, &expired)
+        self._report(&expired)
         raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
 
     cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil:
@@ -543,13 +611,12 @@ cdef class AdmissionQueue:
             sched_yield()
         pthread_mutex_lock(&self._mutex)
 
-    cdef void _abandon(self, Waiter *waiter) except *:
-        """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
-        cdef PyObject *batch[_BATCH]
-        with nogil:
-            pthread_mutex_lock(&self._mutex)
-            if waiter.state == _GRANTED:
-                self._await_granter_locked(waiter)
+    cdef void _leave_line(self, Waiter *waiter, Expired *expired) noexcept nogil:
+        """Take the mutex, take the waiter off the line (passing on a slot just
+        granted to it), and release the mutex again."""
+        pthread_mutex_lock(&self._mutex)
+        if waiter.state == _GRANTED:
+            self._await_granter_locked(waiter)
         if waiter.state == _WAITING:
             self._ring_remove_waiter(waiter)
             prazo_add(&self._c.cancelled, 1)
@@ -558,16 +625,30 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, -1)
             prazo_add(&self._c.cancelled, 1)
             waiter.state = _CANCELLED
-            self._hand_over_unlocking(prazo_monotonic_ns(), batch, 0)
+            self._hand_over_unlock(prazo_monotonic_ns(), expired)
             return
         pthread_mutex_unlock(&self._mutex)
+
+    cdef int _abandon(self, Waiter *waiter) except -1:
+        """A waiter leaves because of an exception (e.g. KeyboardInterrupt).
+
+        The mutex is taken and released again within one ``nogil`` block: a
+        thread that asked for the GIL while holding the mutex would deadlock
+        with a thread holding the GIL and waiting for the mutex (the fast
+        path takes the mutex with the GIL held).
+        """
+        cdef Expired expired
+        _expired_init(&expired)
+        with nogil:
+            self._leave_line(waiter, &expired)
+        return self._report(&expired)
 
     def release(self, *, now_ns=None):
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
         self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
-        cdef PyObject *batch[_BATCH]
+        cdef Expired expired
         pthread_mutex_lock(&self._mutex)
         if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
             pthread_mutex_unlock(&self._mutex)
@@ -582,7 +663,9 @@ cdef class AdmissionQueue:
             return 0
         if real_clock:
             now = prazo_monotonic_ns()
-        return self._hand_over_unlocking(now, batch, 0)
+        _expired_init(&expired)
+        self._hand_over_unlock(now, &expired)
+        return self._report(&expired)
 
     # -- work-queue face -------------------------------------------------------
 
@@ -630,14 +713,14 @@ cdef class AdmissionQueue:
         cdef bint use_fake = now_ns is not None
         cdef bint blocking = bool(block)
         cdef Entry entry
-        cdef PyObject *batch[_BATCH]
-        cdef int waited
+        cdef Expired expired
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
                 raise TypeError(f"timeout must be a number or None, not {type(timeout).__name__}")
             if not timeout >= 0:
                 raise ValueError("'timeout' must be a non-negative number")
-            end_ns = prazo_monotonic_ns() + <int64_t>(min(float(timeout), 1e9) * 1e9)
+            if timeout < _UNBOUNDED_TIMEOUT_S:
+                end_ns = prazo_monotonic_ns() + <int64_t>(float(timeout) * 1e9)
         if use_fake:
             fake_now = _clock(now_ns)
         while True:
@@ -654,10 +737,13 @@ cdef class AdmissionQueue:
                     item = <object>entry.item
                     Py_DECREF(item)  # the ring's reference moves to `item`
                     return item
-                # Its slot came too late: report it and pass the slot on.
+                # Its slot came too late: the slot moves on, then it is reported.
                 prazo_add(&self._c.expired_in_queue, 1)
-                batch[0] = entry.item
-                self._hand_over_unlocking(now, batch, 1)
+                _expired_init(&expired)
+                expired.items[0] = entry.item
+                expired.count = 1
+                self._hand_over_unlock(now, &expired)
+                self._report(&expired)
                 continue
             if self._shutdown and self._ring_count == 0:
                 pthread_mutex_unlock(&self._mutex)
@@ -667,7 +753,9 @@ cdef class AdmissionQueue:
                 raise _Empty
             with nogil:
                 self._wait_ready(end_ns)
-            PyErr_CheckSignals()
+            # Before taking anything: an item taken by a thread that then
+            # raises would be lost with its slot.
+            _check_interrupts()
 
     cdef void _wait_ready(self, int64_t end_ns) noexcept nogil:
         """Sleep (GIL released) until an item may be ready, for at most one slice."""
@@ -694,12 +782,12 @@ cdef class AdmissionQueue:
         items, which cannot wake themselves, get the same treatment.
         """
         cdef int64_t now = _clock(now_ns)
-        cdef Py_ssize_t i, kept = 0, count = 0, n_items = 0
+        cdef Py_ssize_t i, kept = 0, count = 0
         cdef Entry entry
-        cdef PyObject **items
+        cdef Expired expired
+        _expired_init(&expired)
         pthread_mutex_lock(&self._mutex)
-        items = <PyObject **>malloc((self._ring_count + 1) * sizeof(PyObject *))
-        if items == NULL:
+        if not _expired_reserve(&expired, self._ring_count):
             pthread_mutex_unlock(&self._mutex)
             raise MemoryError()
         for i in range(self._ring_count):
@@ -708,16 +796,13 @@ cdef class AdmissionQueue:
                 count += 1
                 prazo_add(&self._c.expired_in_queue, 1)
                 prazo_add(&self._c.queued, -1)
-                self._dismiss(entry, _EXPIRED, items, &n_items)
+                self._dismiss(entry, _EXPIRED, &expired)
             else:
                 self._ring[(self._ring_head + kept) % self._ring_cap] = entry
                 kept += 1
         self._ring_count = kept
         pthread_mutex_unlock(&self._mutex)
-        try:
-            self._report(items, n_items)
-        finally:
-            free(items)
+        self._report(&expired)
         return count
 
     def cancel(self, item):
@@ -751,31 +836,31 @@ cdef class AdmissionQueue:
         returned (oldest first) so the caller can answer them.
         """
         cdef bint cancel = bool(cancel_waiting)
-        cdef Py_ssize_t i, n_items = 0
+        cdef Py_ssize_t i
         cdef Entry entry
-        cdef PyObject **items = NULL
+        cdef Expired items
+        _expired_init(&items)
         pthread_mutex_lock(&self._mutex)
+        if cancel and not _expired_reserve(&items, self._ring_count):
+            pthread_mutex_unlock(&self._mutex)
+            raise MemoryError()
         self._shutdown = True
-        if cancel and self._ring_count > 0:
-            items = <PyObject **>malloc(self._ring_count * sizeof(PyObject *))
-            if items == NULL:
-                pthread_mutex_unlock(&self._mutex)
-                raise MemoryError()
+        if cancel:
             for i in range(self._ring_count):
                 entry = self._ring[(self._ring_head + i) % self._ring_cap]
                 prazo_add(&self._c.cancelled, 1)
                 prazo_add(&self._c.queued, -1)
-                self._dismiss(entry, _CANCELLED, items, &n_items)
+                self._dismiss(entry, _CANCELLED, &items)
             self._ring_count = 0
             self._ring_head = 0
         pthread_cond_broadcast(&self._ready_cond)
         pthread_mutex_unlock(&self._mutex)
         cancelled = []
-        for i in range(n_items):
-            item = <object>items[i]
-            Py_DECREF(item)
+        for i in range(items.count):
+            item = <object>items.items[i]
+            Py_DECREF(item)  # the ring's reference moves to the list
             cancelled.append(item)
-        free(items)
+        _expired_free(&items)
         return cancelled
 
     def __repr__(self):

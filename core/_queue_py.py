@@ -72,6 +72,18 @@ _log = logging.getLogger("prazo")
 # and matches what the C twin stores.
 NO_DEADLINE_NS = 2**63 - 1
 
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+# A get() timeout this long (about 31.7 years) or longer waits like
+# timeout=None (threading refuses waits beyond threading.TIMEOUT_MAX).
+_UNBOUNDED_TIMEOUT_S = 1e9
+
+# Waiting happens in slices, as in the C twin: an exception raised into a
+# thread from outside (PyThreadState_SetAsyncExc) is only delivered while it
+# runs bytecode, never during a wait on a lock.
+_WAIT_SLICE_S = 0.1
+
 _WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
 
 _COUNTERS = (
@@ -115,6 +127,11 @@ def _validate_order(order: object) -> str:
     if order not in ("fifo", "lifo"):
         raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
     return order
+
+
+def _saturate(value: int) -> int:
+    """Clamp to the int64 range, where the C twin's counters saturate instead of wrapping."""
+    return max(_INT64_MIN, min(_INT64_MAX, value))
 
 
 def _validate_on_expired(on_expired: object) -> None:
@@ -199,7 +216,11 @@ class AdmissionQueue:
         self._lifo = _validate_order(order) == "lifo"
         _validate_on_expired(on_expired)
         self._on_expired = on_expired
-        self._lock = threading.Lock()
+        # An RLock although nothing re-enters it: Condition.wait re-takes an
+        # RLock in C, uninterruptibly, whereas it re-takes a Lock with an
+        # acquire() that a signal handler's exception can break off, leaving
+        # wait() without the lock it must hold.
+        self._lock = threading.RLock()
         self._waiting: deque[_Entry] = deque()
         self._ready: deque[_Entry] = deque()
         self._ready_cond = threading.Condition(self._lock)
@@ -296,7 +317,13 @@ class AdmissionQueue:
         self._dismiss_locked(entry, _EXPIRED, expired_items)
 
     def _hand_over_locked(self, now: int, expired_items: list[Any]) -> None:
-        """Give the slot in hand to the next live waiting entry, or free it."""
+        """Give the slot in hand to the next live waiting entry, or free it.
+
+        The whole hand-over happens here, under the lock and before any
+        Python code outside the queue runs: every expired entry met on the
+        way leaves the line (work items into ``expired_items``, reported by
+        the caller after unlocking) and the slot reaches its new holder.
+        """
         while self._waiting:
             entry = self._pop_next_locked()
             if now >= entry.deadline_ns:
@@ -316,17 +343,28 @@ class AdmissionQueue:
 
     def _start_locked(self, entry: _Entry, now: int) -> None:
         self._started += 1
-        self._queue_wait_ns_total += now - entry.enqueued_ns
+        self._queue_wait_ns_total = _saturate(self._queue_wait_ns_total + _saturate(now - entry.enqueued_ns))
 
     def _report_expired(self, items: list[Any]) -> None:
-        """Tell ``on_expired`` about each expired work item (no lock held)."""
+        """Call ``on_expired`` once per item, in line order (no lock held).
+
+        A callback's Exception is logged. A BaseException (KeyboardInterrupt,
+        SystemExit) does not stop the others from being told either; the
+        first one is raised once every item has been reported.
+        """
         if self._on_expired is None:
             return
+        interrupt: BaseException | None = None
         for item in items:
             try:
                 self._on_expired(item)
             except Exception:  # noqa: BLE001 - a callback bug must not break the queue; it is logged
                 _log.exception("prazo: on_expired callback raised for %r", item)
+            except BaseException as exc:  # noqa: BLE001 - raised below, once every item has been told
+                if interrupt is None:
+                    interrupt = exc
+        if interrupt is not None:
+            raise interrupt
 
     # -- gate face -----------------------------------------------------------
 
@@ -349,39 +387,47 @@ class AdmissionQueue:
     def _acquire(self, deadline_ns: int, now: int) -> int:
         """Take a slot; return the monotonic time at which it started."""
         expired_items: list[Any] = []
+        started = False
         try:
-            with self._lock:
-                if self._admit_locked(deadline_ns, now):
-                    self._started += 1
-                    return now
-                entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
-                self._enqueue_locked(entry)
-                try:
-                    self._wait_for_grant(entry)
-                except BaseException:
-                    self._abandon_locked(entry, time.monotonic_ns(), expired_items)
-                    raise
-                self._assigned -= 1
-                now = time.monotonic_ns()
-                if now < deadline_ns:
-                    self._start_locked(entry, now)
-                    return now
-                # Granted, but the time ran out while this thread woke up:
-                # it never starts, and the slot moves on.
-                self._expired_in_queue += 1
-                self._hand_over_locked(now, expired_items)
-                raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
-        finally:
-            self._report_expired(expired_items)
+            try:
+                with self._lock:
+                    if self._admit_locked(deadline_ns, now):
+                        self._started += 1
+                        started = True
+                        return now
+                    entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
+                    self._enqueue_locked(entry)
+                    try:
+                        self._wait_for_grant(entry)
+                    except BaseException:
+                        self._abandon_locked(entry, time.monotonic_ns(), expired_items)
+                        raise
+                    self._assigned -= 1
+                    now = time.monotonic_ns()
+                    if now < deadline_ns:
+                        self._start_locked(entry, now)
+                        started = True
+                        return now
+                    # Granted, but the time ran out while this thread woke up:
+                    # it never starts, and the slot moves on.
+                    self._expired_in_queue += 1
+                    self._hand_over_locked(now, expired_items)
+                    raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+            finally:
+                self._report_expired(expired_items)
+        except BaseException:
+            if started:
+                # A signal handler raised just as the lock was let go, after
+                # the start (the C twin has no such moment): the caller will
+                # never release this slot, so it is given back here.
+                self.release()
+            raise
 
     def _wait_for_grant(self, entry: _Entry) -> None:
         """Wait (lock held) until the entry is granted; raise if it ends otherwise."""
         cond = entry.cond
         assert cond is not None
         while entry.state == _WAITING:
-            if entry.deadline_ns == NO_DEADLINE_NS:
-                cond.wait()
-                continue
             remaining_s = (entry.deadline_ns - time.monotonic_ns()) / 1e9
             if remaining_s <= 0:
                 # Active expiry: leave the line at our own deadline instead of
@@ -391,7 +437,7 @@ class AdmissionQueue:
                 self._expired_in_queue += 1
                 entry.state = _EXPIRED
                 break
-            cond.wait(remaining_s)
+            cond.wait(min(remaining_s, _WAIT_SLICE_S))
         if entry.state == _EXPIRED:
             raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if entry.state == _CANCELLED:
@@ -460,35 +506,32 @@ class AdmissionQueue:
                 raise ValueError("'timeout' must be a non-negative number")
         if now_ns is not None:
             _clock(now_ns)
-        end = None if timeout is None else time.monotonic() + timeout
+        end = None if timeout is None or timeout >= _UNBOUNDED_TIMEOUT_S else time.monotonic() + timeout
         while True:
             expired_items: list[Any] = []
             try:
                 with self._lock:
-                    while self._ready:
+                    if self._ready:
                         entry = self._ready.popleft()
                         self._assigned -= 1
                         now = _clock(now_ns)
                         if now < entry.deadline_ns:
                             self._start_locked(entry, now)
                             return entry.item
-                        # Its slot came too late: report it and pass the slot on.
+                        # Its slot came too late: the slot moves on, then it
+                        # is reported (finally), then we look again.
                         self._expired_in_queue += 1
                         expired_items.append(entry.item)
                         self._hand_over_locked(now, expired_items)
-                    if expired_items:
-                        continue  # report them (finally) before waiting, then look again
+                        continue
                     if self._shutdown and not self._waiting:
                         raise ShutDown("the admission queue is shut down")
                     if not block:
                         raise queue.Empty
-                    if end is None:
-                        self._ready_cond.wait()
-                    else:
-                        remaining = end - time.monotonic()
-                        if remaining <= 0:
-                            raise queue.Empty
-                        self._ready_cond.wait(remaining)
+                    remaining = _WAIT_SLICE_S if end is None else end - time.monotonic()
+                    if remaining <= 0:
+                        raise queue.Empty
+                    self._ready_cond.wait(min(remaining, _WAIT_SLICE_S))
             finally:
                 self._report_expired(expired_items)
 

@@ -41,6 +41,24 @@ static inline void prazo_add(prazo_atomic_i64 *counter, int64_t delta)
                           memory_order_relaxed);
 }
 
+/* a - b, clamped to the int64 range instead of wrapping. */
+static inline int64_t prazo_sub_saturating(int64_t a, int64_t b)
+{
+    int64_t result;
+    if (__builtin_sub_overflow(a, b, &result))
+        return b < 0 ? INT64_MAX : INT64_MIN;
+    return result;
+}
+
+/* A total that sticks at the int64 limits instead of wrapping to the other sign. */
+static inline void prazo_add_saturating(prazo_atomic_i64 *counter, int64_t delta)
+{
+    int64_t result;
+    if (__builtin_add_overflow(atomic_load_explicit(counter, memory_order_relaxed), delta, &result))
+        result = delta > 0 ? INT64_MAX : INT64_MIN;
+    atomic_store_explicit(counter, result, memory_order_relaxed);
+}
+
 static inline void prazo_raise_peak(prazo_atomic_i64 *peak, int64_t value)
 {
     if (value > atomic_load_explicit(peak, memory_order_relaxed))

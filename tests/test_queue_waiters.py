@@ -1,0 +1,379 @@
+"""Waiters that are interrupted, callbacks that raise or re-enter, and extreme waits.
+
+What both twins promise (README, "Core semantics"):
+
+* a hand-over completes under the lock before any ``on_expired`` runs, so a
+  callback that re-enters the queue sees the slot already with its new
+  holder, whatever the number of expired items met on the way;
+* every expired item is reported exactly once, in line order, even when a
+  callback raises; an Exception is logged, and the first BaseException is
+  raised once all have been told, with no slot and no item lost;
+* a waiter interrupted by an exception (a signal handler's, or one raised
+  into its thread) leaves the line counted ``cancelled`` and passes on a slot
+  just granted to it; a blocked ``get()`` interrupted this way takes nothing;
+* ``get(timeout=inf)`` waits like ``timeout=None``; ``queue_wait_ns_total``
+  saturates at the int64 limits.
+
+Signal and interrupt tests run in a subprocess or under join bounds, so a
+deadlock fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+from typing import Any
+
+import pytest
+from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_conservation, assert_counters, spawn, wait_until
+
+INT64_MAX = 2**63 - 1
+
+# More expired items than the C twin once reported in one stack batch (16).
+MANY = 20
+
+
+class Interrupt(BaseException):
+    """Stands for KeyboardInterrupt/SystemExit without alarming pytest itself."""
+
+
+class Item:
+    """A work item that can be watched with a weak reference."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Item({self.name})"
+
+
+def queue_with_expired_line(impl: QueueClass, clock: FakeClock, on_expired: Any, order: str = "fifo") -> Any:
+    """One slot held by "running", then MANY items that expire in 5 ms, then "live"."""
+    q = impl(1, MANY + 1, order=order, on_expired=on_expired)
+    q.put(Item("running"), None, now_ns=clock.ns)
+    if order == "lifo":
+        q.put(Item("live"), None, now_ns=clock.ns)
+    for i in range(MANY):
+        q.put(Item(f"dies-{i}"), clock.deadline_in(5), now_ns=clock.ns)
+    if order == "fifo":
+        q.put(Item("live"), None, now_ns=clock.ns)
+    assert q.get(block=False, now_ns=clock.ns).name == "running"
+    clock.advance(5)
+    return q
+
+
+def names(items: list[Item]) -> list[str]:
+    return [item.name for item in items]
+
+
+# -- the hand-over completes before any callback -----------------------------------
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_a_callback_that_takes_an_item_gets_the_live_one_after_a_long_hand_over(
+    impl: QueueClass, clock: FakeClock, order: str
+) -> None:
+    reported: list[Item] = []
+    taken: list[Any] = []
+
+    def take_one(item: Item) -> None:
+        reported.append(item)
+        if not taken:
+            taken.append(q.get_nowait(now_ns=clock.ns))
+
+    q = queue_with_expired_line(impl, clock, take_one, order)
+    q.task_done(now_ns=clock.ns)
+    assert names(taken) == ["live"]
+    expected = [f"dies-{i}" for i in range(MANY)]
+    assert names(reported) == (expected if order == "fifo" else expected[::-1])
+    assert_counters(q, started=2, completed=1, expired_in_queue=MANY, in_flight=1, assigned=0, queued=0)
+
+
+def test_a_callback_that_puts_sees_the_final_counters(impl: QueueClass, clock: FakeClock) -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    def put_again(item: Item) -> None:
+        stats = q.stats()
+        seen.append((stats["in_flight"], stats["assigned"], stats["queued"]))
+        q.put(Item(f"again-{item.name}"), None, now_ns=clock.ns)
+
+    q = queue_with_expired_line(impl, clock, put_again)
+    q.task_done(now_ns=clock.ns)
+    # The slot is already assigned to "live" and the line was empty when the
+    # first callback ran; each re-entrant put then waits in line.
+    assert seen == [(1, 1, i) for i in range(MANY)]
+    assert_counters(q, queued=MANY, assigned=1, in_flight=1, expired_in_queue=MANY)
+
+
+# -- raising callbacks --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["task_done", "get", "expire_overdue"])
+def test_a_callback_raising_base_exceptions_loses_no_slot_and_no_item(
+    impl: QueueClass, clock: FakeClock, operation: str
+) -> None:
+    reported: list[str] = []
+
+    def interrupt(item: Item) -> None:
+        reported.append(item.name)
+        raise Interrupt(item.name)
+
+    q = impl(1, MANY + 1, on_expired=interrupt)
+    # For get(), "running" expires after its slot was assigned: get() meets it
+    # first and its hand-over meets the others.
+    q.put(Item("running"), clock.deadline_in(5) if operation == "get" else None, now_ns=clock.ns)
+    watched = [Item(f"dies-{i}") for i in range(MANY)]
+    for item in watched:
+        q.put(item, clock.deadline_in(5), now_ns=clock.ns)
+    q.put(Item("live"), None, now_ns=clock.ns)
+    refs = [weakref.ref(item) for item in watched]
+    del watched, item
+    clock.advance(5)
+    with pytest.raises(Interrupt) as info:
+        if operation == "task_done":
+            # "running" finishes after the others expired: the hand-over meets them.
+            assert q.get(block=False, now_ns=clock.ns).name == "running"
+            q.task_done(now_ns=clock.ns)
+        elif operation == "get":
+            q.get(block=False, now_ns=clock.ns)
+        else:
+            q.expire_overdue(now_ns=clock.ns)
+    assert str(info.value) == reported[0], "the first BaseException is the one raised"
+    dead = [f"dies-{i}" for i in range(MANY)]
+    if operation == "get":
+        assert reported == ["running", *dead]
+    else:
+        assert reported == dead
+    del info
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * MANY, "a reported item is still referenced"
+    if operation == "expire_overdue":
+        assert q.get(block=False, now_ns=clock.ns).name == "running"
+        q.task_done(now_ns=clock.ns)
+    assert q.get(block=False, now_ns=clock.ns).name == "live"
+    q.task_done(now_ns=clock.ns)
+    assert_counters(q, in_flight=0, assigned=0, queued=0, expired_in_queue=len(reported))
+
+
+def test_callback_exceptions_are_logged_and_the_first_interrupt_is_raised_after_all(
+    impl: QueueClass, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    reported: list[str] = []
+
+    def mixed(item: Item) -> None:
+        reported.append(item.name)
+        index = int(item.name.split("-")[1])
+        if index % 3 == 0:
+            raise RuntimeError(item.name)
+        if index % 3 == 1:
+            raise Interrupt(item.name)
+
+    q = queue_with_expired_line(impl, clock, mixed)
+    with caplog.at_level(logging.ERROR, logger="prazo"), pytest.raises(Interrupt, match="^dies-1$"):
+        q.task_done(now_ns=clock.ns)
+    assert reported == [f"dies-{i}" for i in range(MANY)]
+    assert len(caplog.records) == len(range(0, MANY, 3))
+    assert q.get(block=False, now_ns=clock.ns).name == "live"
+    q.task_done(now_ns=clock.ns)
+    assert_counters(q, in_flight=0, expired_in_queue=MANY, completed=2)
+
+
+def test_a_gate_release_that_raises_from_a_callback_still_hands_the_slot_on(impl: QueueClass) -> None:
+    clock = FakeClock()
+
+    def interrupt(item: Item) -> None:
+        raise Interrupt(item.name)
+
+    q = impl(1, MANY + 1, on_expired=interrupt)
+    q.acquire(None, now_ns=clock.ns)
+    for i in range(MANY):
+        q.put(Item(f"dies-{i}"), clock.deadline_in(5), now_ns=clock.ns)
+    q.put(Item("live"), None, now_ns=clock.ns)
+    clock.advance(5)
+    with pytest.raises(Interrupt, match="^dies-0$"):
+        q.release(now_ns=clock.ns)
+    assert q.get(block=False, now_ns=clock.ns).name == "live"
+    q.task_done(now_ns=clock.ns)
+    assert_counters(q, in_flight=0, expired_in_queue=MANY, started=2, completed=2)
+
+
+# -- interrupted waiters --------------------------------------------------------------
+
+
+def raise_in_thread(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Ask the interpreter to raise ``exc_type`` in ``thread`` (as a debugger or a watchdog would)."""
+    assert thread.ident is not None
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    assert set_async_exc(thread.ident, exc_type) == 1
+
+
+def start_thread(target: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``target`` in a daemon thread; its return value or exception lands in the list."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(target())
+        except BaseException as exc:  # noqa: BLE001 - the test inspects whatever the thread raised
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_an_interrupted_consumer_blocked_in_get_leaves_the_item_for_another(impl: QueueClass) -> None:
+    q = impl(1, 4)
+    consumer, outcome = start_thread(lambda: q.get(timeout=JOIN_TIMEOUT_S))
+    # Time for the consumer to block (the outcome is the same if it did not).
+    threading.Event().wait(0.2)
+    raise_in_thread(consumer, Interrupt)
+    q.put("item")
+    consumer.join(JOIN_TIMEOUT_S)
+    assert not consumer.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], Interrupt)
+    assert q.get(block=False) == "item"
+    q.task_done()
+    assert_counters(q, started=1, completed=1, in_flight=0, assigned=0)
+
+
+def test_an_interrupted_gate_waiter_leaves_the_line_cancelled(impl: QueueClass) -> None:
+    q = impl(1, 4)
+    q.acquire()
+    waiter, outcome = start_thread(lambda: q.acquire(None))
+    wait_until(lambda: q.qsize() == 1, "the waiter to queue")
+    raise_in_thread(waiter, Interrupt)
+    # The holder keeps its slot: the waiter must notice on its own.
+    waiter.join(JOIN_TIMEOUT_S)
+    assert not waiter.is_alive(), "the interrupted waiter kept waiting"
+    assert len(outcome) == 1 and isinstance(outcome[0], Interrupt)
+    assert_counters(q, cancelled=1, queued=0, in_flight=1)
+    q.release()
+    assert_counters(q, in_flight=0)
+
+
+SIGNAL_STRESS = textwrap.dedent(
+    """
+    import json, random, signal, sys, threading, time
+    from prazo.core import Deadline, DeadlineExceeded, QueueFull
+    from _helpers import load_twin
+
+    q = load_twin(sys.argv[1])(1, 64)
+    stop = threading.Event()
+
+    class Interrupt(Exception):
+        pass
+
+    # One exception per interruption, as from a Ctrl-C or a SIGTERM handler
+    # raising SystemExit, and only while the main thread is waiting: pure
+    # Python (the Python twin, and any __exit__) can be broken off at every
+    # call, so a second exception during the clean-up, or one that lands in
+    # a with-statement's __exit__, is a hazard no Python code can exclude.
+    armed = False
+
+    def on_alarm(signum, frame):
+        global armed
+        if armed:
+            armed = False
+            raise Interrupt
+
+    def churn(seed):
+        # Short deadlines: constant arrivals, expiries and hand-overs, each
+        # taking the queue's mutex with the GIL held.
+        rng = random.Random(seed)
+        while not stop.is_set():
+            try:
+                with q.slot(Deadline.after_ms(rng.uniform(0, 2))):
+                    pass
+            except (DeadlineExceeded, QueueFull):
+                pass
+
+    def hold():
+        # Keeps the main thread waiting long enough to be interrupted there.
+        while not stop.is_set():
+            with q.slot(None):
+                time.sleep(0.15)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(24)]
+    threads.append(threading.Thread(target=hold))
+    for thread in threads:
+        thread.start()
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+    interrupted = 0
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        try:
+            armed = True
+            with q.slot(None):
+                armed = False
+        except Interrupt:
+            interrupted += 1
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    print(json.dumps({"interrupted": interrupted, "alive": sum(t.is_alive() for t in threads), **q.stats()}))
+    """
+)
+
+
+def test_signals_interrupting_a_waiting_main_thread_never_deadlock_or_lose_a_slot(impl: QueueClass) -> None:
+    twin = impl.__module__.rsplit("_", 1)[-1]
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SIGNAL_STRESS, twin, "4"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process deadlocked: a waiter interrupted by a signal never came back")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats["alive"] == 0
+    assert stats["interrupted"] >= 1
+    assert stats["cancelled"] >= 1, "no interrupt reached a waiting thread"
+    assert (stats["in_flight"], stats["assigned"], stats["queued"]) == (0, 0, 0), stats
+    assert stats["started"] == stats["completed"], stats
+    stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
+    assert_conservation(stats)
+
+
+# -- extreme waits --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e10, 1e9])
+def test_get_with_an_endless_timeout_waits_like_none(impl: QueueClass, timeout: float) -> None:
+    q = impl(1, 1)
+    taken = spawn(q.get, True, timeout)
+    # Time for the consumer to block (the outcome is the same if it did not).
+    threading.Event().wait(0.2)
+    q.put("item")
+    assert taken.result(JOIN_TIMEOUT_S) == "item"
+    q.task_done()
+
+
+def test_the_total_queue_wait_saturates_instead_of_wrapping(impl: QueueClass) -> None:
+    q = impl(1, 2)
+    q.put("first", None, now_ns=-(2**63))
+    assert q.get(block=False, now_ns=INT64_MAX - 1) == "first"
+    assert q.stats()["queue_wait_ns_total"] == INT64_MAX
+    q.put("second", None, now_ns=0)
+    q.task_done(now_ns=0)
+    assert q.get(block=False, now_ns=10) == "second"
+    assert q.stats()["queue_wait_ns_total"] == INT64_MAX
