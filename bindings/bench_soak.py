@@ -66,7 +66,7 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from prazo.bindings.bench_wsgi import middleware_for, minimal_environ
 from prazo.bindings.benchmarks import render_heading
@@ -74,6 +74,9 @@ from prazo.bindings.demo_core import Paint, plain
 from prazo.bindings.pool import AdmissionPool
 from prazo.bindings.wsgi import Environ, StartResponse
 from prazo.core import IMPLEMENTATION, AdmissionQueue, Deadline, DeadlineExceeded, QueueFull, ShutDown
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only
 
 __all__ = [
     "HANG_GRACE_S",
@@ -526,7 +529,7 @@ class _GateLoad(_Load):
         self._armed = False
         self.signals_sent = 0
         self.signals_delivered = 0
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[signal.Signals, Any] = {}
 
     @property
     def capacity_per_s(self) -> float:
@@ -742,7 +745,7 @@ class _Incidents:
         self._previous_thread_hook = threading.excepthook
         self._previous_unraisable_hook = sys.unraisablehook
 
-    def __enter__(self) -> _Incidents:
+    def __enter__(self) -> Self:
         def thread_hook(args: Any) -> None:
             self.thread_exceptions.append(f"{args.thread.name if args.thread else '?'}: {args.exc_type.__name__}")
             self._previous_thread_hook(args)
@@ -773,7 +776,7 @@ class _LogCounter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.counts[f"{record.name} {record.levelname}"] += 1
 
-    def __enter__(self) -> _LogCounter:
+    def __enter__(self) -> Self:
         for name in self.LOGGERS:
             logger = logging.getLogger(name)
             self._saved.append((logger, logger.propagate, logger.level))
@@ -836,7 +839,9 @@ def check_soak(observation: SoakObservation) -> list[Check]:
         checks.append(Check(f"{name}: at rest", not busy, ", ".join(f"{k}={v}" for k, v in busy.items()) or "0/0/0"))
         gap = balance_gap(stats)
         terms = " + ".join(f"{stats[term]}" for term in BALANCE_TERMS)
-        checks.append(Check(f"{name}: counters balanced", gap == 0, f"offered {stats['offered']} = {terms} (gap {gap})"))
+        checks.append(
+            Check(f"{name}: counters balanced", gap == 0, f"offered {stats['offered']} = {terms} (gap {gap})")
+        )
         checks.append(
             Check(
                 f"{name}: completed == started",
@@ -847,7 +852,9 @@ def check_soak(observation: SoakObservation) -> list[Check]:
     for name, reported in observation.expired_reported.items():
         expired = observation.queues[name]["expired_in_queue"]
         checks.append(
-            Check(f"{name}: every expired item reported", reported == expired, f"on_expired {reported}, expired {expired}")
+            Check(
+                f"{name}: every expired item reported", reported == expired, f"on_expired {reported}, expired {expired}"
+            )
         )
     leaked = observation.threads_after - observation.threads_baseline
     checks.append(
@@ -926,7 +933,9 @@ def _wait_for_threads(baseline: int, timeout: float) -> tuple[int, float]:
     return threading.active_count(), round(time.monotonic() - started, 2)
 
 
-def run_soak(settings: SoakSettings, queue_class: QueueClass = AdmissionQueue, *, twin: str = IMPLEMENTATION) -> SoakReport:
+def run_soak(
+    settings: SoakSettings, queue_class: QueueClass = AdmissionQueue, *, twin: str = IMPLEMENTATION
+) -> SoakReport:
     """Run the soak in this process (from the main thread: it receives the signals); see the module docstring.
 
     ``queue_class`` is the twin of the gate, the work queue and the
@@ -1078,7 +1087,10 @@ def add_bench_soak_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"how long the load runs (default {defaults.seconds / 60:g})",
     )
     length.add_argument(
-        "--seconds", type=_positive("seconds", _MAX_MINUTES * 60), metavar="N", help="the same in seconds, for short runs"
+        "--seconds",
+        type=_positive("seconds", _MAX_MINUTES * 60),
+        metavar="N",
+        help="the same in seconds, for short runs",
     )
     parser.add_argument("--seed", type=_count, metavar="N", help="seed of every random choice (default: a random one)")
     parser.add_argument(
