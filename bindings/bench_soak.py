@@ -58,6 +58,7 @@ import random
 import signal
 import socket
 import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -297,6 +298,17 @@ class _Load:
         """``{queue name: on_expired calls}`` for the queues whose callback the soak owns."""
         return {}
 
+    def summary(self) -> dict[str, Any]:
+        """The load as offered (arrivals per second against the queue's capacity) and its outcomes."""
+        assert self.pacer is not None
+        offered_per_s = self.pacer.offered / self.settings.seconds
+        return {
+            "offered_per_s": round(offered_per_s, 1),
+            "capacity_per_s": round(self.capacity_per_s, 1),
+            "load": round(offered_per_s / self.capacity_per_s, 2),
+            "outcomes": self.tally.snapshot(),
+        }
+
 
 def _body_status(status: str) -> str:
     return status.split(" ", 1)[0]
@@ -515,28 +527,30 @@ class _GateLoad(_Load):
 
     Signal handlers run in the main thread at any bytecode boundary, so the
     handler only raises while the main thread is *armed* — from just before
-    ``q.slot()`` is entered to just after it is left — and disarms itself
-    when it raises: a signal can never escape into the soak's own
-    bookkeeping, only into the queue's wait and the ``with`` body.
+    ``q.slot()`` is entered until the ``with`` body starts, i.e. while it
+    waits — and disarms itself when it raises: a signal can never escape into
+    the soak's own bookkeeping, only into the queue's wait. (Not into
+    ``Slot.__exit__`` either: a Python-level ``__exit__`` can be interrupted
+    before it releases, which is no queue's fault — the C twin's is C.)
     """
 
     name = "gate"
     HELPERS = 8
+    SLOTS = 2
+    PLACES = 4
 
     def __init__(self, settings: SoakSettings, seed: int, queue_class: QueueClass) -> None:
         super().__init__(settings, seed)
-        self.queue = queue_class(2, 4)
+        self.queue = queue_class(self.SLOTS, self.PLACES)
         self._armed = False
         self.signals_sent = 0
         self.signals_delivered = 0
         self._previous: dict[signal.Signals, Any] = {}
 
-    @property
-    def capacity_per_s(self) -> float:
-        # Helpers hold a slot 1 ms on average: what two slots can serve.
-        return 2 / 0.001
-
     def start(self, end: float) -> None:
+        # The handlers first: a signal reaching the default SIGUSR1 action would end the process.
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            self._previous[signum] = signal.signal(signum, self._handler)
         for index in range(self.HELPERS):
             self._spawn(self._helper, self._rng(index), end)
         self._spawn(self._signaller, self._rng(self.HELPERS), end, threading.main_thread().ident)
@@ -545,9 +559,11 @@ class _GateLoad(_Load):
         while time.monotonic() < end:
             self.tally.add(self._attempt(rng, rng.uniform(0, 5)))
 
-    def _attempt(self, rng: random.Random, budget_ms: float) -> str:
+    def _attempt(self, rng: random.Random, budget_ms: float, *, main: bool = False) -> str:
         try:
             with self.queue.slot(Deadline.after_ms(budget_ms)):
+                if main:
+                    self._armed = False
                 time.sleep(rng.uniform(0, 0.002))
             return "ran"
         except QueueFull:
@@ -559,7 +575,7 @@ class _GateLoad(_Load):
     def _main_attempt(self, rng: random.Random) -> str:
         try:
             self._armed = True
-            return self._attempt(rng, rng.uniform(0, 20))
+            return self._attempt(rng, rng.uniform(0, 20), main=True)
         finally:
             self._armed = False
 
@@ -581,29 +597,36 @@ class _GateLoad(_Load):
     def run_main_thread(self, end: float) -> None:
         """The main thread's part: wait in ``slot()`` again and again while signals arrive."""
         rng = self._rng(-2)
-        for signum in (signal.SIGUSR1, signal.SIGUSR2):
-            self._previous[signum] = signal.signal(signum, self._handler)
-        try:
-            while time.monotonic() < end:
-                try:
-                    outcome = self._main_attempt(rng)
-                except SignalFault:
-                    outcome = "interrupted-exception"
-                except SignalInterrupt:
-                    outcome = "interrupted-baseexception"
-                self.tally.add(f"main-{outcome}")
-        finally:
-            self._join()
-            # Signals still pending run their (disarmed) handler at the next
-            # bytecode; only then go back to the previous handlers.
-            for signum, previous in self._previous.items():
-                signal.signal(signum, previous)
+        while time.monotonic() < end:
+            try:
+                outcome = self._main_attempt(rng)
+            except SignalFault:
+                outcome = "interrupted-exception"
+            except SignalInterrupt:
+                outcome = "interrupted-baseexception"
+            self.tally.add(f"main-{outcome}")
 
     def stop(self) -> None:
         self._join()
+        # The signaller has ended, so every signal it sent has been delivered
+        # (its disarmed handler ran); only now go back to the previous handlers.
+        while self._previous:
+            signum, previous = self._previous.popitem()
+            signal.signal(signum, previous)
 
     def queues(self) -> dict[str, dict[str, int]]:
         return {"gate": self.queue.stats()}
+
+    def summary(self) -> dict[str, Any]:
+        """A closed loop, not paced: what contends, the signals, the outcomes."""
+        return {
+            "threads": self.HELPERS + 1,
+            "slots": self.SLOTS,
+            "max_queue": self.PLACES,
+            "signals_sent": self.signals_sent,
+            "signals_delivered": self.signals_delivered,
+            "outcomes": self.tally.snapshot(),
+        }
 
 
 # -- the work-queue face with raising on_expired callbacks ------------------------------
@@ -965,13 +988,15 @@ def run_soak(
             end = started + settings.seconds
             sampler = _RssSampler(settings.sample_interval_s, started + settings.warmup_s, end, started)
             sampler.thread.start()
+            running: list[_Load] = []
             try:
                 for load in loads:
                     load.start(end)
+                    running.append(load)
                 gate.run_main_thread(end)
             finally:
                 sampler.finish()
-                for load in loads:
+                for load in running:
                     load.stop()
             gc.collect()
             threads_after, settled_s = _wait_for_threads(threads_baseline, THREAD_SETTLE_S)
@@ -988,16 +1013,7 @@ def run_soak(
         warmup_sample=sampler.warmup_sample,
         rss_limit_kib=settings.rss_limit_kib,
     )
-    summaries = {}
-    for load in loads:
-        offered = load.pacer.offered if load.pacer is not None else None
-        summaries[load.name] = {
-            "capacity_per_s": round(load.capacity_per_s, 1),
-            "offered_per_s": None if offered is None else round(offered / settings.seconds, 1),
-            "outcomes": load.tally.snapshot(),
-        }
-    summaries["gate"]["signals_sent"] = gate.signals_sent
-    summaries["gate"]["signals_delivered"] = gate.signals_delivered
+    summaries = {load.name: load.summary() for load in loads}
     return SoakReport(
         settings, twin, observation, check_soak(observation), summaries, dict(sorted(logs.counts.items())),
         settled_s, notes,
@@ -1018,25 +1034,40 @@ def render_soak_report(report: SoakReport, paint: Paint = plain) -> str:
     )
     out += ["", paint("loads", "bold")]
     for name, load in report.loads.items():
-        offered = load["offered_per_s"]
-        rate = "" if offered is None else f"{offered:g}/s offered, "
-        out.append(f"  {name:<11} {rate}capacity {load['capacity_per_s']:g}/s")
-        outcomes = ", ".join(f"{key} {count}" for key, count in load["outcomes"].items())
-        out.append(f"  {'':<11} {outcomes}")
-        if "signals_sent" in load:
+        if "offered_per_s" in load:
             out.append(
-                f"  {'':<11} signals to the main thread: {load['signals_sent']} sent, "
+                f"  {name:<11} {load['offered_per_s']:g}/s offered = {load['load']:g}x its capacity "
+                f"({load['capacity_per_s']:g}/s)"
+            )
+        else:
+            out.append(
+                f"  {name:<11} {load['threads']} threads (the main one too) in a closed loop on {load['slots']} "
+                f"slots and {load['max_queue']} places; signals to the main thread: {load['signals_sent']} sent, "
                 f"{load['signals_delivered']} handled"
             )
+        outcomes = ", ".join(f"{key} {count}" for key, count in load["outcomes"].items())
+        out += textwrap.wrap(
+            outcomes,
+            100,
+            initial_indent=" " * 14,
+            subsequent_indent=" " * 14,
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
     columns = ("offered", *BALANCE_TERMS, "completed", "in_flight")
-    out += ["", paint("queues at rest", "bold"), f"  {'':<11}" + "".join(f"{c:>19}" for c in columns)]
+    out += ["", paint("queues at rest", "bold"), f"  {'':<11}" + "".join(f"{c:>{len(c) + 1}}" for c in columns)]
     for name, stats in o.queues.items():
-        out.append(f"  {name:<11}" + "".join(f"{stats[c]:>19}" for c in columns))
+        out.append(f"  {name:<11}" + "".join(f"{stats[c]:>{len(c) + 1}}" for c in columns))
     growth = o.rss_growth_kib
     out += [
         "",
         paint("resident memory (KiB)", "bold"),
-        "  samples: " + " ".join(f"{kib}" for _, kib in o.rss_samples),
+        *textwrap.wrap(
+            " ".join(f"{kib}" for _, kib in o.rss_samples),
+            100,
+            initial_indent="  samples: ",
+            subsequent_indent=" " * 11,
+        ),
         f"  warm-up ends at sample {o.warmup_sample}; growth after warm-up: "
         + ("n/a" if growth is None else f"{growth:+d} KiB"),
         "",
