@@ -383,7 +383,6 @@ class _WaitressLoad(_Load):
         self._join()
         shutdown(self._server, timeout=_CLIENT_TIMEOUT_S)
         self._server_thread.join(_CLIENT_TIMEOUT_S)
-        self._server.close()
 
     def queues(self) -> dict[str, dict[str, int]]:
         return {"waitress": self._server.task_dispatcher.stats()}

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _helpers import QueueClass
 from prazo.bindings.bench_soak import HANG_GRACE_S, SoakObservation, check_soak, rss_kib
 from prazo.bindings.cli import main
+from prazo.core import IMPLEMENTATION
 
 _SOAK_SECONDS = 5
 
@@ -126,23 +125,21 @@ def test_bad_options_are_usage_errors_naming_the_option(
     assert f"argument {option}" in capsys.readouterr().err
 
 
-def test_a_short_soak_through_the_cli_is_balanced_and_exits_0(impl: QueueClass) -> None:
-    twin = "c" if impl.__module__.endswith("_queue_c") else "py"
-    env = {key: value for key, value in os.environ.items() if key != "PRAZO_NO_EXTENSIONS"}
-    if twin == "py":
-        # The pool and waitress follow prazo.core's pick: the whole process on the Python twin.
-        env["PRAZO_NO_EXTENSIONS"] = "1"
+def test_a_short_soak_through_the_cli_is_balanced_and_exits_0() -> None:
+    # The twin prazo.core picks, as a user runs it: the C twin in `make test`,
+    # the Python twin under PRAZO_NO_EXTENSIONS=1 (the pool and waitress
+    # always follow that pick, so one run per process).
     command = [
         sys.executable, "-c", "import sys; from prazo.bindings.cli import main; sys.exit(main())",
-        "bench", "soak", "--impl", twin, "--seconds", str(_SOAK_SECONDS), "--seed", "7", "--json",
+        "bench", "soak", "--seconds", str(_SOAK_SECONDS), "--seed", "7", "--json",
     ]  # fmt: skip
     # The soak's own hang watchdog ends it HANG_GRACE_S after the load; this bound is the backstop.
     result = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=_SOAK_SECONDS + HANG_GRACE_S + 60, check=False
+        command, capture_output=True, text=True, timeout=_SOAK_SECONDS + HANG_GRACE_S + 60, check=False
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads(result.stdout)
-    assert report["ok"] and report["twin"] == twin
+    assert report["ok"] and report["twin"] == IMPLEMENTATION
     assert all(check["ok"] for check in report["checks"])
     assert set(report["queues"]) == {"waitress", "middleware", "pool", "work-queue", "gate"}
     for name, stats in report["queues"].items():
