@@ -1041,8 +1041,10 @@ def render_soak_report(report: SoakReport, paint: Paint = plain) -> str:
         else:
             out.append(
                 f"  {name:<11} {load['threads']} threads (the main one too) in a closed loop on {load['slots']} "
-                f"slots and {load['max_queue']} places; signals to the main thread: {load['signals_sent']} sent, "
-                f"{load['signals_delivered']} handled"
+                f"slots and {load['max_queue']} places"
+            )
+            out.append(
+                f"{'':<14}signals to the main thread: {load['signals_sent']} sent, {load['signals_delivered']} handled"
             )
         outcomes = ", ".join(f"{key} {count}" for key, count in load["outcomes"].items())
         out += textwrap.wrap(
