@@ -83,17 +83,22 @@ __all__ = [
     "HANG_GRACE_S",
     "THREAD_SETTLE_S",
     "AppFault",
+    "CallbackInterrupt",
     "Check",
+    "SignalFault",
+    "SignalInterrupt",
     "SoakApp",
     "SoakObservation",
     "SoakReport",
     "SoakSettings",
     "add_bench_soak_arguments",
+    "balance_gap",
     "check_soak",
     "render_soak_report",
     "rss_kib",
     "run_bench_soak",
     "run_soak",
+    "settings_from",
 ]
 
 QueueClass = type[AdmissionQueue]

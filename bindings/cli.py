@@ -464,7 +464,8 @@ def _add_bench(commands: _Commands) -> _Commands:
         "waitress over real HTTP, the WSGI middleware in-process, AdmissionPool, a gate whose waiting main thread "
         "gets signals and a work queue whose on_expired raises, all at once at 1.5x capacity with random faults. "
         "Then every queue must be at rest with balanced counters, no thread left and resident memory flat; "
-        "exit status 1 otherwise.",
+        "exit status 1 otherwise. --impl picks the twin of the gate, the work queue and the middleware; the pool "
+        "and waitress run on prazo.core's pick (PRAZO_NO_EXTENSIONS=1 selects the Python twin for all).",
         _run_bench_soak,
     )
     add_bench_soak_arguments(soak)

@@ -13,8 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from prazo.bindings.bench_soak import HANG_GRACE_S, SoakObservation, check_soak, rss_kib
-from prazo.bindings.cli import main
+from prazo.bindings.bench_soak import (
+    HANG_GRACE_S,
+    SoakObservation,
+    SoakSettings,
+    check_soak,
+    rss_kib,
+    settings_from,
+)
+from prazo.bindings.cli import build_parser, main
 from prazo.core import IMPLEMENTATION
 
 _SOAK_SECONDS = 5
@@ -102,6 +109,17 @@ def test_rss_is_read_from_proc_status(tmp_path: Path) -> None:
     assert rss_kib(str(tmp_path / "missing")) == 0
     if Path("/proc/self/status").exists():
         assert rss_kib() > 0
+
+
+def test_minutes_and_seconds_set_the_length_and_a_seed_is_always_chosen() -> None:
+    def settings(*argv: str) -> SoakSettings:
+        return settings_from(build_parser().parse_args(["bench", "soak", *argv]))
+
+    assert settings("--minutes", "0.5", "--seed", "3").seconds == 30
+    assert settings("--seconds", "4").seconds == 4
+    default = settings()
+    assert default.seconds == SoakSettings().seconds and isinstance(default.seed, int)
+    assert settings("--rss-limit-kib", "100").rss_limit_kib == 100
 
 
 @pytest.mark.parametrize(
