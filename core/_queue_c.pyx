@@ -242,7 +242,14 @@ cdef class AdmissionQueue:
         q.task_done()                        # releases the slot
 
     ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited.
+    noticed) for every work item whose deadline passed while it waited, once
+    the hand-over that met it is complete, in line order. A callback's
+    Exception is logged; the first BaseException is raised once every item
+    has been reported.
+
+    A waiter interrupted by an exception (a signal handler's, or one raised
+    into its thread) leaves the line counted ``cancelled`` and passes on a
+    slot just granted to it; a blocked ``get()`` interrupted so takes nothing.
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -509,6 +516,10 @@ cdef class AdmissionQueue:
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
         """Take a slot; returns the monotonic time at which it started."""
         cdef int outcome
+        # A signal that arrived before this call (e.g. while this thread waited
+        # for the GIL) is raised now, before the slot is taken: after the
+        # return it would be raised in the caller, with the slot leaked.
+        PyErr_CheckSignals()
         pthread_mutex_lock(&self._mutex)
         outcome = self._admit(deadline_ns, now)
         if outcome == _ADMIT_START:
@@ -680,6 +691,8 @@ cdef class AdmissionQueue:
         cdef int outcome
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
+        # A pending signal is raised before the item is queued, not after (see _acquire).
+        PyErr_CheckSignals()
         entry.item = <PyObject *>item
         entry.waiter = NULL
         Py_INCREF(item)
@@ -723,6 +736,8 @@ cdef class AdmissionQueue:
                 end_ns = prazo_monotonic_ns() + <int64_t>(float(timeout) * 1e9)
         if use_fake:
             fake_now = _clock(now_ns)
+        # A pending signal is raised before an item is taken, not after (see _acquire).
+        PyErr_CheckSignals()
         while True:
             pthread_mutex_lock(&self._mutex)
             if self._ready_count > 0:

@@ -200,7 +200,14 @@ class AdmissionQueue:
         q.task_done()                        # releases the slot
 
     ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited.
+    noticed) for every work item whose deadline passed while it waited, once
+    the hand-over that met it is complete, in line order. A callback's
+    Exception is logged; the first BaseException is raised once every item
+    has been reported.
+
+    A waiter interrupted by an exception (a signal handler's, or one raised
+    into its thread) leaves the line counted ``cancelled`` and passes on a
+    slot just granted to it; a blocked ``get()`` interrupted so takes nothing.
     """
 
     def __init__(
@@ -285,8 +292,10 @@ class AdmissionQueue:
             self._expired_on_arrival += 1
             raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
         if self._in_flight < self._max_concurrency:
+            # No call between taking the slot and returning (see _acquire).
             self._in_flight += 1
-            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
+                self._peak_in_flight = self._in_flight
             return True
         if self._queued >= self._max_queue:
             self._rejected_full += 1
@@ -294,9 +303,12 @@ class AdmissionQueue:
         return False
 
     def _enqueue_locked(self, entry: _Entry) -> None:
-        self._waiting.append(entry)
+        # Counted first, then one call: an interrupt finds the entry either
+        # not in line and not counted, or both (see _abandon_locked).
         self._queued += 1
-        self._peak_queued = max(self._peak_queued, self._queued)
+        if self._queued > self._peak_queued:  # noqa: PLR1730 - max() is a call, where an interrupt could land
+            self._peak_queued = self._queued
+        self._waiting.append(entry)
 
     def _pop_next_locked(self) -> _Entry:
         entry = self._waiting.pop() if self._lifo else self._waiting.popleft()
@@ -341,9 +353,9 @@ class AdmissionQueue:
         if self._shutdown and self._in_flight == 0:
             self._ready_cond.notify_all()
 
-    def _start_locked(self, entry: _Entry, now: int) -> None:
-        self._started += 1
-        self._queue_wait_ns_total = _saturate(self._queue_wait_ns_total + _saturate(now - entry.enqueued_ns))
+    def _wait_total_with(self, entry: _Entry, now: int) -> int:
+        """``queue_wait_ns_total`` once ``entry``, waiting since it arrived, starts at ``now``."""
+        return _saturate(self._queue_wait_ns_total + _saturate(now - entry.enqueued_ns))
 
     def _report_expired(self, items: list[Any]) -> None:
         """Call ``on_expired`` once per item, in line order (no lock held).
@@ -396,16 +408,22 @@ class AdmissionQueue:
                         started = True
                         return now
                     entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
-                    self._enqueue_locked(entry)
                     try:
+                        self._enqueue_locked(entry)
                         self._wait_for_grant(entry)
+                        now = time.monotonic_ns()
+                        wait_total = self._wait_total_with(entry, now)
                     except BaseException:
                         self._abandon_locked(entry, time.monotonic_ns(), expired_items)
                         raise
+                    # No call from here to the start, so an interrupt (a
+                    # signal handler runs only at a call) lands either above,
+                    # where the grant is passed on, or after the lock is let
+                    # go, where the start is given back.
                     self._assigned -= 1
-                    now = time.monotonic_ns()
                     if now < deadline_ns:
-                        self._start_locked(entry, now)
+                        self._started += 1
+                        self._queue_wait_ns_total = wait_total
                         started = True
                         return now
                     # Granted, but the time ran out while this thread woke up:
@@ -431,11 +449,12 @@ class AdmissionQueue:
             remaining_s = (entry.deadline_ns - time.monotonic_ns()) / 1e9
             if remaining_s <= 0:
                 # Active expiry: leave the line at our own deadline instead of
-                # waiting to reach its head.
-                self._waiting.remove(entry)
+                # waiting to reach its head (counted before the one call, see
+                # _enqueue_locked).
+                entry.state = _EXPIRED
                 self._queued -= 1
                 self._expired_in_queue += 1
-                entry.state = _EXPIRED
+                self._waiting.remove(entry)
                 break
             cond.wait(min(remaining_s, _WAIT_SLICE_S))
         if entry.state == _EXPIRED:
@@ -446,10 +465,12 @@ class AdmissionQueue:
     def _abandon_locked(self, entry: _Entry, now: int, expired_items: list[Any]) -> None:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
         if entry.state == _WAITING:
-            self._waiting.remove(entry)
-            self._queued -= 1
-            self._cancelled += 1
             entry.state = _CANCELLED
+            self._cancelled += 1
+            # The interrupt may have come before the entry joined the line.
+            if entry in self._waiting:
+                self._queued -= 1
+                self._waiting.remove(entry)
         elif entry.state == _GRANTED:
             self._assigned -= 1
             self._cancelled += 1
@@ -512,11 +533,15 @@ class AdmissionQueue:
             try:
                 with self._lock:
                     if self._ready:
-                        entry = self._ready.popleft()
-                        self._assigned -= 1
+                        entry = self._ready[0]
                         now = _clock(now_ns)
+                        wait_total = self._wait_total_with(entry, now)
+                        # No call from the take to the start (see _acquire).
+                        del self._ready[0]
+                        self._assigned -= 1
                         if now < entry.deadline_ns:
-                            self._start_locked(entry, now)
+                            self._started += 1
+                            self._queue_wait_ns_total = wait_total
                             return entry.item
                         # Its slot came too late: the slot moves on, then it
                         # is reported (finally), then we look again.
