@@ -42,7 +42,9 @@ check: build
 # so the normal build is left alone. build/asan holds a whole prazo tree and
 # comes first on PYTHONPATH; the first command proves the sanitized modules are
 # the ones imported. Any report fails the run: ASan aborts on its first error,
-# UBSan halts (the build also compiles with -fno-sanitize-recover).
+# UBSan halts (the build also compiles with -fno-sanitize-recover). --capture=sys
+# leaves file descriptor 2 alone: with pytest's default fd capture the report of a
+# process that dies went into a capture file and was never shown.
 # detect_leaks=0: CPython never frees its own interned and static objects, so
 # LeakSanitizer would report the interpreter at every exit. PYTHONMALLOC=malloc
 # sends Python objects through malloc too, so ASan sees a freed object that an
@@ -66,7 +68,7 @@ sanitize: $(STAMP)
 	cp bindings/*.py $(ASAN_DIR)/prazo/bindings/
 	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.bindings._wsgi_c as w; \
 		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, w)), (q.__file__, w.__file__)"
-	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q $(ASAN_TESTS) $(ASAN_DESELECT) $(PYTEST_ARGS)
+	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys $(ASAN_TESTS) $(ASAN_DESELECT) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
 # without extras in a fresh virtualenv and tested there (see .ci/dist_check.py).
