@@ -66,13 +66,14 @@ WHEEL_REQUIRED = [
 ]
 WHEEL_EXTENSIONS = ["prazo/core/_queue_c.", "prazo/bindings/_wsgi_c."]
 
-# Both compiled modules load, the C twin is the one prazo.core picked, and the
-# fallback warning (a RuntimeWarning) is an error here.
-CHECK_COMPILED = (
-    "import prazo.core, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
+# prazo comes from the virtualenv, both compiled modules load, the C twin is the one
+# prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
+CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
+CHECK_COMPILED = CHECK_INSTALLED + (
+    "import prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
     "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION"
 )
-CHECK_PYTHON_TWIN = "import prazo.core, prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
+CHECK_PYTHON_TWIN = CHECK_INSTALLED + "import prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
 
 
 def step(title: str) -> None:
