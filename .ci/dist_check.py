@@ -7,8 +7,8 @@
    builds the C twin again through pip's own isolated build.
 3. There the import of both compiled modules and the `prazo` command are
    checked, and the core suite runs on both twins (the `impl` fixture), from a
-   copy of the tests outside the repository so the repository's core/ can
-   never stand in for the installed package.
+   copy of the tests in a directory of their own, where nothing of the
+   repository is on sys.path to stand in for the installed package.
 4. A third virtualenv installs the sdist with PRAZO_NO_EXTENSIONS=1 (no
    compiler involved) and runs the core suite on the Python twin alone.
 
@@ -36,7 +36,7 @@ CORE_SUITE = [
     "test_deadline.py",
     "test_errors.py",
 ]
-# What the core suite imports besides itself: the test modules' own imports.
+# The core suite's support files: its fixtures and the helpers its modules import.
 TEST_SUPPORT = ["conftest.py", "_helpers.py"]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
 
