@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.prazo-installed
 EXTRAS := test,servers,clients,metrics,dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo bench check sanitize dist-check clean
+.PHONY: all venv build test demo bench check sanitize clean
 
 all: test
 
@@ -39,12 +39,13 @@ check: build
 # The core suite and the binding tests that run the compiled paths (the
 # middleware's compiled path, the pool, the server dispatcher, the middleware on
 # a real server, their subprocesses) against both extensions built with
-# AddressSanitizer + UBSan (-O0 -g3), in build/asan so the normal build is left alone. build/asan holds a whole prazo tree and
-# comes first on PYTHONPATH; the first command proves the sanitized modules are
-# the ones imported. Any report fails the run: ASan aborts on its first error,
-# UBSan halts (the build also compiles with -fno-sanitize-recover). --capture=sys
-# leaves file descriptor 2 alone: with pytest's default fd capture the report of a
-# process that dies went into a capture file and was never shown.
+# AddressSanitizer + UBSan (-O0 -g3), in build/asan so the normal build is left
+# alone. build/asan holds a whole prazo tree and comes first on PYTHONPATH; the
+# first command proves the sanitized modules are the ones imported.
+# Any report fails the run: ASan aborts on its first error, UBSan halts (the
+# build also compiles with -fno-sanitize-recover). --capture=sys leaves file
+# descriptor 2 alone: with pytest's default fd capture the report of a process
+# that dies went into a capture file and was never shown.
 # detect_leaks=0: CPython never frees its own interned and static objects, so
 # LeakSanitizer would report the interpreter at every exit. PYTHONMALLOC=malloc
 # sends Python objects through malloc too, so ASan sees a freed object that an
@@ -75,6 +76,7 @@ sanitize: $(STAMP)
 
 # The sdist and the wheel as a package index would serve them, each installed
 # without extras in a fresh virtualenv and tested there (see .ci/dist_check.py).
+.PHONY: dist-check
 dist-check: $(STAMP)
 	$(PY) .ci/dist_check.py build/dist-check
 
