@@ -32,6 +32,8 @@ CORE_SUITE = [
     "test_queue_semantics.py",
     "test_queue_statemachine.py",
     "test_queue_threads.py",
+    "test_queue_waiters.py",
+    "test_queue_stats_gc.py",
     "test_seed_scenario.py",
     "test_deadline.py",
     "test_errors.py",
