@@ -4,11 +4,15 @@ Environment:
   PRAZO_NO_EXTENSIONS=1  skip the C extensions entirely (the Python twins run)
   PRAZO_DEBUG_BUILD=1    -O0 -g3, no NDEBUG (for gdb / valgrind)
   PRAZO_SANITIZE=1       add AddressSanitizer + UndefinedBehaviorSanitizer
-A compile failure never fails the install: it falls back to the Python twin
-and says so loudly.
+On CPython a missing Cython or a compile failure fails the build, with a banner
+naming PRAZO_NO_EXTENSIONS=1 as the way to install the pure-Python twin on
+purpose: pip hides the output of a build that succeeds, so a warning would let
+a slow install pass unnoticed. The sdist ships the .pyx sources, not generated
+C, and Cython (a build requirement) translates them at build time.
 """
 
 import os
+import platform
 import sys
 
 from setuptools import setup
@@ -30,20 +34,15 @@ def _flag(name):
     return os.environ.get(name, "") in ("1", "true", "yes")
 
 
-class OptionalBuildExt(build_ext):
-    """Build the C twin if we can; otherwise warn loudly and go on without it."""
+class BuildExt(build_ext):
+    """build_ext that fails with a banner and replaces an in-place .so atomically."""
 
     def run(self):
         try:
             super().run()
-        except Exception as exc:  # compiler missing, Cython missing, ...
-            self._warn(exc)
-
-    def build_extension(self, ext):
-        try:
-            super().build_extension(ext)
-        except Exception as exc:
-            self._warn(exc)
+        except Exception as exc:  # compiler missing, compile error, ...
+            _fail_banner(exc)
+            raise
 
     def copy_file(self, infile, outfile, *args, **kwargs):
         """Replace an in-place .so atomically.
@@ -53,20 +52,19 @@ class OptionalBuildExt(build_ext):
         """
         if not str(outfile).endswith((".so", ".pyd")):
             return super().copy_file(infile, outfile, *args, **kwargs)
-        if not os.path.exists(infile):
-            # Its build failed and was already reported; the twin takes over.
-            return (outfile, 0)
         tmp = f"{outfile}.tmp-{os.getpid()}"
         result = super().copy_file(infile, tmp, *args, **kwargs)
         os.replace(tmp, outfile)
         return (outfile, result[1])
 
-    @staticmethod
-    def _warn(exc):
-        sys.stderr.write(
-            f"\n{BANNER}\nprazo: building the C extension failed: {exc}\n"
-            f"prazo will run on its pure-Python twin (slower, same behaviour).\n{BANNER}\n\n"
-        )
+
+def _fail_banner(exc):
+    sys.stderr.write(
+        f"\n{BANNER}\nprazo: building the C extensions failed: {exc}\n"
+        "Install a C compiler and the Python headers (Debian: gcc python3-dev), or set\n"
+        "PRAZO_NO_EXTENSIONS=1 to install the pure-Python twin (slower, same behaviour).\n"
+        f"{BANNER}\n\n"
+    )
 
 
 def _pxd_include_dir():
@@ -86,13 +84,14 @@ def _pxd_include_dir():
 
 
 def _extensions():
-    if _flag("PRAZO_NO_EXTENSIONS"):
+    # prazo.core never loads the C twin outside CPython, so there it is not built.
+    if _flag("PRAZO_NO_EXTENSIONS") or platform.python_implementation() != "CPython":
         return []
     try:
         from Cython.Build import cythonize
-    except ImportError as exc:
-        OptionalBuildExt._warn(exc)
-        return []
+    except ImportError as exc:  # only without build isolation: pyproject.toml requires Cython
+        _fail_banner(exc)
+        raise
     from setuptools import Extension
 
     compile_args = ["-std=c11", "-Wall", "-Wno-unused-function"]
@@ -103,7 +102,8 @@ def _extensions():
     else:
         compile_args += ["-O2"]
     if _flag("PRAZO_SANITIZE"):
-        sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+        # No recovery: a build meant to find memory errors and UB must stop at the first one.
+        sanitize = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
         compile_args += sanitize
         link_args += sanitize
     options = {"extra_compile_args": compile_args, "extra_link_args": link_args, "define_macros": macros}
@@ -112,24 +112,21 @@ def _extensions():
         # The compiled common path of the WSGI middleware; it cimports the C twin's .pxd.
         Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
     ]
-    cythonized = []
-    for ext in extensions:
-        # One at a time, so a Cython error leaves out that extension only.
-        try:
-            cythonized += cythonize(
-                [ext],
-                include_path=[_pxd_include_dir()],
-                language_level=3,
-                compiler_directives={
-                    "boundscheck": False,
-                    "wraparound": False,
-                    "cdivision": True,
-                    "embedsignature": True,
-                },
-            )
-        except Exception as exc:  # Cython's CompileError, ...
-            OptionalBuildExt._warn(exc)
-    return cythonized
+    try:
+        return cythonize(
+            extensions,
+            include_path=[_pxd_include_dir()],
+            language_level=3,
+            compiler_directives={
+                "boundscheck": False,
+                "wraparound": False,
+                "cdivision": True,
+                "embedsignature": True,
+            },
+        )
+    except Exception as exc:  # Cython's CompileError, ...
+        _fail_banner(exc)
+        raise
 
 
 setup(
@@ -141,6 +138,6 @@ setup(
         "prazo.bench": ["py.typed", "RESULTS.md"],
     },
     ext_modules=_extensions(),
-    cmdclass={"build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

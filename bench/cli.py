@@ -10,6 +10,7 @@
     prazo bench wsgi [flags]   the WSGI middleware's cost per request against a semaphore limiter
     prazo bench pool [flags]   AdmissionPool throughput against ThreadPoolExecutor
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
+    prazo bench soak [--minutes N]  mixed load with faults at 1.5x capacity; checks every queue at rest
     prazo serve MODULE:APP [--server waitress|gunicorn|werkzeug|wsgiref|cheroot] [limits]
     prazo --version
 
@@ -351,6 +352,13 @@ def _run_bench_pool(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run_bench_soak(args: argparse.Namespace, out: TextIO) -> int:
+    from prazo.bench.soak import run_bench_soak
+
+    twin, queue_class = load_queue_class(getattr(args, "impl", None))
+    return run_bench_soak(args, out, queue_class, twin, make_paint(out))
+
+
 def _run_bench_all(args: argparse.Namespace, out: TextIO) -> int:
     for index, run in enumerate((_run_bench_core, _run_bench_wsgi, _run_bench_pool)):
         if index:
@@ -442,6 +450,20 @@ def _add_bench(commands: _Commands) -> _Commands:
         run_bench_servers,
     )
     add_bench_servers_arguments(servers)
+    from prazo.bench.soak import add_bench_soak_arguments
+
+    soak = _add_topic(
+        topics,
+        "soak",
+        "mixed load with random faults at 1.5x capacity, then checks (not part of bare `prazo bench`)",
+        "waitress over real HTTP, the WSGI middleware in-process, AdmissionPool, a gate whose waiting main thread "
+        "gets signals and a work queue whose on_expired raises, all at once at 1.5x capacity with random faults. "
+        "Then every queue must be at rest with balanced counters, no thread left and resident memory flat; "
+        "exit status 1 otherwise. --impl picks the twin of the gate, the work queue and the middleware; the pool "
+        "and waitress run on prazo.core's pick (PRAZO_NO_EXTENSIONS=1 selects the Python twin for all).",
+        _run_bench_soak,
+    )
+    add_bench_soak_arguments(soak)
     return topics
 
 

@@ -199,18 +199,27 @@ def _discard(data: bytes) -> None:
     """The ``write()`` callable of the benchmark's server: the bytes go nowhere."""
 
 
-def middleware_for(app: WSGIApp, queue_class: QueueClass, *, fast_path: bool | None = None) -> AdmissionMiddleware:
-    """``AdmissionMiddleware`` around ``app`` on the given twin, with room for every request.
+def middleware_for(
+    app: WSGIApp,
+    queue_class: QueueClass,
+    *,
+    fast_path: bool | None = None,
+    max_concurrency: int = _BENCH_CONCURRENCY,
+    max_queue: int = _BENCH_CONCURRENCY,
+    **options: Any,
+) -> AdmissionMiddleware:
+    """``AdmissionMiddleware`` around ``app`` on the given twin; by default with room for every request.
 
     ``fast_path`` as in ``AdmissionMiddleware``: None runs the compiled path
-    whenever it can, False the Python path.
+    whenever it can, False the Python path. ``options`` are the middleware's
+    other keyword arguments (budgets, ...), for callers that load it.
     """
     twin = queue_class
 
     class OnTwin(AdmissionMiddleware):
         queue_class = twin
 
-    return OnTwin(app, max_concurrency=_BENCH_CONCURRENCY, max_queue=_BENCH_CONCURRENCY, fast_path=fast_path)
+    return OnTwin(app, max_concurrency=max_concurrency, max_queue=max_queue, fast_path=fast_path, **options)
 
 
 @dataclass(frozen=True)

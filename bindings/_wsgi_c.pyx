@@ -286,6 +286,7 @@ cdef class CompiledPath:
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
         cdef int64_t budget_ns, arrival_ns, deadline_ns
         cdef object source = None
+        cdef object outer
         if type(environ) is not dict:
             return middleware._call_python(environ, start_response)
         cdef dict env = <dict>environ
@@ -305,6 +306,11 @@ cdef class CompiledPath:
             # Beyond what a Deadline holds: the Python path says so its own way.
             return middleware._call_python(environ, start_response)
         deadline_ns = arrival_ns + budget_ns
+        # request_deadline's rule: an earlier deadline already current wins,
+        # so stacked admission never waits past the outer layer's deadline.
+        outer = get_value(_DEADLINE_VAR)
+        if outer is not None and _deadline_ns(outer) < deadline_ns:
+            deadline_ns = _deadline_ns(outer)
         env[_BUDGET_SOURCE_KEY] = source
         try:
             self._queue._acquire(deadline_ns, arrival_ns)

@@ -246,12 +246,19 @@ def request_deadline(
     """The request's deadline from ``policy``, with the bookkeeping every binding needs.
 
     Sets ``prazo.budget_source`` in ``environ`` and counts invalid budget
-    headers in ``counters``; returns what ``policy.deadline_for`` returns.
+    headers in ``counters``; returns what ``policy.deadline_for`` returns,
+    except that a current deadline that is earlier wins: with admission
+    stacked (a server embedding around a middleware, a middleware called
+    from a pool task) the inner layer never waits, nor starts the app, past
+    the outer layer's deadline.
     """
     deadline, incoming = policy.deadline_for(environ, arrival_ns)
     if incoming.invalid and counters is not None:
         counters.add("invalid_budget_header", incoming.invalid)
     environ[BUDGET_SOURCE_KEY] = incoming.source
+    outer = current_deadline()
+    if outer is not None and outer.ns < deadline.ns:
+        deadline = outer
     return deadline, incoming
 
 

@@ -711,15 +711,20 @@ cdef class AdmissionQueue:
     cdef int _abandon(self, Waiter *waiter) except -1:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt).
 
-        The mutex is taken and released again within one ``nogil`` block: a
-        thread that asked for the GIL while holding the mutex would deadlock
-        with a thread holding the GIL and waiting for the mutex (the fast
-        path takes the mutex with the GIL held).
+        The mutex is taken with the GIL held, as the fast path takes it, and
+        released before any Python runs: a thread that asked for the GIL
+        while holding the mutex would deadlock with a thread holding the GIL
+        and waiting for the mutex. Keeping the GIL matters too: a hand-over
+        may take expired work items out of the rings, and items must leave
+        the rings only while the GIL is held, or a garbage collection running
+        meanwhile could see an item in one traversal and not in the next and
+        clear it while this thread still reports it. Waiting for a granter
+        with the GIL held is safe: a granter signals right after unlocking,
+        without asking for the GIL in between.
         """
         cdef Expired expired
         _expired_init(&expired)
-        with nogil:
-            self._leave_line(waiter, &expired)
+        self._leave_line(waiter, &expired)
         return self._report(&expired)
 
     def release(self, *, now_ns=None):

@@ -52,9 +52,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typing_extensions import Self
+if TYPE_CHECKING:
+    # typing.Self is 3.11+ and core has no runtime dependencies: with postponed
+    # annotations Self is only ever read by type checkers, which ship typing_extensions.
+    from typing_extensions import Self
 
 from .deadline import Deadline
 from .deadline import clock_ns as _clock

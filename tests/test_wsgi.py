@@ -45,6 +45,7 @@ from prazo.core import (
     QueueFull,
     ShutDown,
     current_deadline,
+    deadline_context,
     deadline_scope,
     extension_wanted,
 )
@@ -227,6 +228,33 @@ def test_an_outer_earlier_deadline_wins(fast_path):
         call(app)
     assert probe.environ[DEADLINE_KEY] is outer
     assert probe.deadline_in_call is outer
+
+
+def test_an_outer_deadline_already_passed_refuses_before_the_app(fast_path):
+    # Stacked admission (an embedding around the middleware, a pool task
+    # calling it): the inner layer must not start the app past the outer deadline.
+    probe = Probe()
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=1)
+    server, body = deadline_context(Deadline.after_ms(-5)).run(call, app)
+    assert_refusal(server, body, "504 Gateway Timeout", "expired-on-arrival")
+    assert probe.calls == 0
+    assert middleware.stats()["started"] == 0
+
+
+def test_an_outer_deadline_bounds_the_wait_in_line(fast_path):
+    probe = Probe()
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=1, default_budget_ms=30000)
+    held = hold_slot(middleware)
+    started = time.monotonic()
+    # In a thread, so a regression that waits for the 30 s policy fails instead of hanging.
+    with ThreadPoolExecutor(max_workers=1) as waiter:
+        try:
+            server, body = waiter.submit(deadline_context(Deadline.after_ms(50)).run, call, app).result(timeout=10)
+        finally:
+            held.close()
+    assert_refusal(server, body, "504 Gateway Timeout", "expired-in-queue")
+    assert time.monotonic() - started >= 0.04
+    assert middleware.stats()["in_flight"] == 0
 
 
 # -- refusals by the queue -----------------------------------------------------------

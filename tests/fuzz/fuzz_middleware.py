@@ -395,9 +395,10 @@ def _run_path(middleware_class: type[AdmissionMiddleware], fast_path: bool, spec
         assert deadline.ns <= called_ns + int(mw.policy.max_budget_ms * NS_PER_MS), (deadline.ns, called_ns)
         assert queue_wait_ms >= 0
         if not is_bypass:
-            # Admitted: the queue granted the slot before the deadline, and
-            # so after the request arrived (which is after before_ns).
-            assert budget_ns > 0 and (context is not None or deadline.ns > before_ns), (budget_ns, deadline.ns)
+            # Admitted: the queue granted the slot before the deadline in
+            # force (an outer one included), and so after the request arrived
+            # (which is after before_ns).
+            assert budget_ns > 0 and deadline.ns > before_ns, (budget_ns, deadline.ns)
     reason = _check_response(server, app)
     if budget_ns == 0 and not is_bypass:
         # No time left: answered 504 at once (a shut-down queue says so first).

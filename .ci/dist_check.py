@@ -1,0 +1,170 @@
+"""Check what a user gets from a package index: `make dist-check` runs this.
+
+1. `python -m build` makes the sdist, then the wheel *from that sdist* (so a file
+   missing from the sdist breaks the wheel build), and their contents are checked.
+2. Each of them is installed into a fresh virtualenv with no extras, next to
+   pytest and hypothesis only, as a user would: `pip install prazo-*.tar.gz`
+   builds the C twin again through pip's own isolated build.
+3. There the import of both compiled modules and the `prazo` command are
+   checked, and the core suite runs on both twins (the `impl` fixture), from a
+   copy of the tests in a directory of their own, where nothing of the
+   repository is on sys.path to stand in for the installed package.
+4. A third virtualenv installs the sdist with PRAZO_NO_EXTENSIONS=1 (no
+   compiler involved) and runs the core suite on the Python twin alone.
+
+Usage: python .ci/dist_check.py OUT_DIR   (OUT_DIR is wiped first)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORE_SUITE = [
+    "test_queue_semantics.py",
+    "test_queue_statemachine.py",
+    "test_queue_threads.py",
+    "test_queue_waiters.py",
+    "test_queue_stats_gc.py",
+    "test_seed_scenario.py",
+    "test_deadline.py",
+    "test_errors.py",
+]
+# The core suite's support files: its fixtures and the helpers its modules import.
+TEST_SUPPORT = ["conftest.py", "_helpers.py"]
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
+
+# Paths inside the sdist (below prazo-<version>/) and the wheel that must be there.
+SDIST_REQUIRED = [
+    "README.md",
+    "pyproject.toml",
+    "setup.py",
+    "core/_queue_c.pyx",
+    "core/_queue_c.pxd",
+    "core/_queue_c.pyi",
+    "core/prazo_sync.h",
+    "core/prazo_slots.h",
+    "core/py.typed",
+    "bindings/_wsgi_c.pyx",
+    "bindings/_wsgi_c.pyi",
+    "bindings/py.typed",
+    "bench/RESULTS.md",
+    "bench/py.typed",
+    "tests/conftest.py",
+    "tests/_helpers.py",
+]
+WHEEL_REQUIRED = [
+    "prazo/core/_queue_c.pyi",
+    "prazo/core/_queue_c.pxd",
+    "prazo/core/py.typed",
+    "prazo/bindings/_wsgi_c.pyi",
+    "prazo/bindings/py.typed",
+    # One module of each subpackage, so a package left out of setup.py shows here;
+    # prazo.bench holds the `prazo` command itself.
+    "prazo/bindings/servers/dispatcher.py",
+    "prazo/bindings/clients/requests.py",
+    "prazo/bench/cli.py",
+    "prazo/bench/RESULTS.md",
+    "prazo/bench/py.typed",
+]
+WHEEL_EXTENSIONS = ["prazo/core/_queue_c.", "prazo/bindings/_wsgi_c."]
+
+# prazo comes from the virtualenv, both compiled modules load, the C twin is the one
+# prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
+CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
+CHECK_COMPILED = CHECK_INSTALLED + (
+    "import prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
+    "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION"
+)
+CHECK_PYTHON_TWIN = CHECK_INSTALLED + "import prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
+
+
+def step(title: str) -> None:
+    print(f"\n=== dist-check: {title}", flush=True)
+
+
+def run(*cmd: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    started = time.monotonic()
+    subprocess.run([str(c) for c in cmd], check=True, cwd=cwd, env={**os.environ, **(env or {})})
+    print(f"    ({time.monotonic() - started:.0f} s)", flush=True)
+
+
+def check_contents(dist: Path) -> tuple[Path, Path]:
+    (sdist,) = dist.glob("prazo-*.tar.gz")
+    (wheel,) = dist.glob("prazo-*.whl")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    problems = [f"sdist lacks {name}" for name in SDIST_REQUIRED if name not in names]
+    # Generated C is rebuilt from the .pyx; a shipped copy could be stale.
+    problems += [f"sdist ships generated {name}" for name in sorted(names) if name.endswith((".c", ".so"))]
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+    problems += [f"wheel lacks {name}" for name in WHEEL_REQUIRED if name not in names]
+    for stem in WHEEL_EXTENSIONS:
+        if not any(name.startswith(stem) and name.endswith(".so") for name in names):
+            problems.append(f"wheel lacks the compiled {stem}*.so")
+    if problems:
+        sys.exit("dist-check: " + "; ".join(problems))
+    print(f"    {sdist.name} and {wheel.name} hold the sources, stubs and compiled modules")
+    return sdist, wheel
+
+
+def install(out: Path, name: str, artifact: Path, env: dict[str, str] | None = None) -> Path:
+    """A fresh virtualenv holding the artifact (no extras) and the test tools; its python."""
+    home = out / f"venv-{name}"
+    venv.create(home, with_pip=True)
+    python = home / "bin" / "python"
+    pip: list[str | Path] = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    run(*pip, *TEST_REQUIREMENTS)
+    # No wheel cache: pip would key a wheel built from the sdist on its path alone, and
+    # hand the next run (or the PRAZO_NO_EXTENSIONS=1 install) a stale build.
+    run(*pip, "--no-cache-dir", artifact, env=env)
+    return python
+
+
+def core_suite(out: Path, name: str, python: Path, env: dict[str, str] | None = None) -> None:
+    """The core suite, from a copy of the tests in a directory of its own."""
+    where = out / f"tests-{name}"
+    where.mkdir()
+    for test_file in TEST_SUPPORT + CORE_SUITE:
+        shutil.copy2(REPO / "tests" / test_file, where)
+    # The pytest settings (markers, warnings as errors) without the rest of the repository.
+    shutil.copy2(REPO / "pyproject.toml", where)
+    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE_SUITE, cwd=where, env=env)
+
+
+def main() -> None:
+    out = Path(sys.argv[1]).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    dist = out / "dist"
+
+    step("build the sdist, then the wheel from it")
+    run(sys.executable, "-m", "build", "--outdir", dist, REPO)
+    sdist, wheel = check_contents(dist)
+
+    for name, artifact in (("wheel", wheel), ("sdist", sdist)):
+        step(f"install the {name} without extras, check it, run the core suite on both twins")
+        python = install(out, name, artifact)
+        run(python, "-W", "error", "-c", CHECK_COMPILED, cwd=out)
+        run(python, "-c", CHECK_PYTHON_TWIN, cwd=out, env={"PRAZO_NO_EXTENSIONS": "1"})
+        run(python.parent / "prazo", "--help", cwd=out)
+        core_suite(out, name, python)
+
+    step("install the sdist with PRAZO_NO_EXTENSIONS=1, run the core suite on the Python twin")
+    pure = {"PRAZO_NO_EXTENSIONS": "1"}
+    python = install(out, "pure", sdist, env=pure)
+    run(python, "-W", "error", "-c", CHECK_PYTHON_TWIN, cwd=out, env=pure)
+    core_suite(out, "pure", python, env=pure)
+    print("\ndist-check: passed")
+
+
+if __name__ == "__main__":
+    main()
