@@ -63,6 +63,10 @@ def test_slow_heads_hold_no_worker_nor_slot_and_are_answered_408(kind: str, serv
 
     if server.stats is not None:
         server.settle()
+        # A kept-alive connection the last client just closed is watched for
+        # its next head until the watcher's next look (at most 100 ms) sees it gone.
+        live_stats = server.stats
+        wait_until(lambda: live_stats()["pending_heads"] == 0, "the watcher to let go of closed connections")
         stats = server.stats()
         # The slow heads were never offered to the queue: only the legitimate requests were.
         assert stats["offered"] - offered_before == len(answered)
