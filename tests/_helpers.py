@@ -30,6 +30,7 @@ __all__ = [
     "assert_counters",
     "load_twin",
     "spawn",
+    "unaccounted",
     "wait_until",
 ]
 
@@ -160,8 +161,8 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = JOIN_T
         time.sleep(0.001)
 
 
-def assert_conservation(stats: Mapping[str, int]) -> None:
-    """Every offered arrival is accounted for exactly once (DESIGN.md invariant 3)."""
+def unaccounted(stats: Mapping[str, int]) -> int:
+    """Offered arrivals with no outcome in ``stats`` (0 when DESIGN.md invariant 3 holds)."""
     accounted = (
         stats["started"]
         + stats["rejected_full"]
@@ -170,7 +171,12 @@ def assert_conservation(stats: Mapping[str, int]) -> None:
         + stats["queued"]
         + stats["assigned"]
     )
-    assert stats["offered"] == accounted, f"conservation broken: {dict(stats)}"
+    return stats["offered"] - accounted
+
+
+def assert_conservation(stats: Mapping[str, int]) -> None:
+    """Every offered arrival is accounted for exactly once (DESIGN.md invariant 3)."""
+    assert unaccounted(stats) == 0, f"conservation broken: {dict(stats)}"
     assert stats["expired"] == stats["expired_on_arrival"] + stats["expired_in_queue"], dict(stats)
 
 

@@ -288,6 +288,30 @@ class Trickler:
         assert not self._thread.is_alive()
 
 
+def run_waitress_until(server: Any, stop_requested: threading.Event) -> threading.Thread:
+    """Run ``server.run()`` in a thread whose I/O loop ends with SystemExit once ``stop_requested`` is set.
+
+    That is how Ctrl-C (or SIGTERM under ``prazo serve``) ends ``run()``: the
+    loop is turned one iteration at a time so the test decides the moment.
+    """
+
+    def run() -> None:
+        original_loop = server.asyncore.loop
+
+        def loop(*args: object, **kwargs: object) -> None:
+            kwargs["count"] = 1
+            while not stop_requested.is_set():
+                original_loop(*args, **kwargs)
+            raise SystemExit
+
+        server.asyncore = type("Shim", (), {"loop": staticmethod(loop)})
+        server.run()
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    return runner
+
+
 def connection_refused(port: int) -> bool:
     """True when a new connection to ``port`` is refused; a connection that opens is closed unused.
 

@@ -71,6 +71,7 @@ from _helpers import (
     QueueClass,
     assert_conservation,
     spawn,
+    unaccounted,
     wait_until,
 )
 from hypothesis import HealthCheck, given, settings
@@ -140,20 +141,8 @@ def snapshot_problems(stats: Mapping[str, int], *, balance: bool) -> list[str]:
     if stats["assigned"] < 0:
         problems.append(f"assigned={stats['assigned']}")
     if balance:
-        accounted = sum(
-            stats[name]
-            for name in (
-                "started",
-                "rejected_full",
-                "expired_on_arrival",
-                "expired_in_queue",
-                "cancelled",
-                "queued",
-                "assigned",
-            )
-        )
-        if stats["offered"] != accounted:
-            problems.append(f"offered={stats['offered']} != accounted={accounted}")
+        if gap := unaccounted(stats):
+            problems.append(f"offered={stats['offered']} has {gap} arrivals without an outcome")
         if stats["assigned"] > stats["in_flight"]:
             problems.append(f"assigned={stats['assigned']} > in_flight={stats['in_flight']}")
     return problems

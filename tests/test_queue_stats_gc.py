@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from _helpers import COUNTER_NAMES, JOIN_TIMEOUT_S, QueueClass, assert_conservation
+from _helpers import COUNTER_NAMES, JOIN_TIMEOUT_S, QueueClass, assert_conservation, unaccounted
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown
 
 NOT_INITIALISED = "not initialised"
@@ -61,16 +61,8 @@ MONOTONIC_COUNTERS = tuple(name for name in COUNTER_NAMES if name not in ("in_fl
 def snapshot_problems(stats: Mapping[str, int], previous: Mapping[str, int] | None) -> list[str]:
     """What is wrong with one ``stats()`` snapshot (empty when it is consistent)."""
     problems = []
-    accounted = (
-        stats["started"]
-        + stats["rejected_full"]
-        + stats["expired"]
-        + stats["cancelled"]
-        + stats["queued"]
-        + stats["assigned"]
-    )
-    if stats["offered"] != accounted:
-        problems.append(f"offered {stats['offered']} != accounted {accounted}")
+    if gap := unaccounted(stats):
+        problems.append(f"offered {stats['offered']} has {gap} arrivals without an outcome")
     if stats["expired"] != stats["expired_on_arrival"] + stats["expired_in_queue"]:
         problems.append("expired != expired_on_arrival + expired_in_queue")
     if not 0 <= stats["in_flight"] <= stats["peak_in_flight"] <= stats["max_concurrency"]:

@@ -25,6 +25,7 @@ from _server_harness import (
     Burst,
     RunningServer,
     request,
+    run_waitress_until,
     start_server,
     statuses,
 )
@@ -277,20 +278,7 @@ def test_waitress_stops_gracefully_on_systemexit_in_run(tmp_path: Path) -> None:
     burst = Burst(server.effective_port, ["/work?ms=200"] * 4)
     stop_requested = threading.Event()
 
-    def run_until_all_offered() -> None:
-        original_loop = server.asyncore.loop
-
-        def loop(*args: object, **kwargs: object) -> None:
-            kwargs["count"] = 1
-            while not stop_requested.is_set():
-                original_loop(*args, **kwargs)
-            raise SystemExit
-
-        server.asyncore = type("Shim", (), {"loop": staticmethod(loop)})
-        server.run()
-
-    runner = threading.Thread(target=run_until_all_offered, daemon=True)
-    runner.start()
+    runner = run_waitress_until(server, stop_requested)
     wait_until(lambda: dispatcher.stats()["offered"] >= 4, "all four requests to be offered")
     stop_requested.set()
     runner.join(CLIENT_TIMEOUT_S)

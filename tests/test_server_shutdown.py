@@ -27,6 +27,7 @@ from _server_harness import (
     RunningServer,
     connection_refused,
     request,
+    run_waitress_until,
     start_server,
     statuses,
 )
@@ -131,20 +132,7 @@ def test_waitress_ctrl_c_drain_answers_new_connections_503_shutting_down(tmp_pat
     burst = Burst(port, [f"/work?gate={gate}&mark={mark}"] * 3)
     stop_requested = threading.Event()
 
-    def run_until_stop_requested() -> None:
-        original_loop = server.asyncore.loop
-
-        def loop(*args: object, **kwargs: object) -> None:
-            kwargs["count"] = 1
-            while not stop_requested.is_set():
-                original_loop(*args, **kwargs)
-            raise SystemExit
-
-        server.asyncore = type("Shim", (), {"loop": staticmethod(loop)})
-        server.run()
-
-    runner = threading.Thread(target=run_until_stop_requested, daemon=True)
-    runner.start()
+    runner = run_waitress_until(server, stop_requested)
     try:
         wait_until(lambda: mark.exists() and dispatcher.stats()["offered"] >= 3, "three requests admitted")
         stop_requested.set()
