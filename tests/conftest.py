@@ -9,8 +9,11 @@ Every core test takes ``impl`` and so runs once against the C twin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_twin
+from _server_harness import RunningServer
 
 
 @pytest.fixture(scope="session", params=TWIN_NAMES)
@@ -38,3 +41,13 @@ def twin_pair() -> tuple[QueueClass, QueueClass]:
 def clock() -> FakeClock:
     """A fresh fake monotonic clock; pass ``clock.ns`` as ``now_ns=``."""
     return FakeClock()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[RunningServer]]:
+    """Servers a test starts (append them); whatever is still running at the end is stopped."""
+    started: list[RunningServer] = []
+    yield started
+    for server in started:
+        if not server.stopped:
+            server.stop()
