@@ -1,4 +1,4 @@
-"""Fixtures shared by the test suite: both admission-queue twins and a fake clock.
+"""Fixtures shared by the test suite: both admission-queue twins, a fake clock, started servers.
 
 Every core test takes ``impl`` and so runs once against the C twin
 (``prazo.core._queue_c``) and once against the Python twin
@@ -10,10 +10,14 @@ Every core test takes ``impl`` and so runs once against the C twin
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_twin
-from _server_harness import RunningServer
+
+if TYPE_CHECKING:
+    # Only for the annotation: the core suite also runs where no server is installed.
+    from _server_harness import RunningServer
 
 
 @pytest.fixture(scope="session", params=TWIN_NAMES)
