@@ -328,27 +328,37 @@ class AdmissionQueue:
     # -- the shared admission decision (lock held) ------------------------------
 
     def _admit_locked(self, deadline_ns: int, now: int) -> bool:
-        """Count an arrival; True when it gets a slot at once, False when it must wait."""
+        """Decide an arrival; True when it gets a slot at once, False when it must wait.
+
+        ``offered`` is counted together with the outcome, with no call in
+        between, so an interrupt never leaves an arrival counted without one:
+        an arrival that must wait is counted by ``_enqueue_locked`` as it joins
+        the line.
+        """
         if self._shutdown:
             raise ShutDown("the admission queue is shut down")
-        self._offered += 1
         if now >= deadline_ns:
+            self._offered += 1
             self._expired_on_arrival += 1
             raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
         if self._in_flight < self._max_concurrency:
             # No call between taking the slot and returning (see _acquire).
+            self._offered += 1
             self._in_flight += 1
             if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
                 self._peak_in_flight = self._in_flight
             return True
         if self._queued >= self._max_queue:
+            self._offered += 1
             self._rejected_full += 1
             raise QueueFull(REASON_QUEUE_FULL)
         return False
 
     def _enqueue_locked(self, entry: _Entry) -> None:
-        # Counted first, then one call: an interrupt finds the entry either
-        # not in line and not counted, or both (see _abandon_locked).
+        # Counted first (offered too, see _admit_locked), then one call: an
+        # interrupt finds the entry either not in line and not counted, or
+        # both (see _abandon_locked).
+        self._offered += 1
         self._queued += 1
         if self._queued > self._peak_queued:  # noqa: PLR1730 - max() is a call, where an interrupt could land
             self._peak_queued = self._queued

@@ -42,6 +42,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 _GUNICORN_SETTLE_S = 0.2
 
 SERVER_KINDS = ("waitress", "werkzeug", "wsgiref", "cheroot", "gunicorn")
+# The embeddings that read request heads themselves (waitress's I/O thread does it for it).
+SOCKET_KINDS = tuple(kind for kind in SERVER_KINDS if kind != "waitress")
 
 # Bounds of every wait in the app and the clients: far above anything a
 # healthy run needs on a loaded 2-core machine, far below the suite's budget.

@@ -1,4 +1,4 @@
-"""Fixtures shared by the test suite: both admission-queue twins and a fake clock.
+"""Fixtures shared by the test suite: both admission-queue twins, a fake clock, started servers.
 
 Every core test takes ``impl`` and so runs once against the C twin
 (``prazo.core._queue_c``) and once against the Python twin
@@ -9,8 +9,15 @@ Every core test takes ``impl`` and so runs once against the C twin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
 from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_twin
+
+if TYPE_CHECKING:
+    # Only for the annotation: the core suite also runs where no server is installed.
+    from _server_harness import RunningServer
 
 
 @pytest.fixture(scope="session", params=TWIN_NAMES)
@@ -38,3 +45,13 @@ def twin_pair() -> tuple[QueueClass, QueueClass]:
 def clock() -> FakeClock:
     """A fresh fake monotonic clock; pass ``clock.ns`` as ``now_ns=``."""
     return FakeClock()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[RunningServer]]:
+    """Servers a test starts (append them); whatever is still running at the end is stopped."""
+    started: list[RunningServer] = []
+    yield started
+    for server in started:
+        if not server.stopped:
+            server.stop()

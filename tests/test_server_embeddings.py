@@ -14,7 +14,6 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from _helpers import wait_until
 from _server_harness import (
     CLIENT_TIMEOUT_S,
     SERVER_KINDS,
+    SOCKET_KINDS,
     Burst,
     RunningServer,
     request,
@@ -29,18 +29,6 @@ from _server_harness import (
     start_server,
     statuses,
 )
-
-SOCKET_KINDS = tuple(kind for kind in SERVER_KINDS if kind != "waitress")
-
-
-@pytest.fixture
-def servers() -> Iterator[list[RunningServer]]:
-    """Servers a test starts; whatever is still running at the end is stopped."""
-    started: list[RunningServer] = []
-    yield started
-    for server in started:
-        if not server.stopped:
-            server.stop()
 
 
 def _start(servers: list[RunningServer], kind: str, **limits: int) -> RunningServer:

@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +34,6 @@ from _server_harness import (
 # Held requests wait at the gate for as long as a test needs: far beyond the
 # budget of the default.
 BUDGET_MS = 30000
-
-
-@pytest.fixture
-def servers() -> Iterator[list[RunningServer]]:
-    started: list[RunningServer] = []
-    yield started
-    for server in started:
-        if not server.stopped:
-            server.stop()
 
 
 def _held_running_and_queued(server: RunningServer, tmp_path: Path) -> tuple[Burst, Path]:
