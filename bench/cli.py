@@ -509,6 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Which optional extra of pyproject.toml brings each package a command may need.
+_EXTRA_OF_PACKAGE = {
+    **dict.fromkeys(("werkzeug", "waitress", "gunicorn", "cheroot"), "servers"),
+    **dict.fromkeys(("requests", "httpx", "urllib3"), "clients"),
+}
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 on bad flags)."""
     parser = build_parser()
@@ -521,4 +528,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         return handler(args, out or sys.stdout)
     except TwinUnavailable as exc:
         print(f"prazo: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        # The servers and clients are optional extras: name the one to install
+        # instead of a traceback from deep inside a demo or a server embedding.
+        package = (exc.name or "").partition(".")[0]
+        extra = _EXTRA_OF_PACKAGE.get(package)
+        if extra is None:
+            raise
+        print(f"prazo: error: this command needs {package!r}: pip install 'prazo[{extra}]'", file=sys.stderr)
         return 1

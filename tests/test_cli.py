@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -568,3 +569,21 @@ def test_serve_command_is_wired() -> None:
     args = cli.build_parser().parse_args(["serve", "examples.slow_app:app", "--server", "werkzeug", "--threads", "2"])
     assert args.handler.__name__ == "run_serve"
     assert (args.server, args.threads) == ("werkzeug", 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"),
+    [
+        (["demo"], "werkzeug", "servers"),
+        (["serve", "examples.slow_app:app", "--server", "cheroot"], "cheroot", "servers"),
+    ],
+)
+def test_a_missing_optional_server_names_the_extra_to_install(argv: list[str], missing: str, extra: str) -> None:
+    # As on a machine where prazo was installed without extras: the package cannot be imported.
+    script = (
+        f"import sys\nsys.modules[{missing!r}] = None\nfrom prazo.bench.cli import main\nsys.exit(main({argv!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    assert f"needs {missing!r}: pip install 'prazo[{extra}]'" in done.stderr
+    assert "Traceback" not in done.stderr
