@@ -63,7 +63,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -496,14 +496,19 @@ class _PoolLoad(_Load):
             future.cancel()
 
     def _done(self, future: Future[None]) -> None:
-        try:
-            future.result()
-        except CancelledError:
+        # exception(), not result(): re-raising the future's exception here would
+        # add this frame (which holds the future) to its traceback, a cycle per
+        # failed task that only a full collection frees, which the RSS check would count.
+        if future.cancelled():
             self.tally.add("cancelled")
-        except DeadlineExceeded as exc:
+            return
+        exc = future.exception()
+        if isinstance(exc, DeadlineExceeded):
             self.tally.add(exc.reason)
-        except AppFault:
+        elif isinstance(exc, AppFault):
             self.tally.add("task-raised")
+        elif exc is not None:
+            raise exc
         else:
             self.tally.add("ok")
 
