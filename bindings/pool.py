@@ -267,7 +267,8 @@ class _Reaper:
                     self._prune_claimed_locked()
                 while self._heap and (self._heap[0][2].claimed or self._heap[0][0] <= now):
                     # No local name for the item: it would stay alive while this thread sleeps.
-                    sweep_pending = sweep_pending or not heapq.heappop(self._heap)[2].claimed
+                    if not heapq.heappop(self._heap)[2].claimed:
+                        sweep_pending = True
                 if sweep_pending:
                     if now - last_sweep_ns >= _SWEEP_MIN_INTERVAL_NS:
                         sweep_pending = False
@@ -411,6 +412,9 @@ class AdmissionPool(Executor):
             # already holds a slot.
             if self._queue.qsize():
                 future._prazo_line = (self._queue, item, self._state)
+                if item.claimed:
+                    # A worker took it meanwhile (its claim() may have cleared the line before we set it).
+                    future._prazo_line = None
                 if deadline is not None:
                     self._reaper.watch_locked(deadline.ns, item)
             if len(self._threads) < self._max_workers:
