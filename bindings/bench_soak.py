@@ -682,6 +682,9 @@ class _WorkQueueLoad(_Load):
                 self.queue.expire_overdue()
         except QueueFull:
             self.tally.add("queue-full")
+        except DeadlineExceeded:
+            # The producer was descheduled past its (>= work_ms / 4) deadline before put(): a busy machine.
+            self.tally.add("expired-on-arrival")
         except CallbackInterrupt:
             self.tally.add("interrupt-reached-producer")
 
