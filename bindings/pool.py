@@ -117,9 +117,19 @@ class _WorkItem:
         # reaper skips claimed items and drops them from its heap.
         self.claimed = False
 
+    def claim(self) -> None:
+        """The item left the line: mark it, and break the cycle future -> ``_prazo_line`` -> item -> future.
+
+        Without this every future that ever waited in line stays in that cycle
+        (holding the item, its arguments and the queue) until the cyclic
+        collector's next full pass.
+        """
+        self.claimed = True
+        self.future._prazo_line = None  # type: ignore[attr-defined]
+
     def fail_unstarted(self, exc: BaseException, state: _WorkerState) -> None:
         """Answer an item that will never run (expired or cancelled by shutdown)."""
-        self.claimed = True
+        self.claim()
         if self.future.set_running_or_notify_cancel():
             self.future.set_exception(exc)
         else:
@@ -127,7 +137,7 @@ class _WorkItem:
 
     def cancel_unstarted(self, state: _WorkerState) -> None:
         """Cancel an item taken out of the line by ``shutdown(cancel_futures=True)``."""
-        self.claimed = True
+        self.claim()
         self.future.cancel()
         # Moves the future to CANCELLED_AND_NOTIFIED so wait()/as_completed() see it.
         self.future.set_running_or_notify_cancel()
@@ -149,7 +159,7 @@ class _PoolFuture(Future):  # type: ignore[type-arg]
         if cancelled and line is not None:
             q, item, state = line
             if q.cancel(item):
-                item.claimed = True
+                item.claim()
                 # No worker will see it now: notify wait()/as_completed() here.
                 self.set_running_or_notify_cancel()
                 state.count_cancelled()
@@ -165,7 +175,7 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
             # rather than at the next deadline it was sleeping towards.
             reaper.wake()
             return
-        item.claimed = True
+        item.claim()
         future = item.future
         if state.cancelling:
             future.cancel()
@@ -305,13 +315,18 @@ class AdmissionPool(Executor):
                 self._queue.put(item, deadline)
             except DeadlineExceeded as exc:
                 item.claimed = True
-                future.set_exception(exc)
+                # Without its traceback: it holds this frame, whose ``future``
+                # holds the exception, a cycle only a full collection frees.
+                future.set_exception(exc.with_traceback(None))
                 return future
             # Only items that actually wait in line need the reaper or a way
             # out of the line; an empty line right after put means this one
             # already holds a slot.
             if self._queue.qsize():
                 future._prazo_line = (self._queue, item, self._state)
+                if item.claimed:
+                    # A worker took it meanwhile (its claim() may have cleared the line before we set it).
+                    future._prazo_line = None
                 if deadline is not None:
                     self._reaper.watch_locked(deadline.ns, item)
             if len(self._threads) < self._max_workers:

@@ -92,8 +92,9 @@ class DeadlineReaper:
                 if self._stopping:
                     self._prune_claimed_locked()
                 while self._heap and (self._heap[0][2].claimed or self._heap[0][0] <= now):
-                    _, _, item = heapq.heappop(self._heap)
-                    sweep_pending = sweep_pending or not item.claimed
+                    # No local name for the item: it would stay alive while this thread sleeps.
+                    if not heapq.heappop(self._heap)[2].claimed:
+                        sweep_pending = True
                 if sweep_pending:
                     if now - last_sweep_ns >= _SWEEP_MIN_INTERVAL_NS:
                         sweep_pending = False

@@ -430,7 +430,11 @@ class AdmissionQueue:
                 if interrupt is None:
                     interrupt = exc
         if interrupt is not None:
-            raise interrupt
+            try:
+                raise interrupt
+            finally:
+                # The traceback holds this frame: without this, frame -> interrupt -> traceback -> frame.
+                interrupt = None
 
     # -- gate face -----------------------------------------------------------
 

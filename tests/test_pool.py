@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from typing import Any
@@ -519,3 +520,51 @@ def test_every_submission_ends_in_exactly_one_outcome(
 def _gated_call(gate: Gate, calls: Calls, value: int) -> object:
     calls(value)
     return gate(value)
+
+
+# -- no reference cycles: a finished future dies with its last reference -----------
+
+
+def _dies_without_collection(ref: Callable[[], object]) -> bool:
+    """True once ``ref()`` is None; the cyclic collector is off, so only refcounting can free it."""
+    deadline = time.monotonic() + 2.0
+    while ref() is not None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@pytest.mark.parametrize("fate", ["ran", "raised", "expired-in-queue", "expired-on-arrival", "cancelled"])
+def test_a_future_that_waited_in_line_is_freed_by_refcounting(pools: Callable[..., AdmissionPool], fate: str) -> None:
+    """No cycle future -> line -> item -> future, nor future -> exception -> traceback -> frame -> future.
+
+    A soak showed every future that waited in line (and every one failed on
+    arrival) surviving as cyclic garbage until a full collection.
+    """
+    pool, gate = _busy_pool(pools, 1, 4)
+    gc.collect()
+    gc.disable()
+    try:
+        if fate == "expired-on-arrival":
+            future = pool.submit_until(Deadline.after(-1.0), int, "1")
+        elif fate == "expired-in-queue":
+            future = pool.submit_until(Deadline.after(0.02), int, "1")
+            _wait_done(future)
+        else:
+            future = pool.submit(int, "x" if fate == "raised" else "1")
+            if fate == "cancelled":
+                assert future.cancel()
+        gate.open()
+        _wait_done(future)
+        if fate == "ran":
+            assert future.result() == 1
+        elif fate == "raised":
+            assert isinstance(future.exception(), ValueError)
+        elif fate != "cancelled":
+            assert isinstance(future.exception(), DeadlineExceeded)
+        ref = weakref.ref(future)
+        del future
+        assert _dies_without_collection(ref), f"a {fate} future outlived its last reference (a reference cycle)"
+    finally:
+        gc.enable()

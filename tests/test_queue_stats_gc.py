@@ -482,3 +482,34 @@ def test_a_queue_cleared_by_the_collector_drops_its_items_and_refuses_every_call
     wrong = {name: outcome for name, outcome in outcomes.items() if not outcome.startswith("RuntimeError")}
     assert wrong == {}
     assert all(NOT_INITIALISED in outcome for outcome in outcomes.values())
+
+
+class _Interrupt(BaseException):
+    pass
+
+
+def test_an_interrupt_from_on_expired_leaves_no_reference_cycle(impl: QueueClass) -> None:
+    """The BaseException an ``on_expired`` callback raised reaches the caller, then dies by refcounting.
+
+    The Python twin kept it in a local of the frame its traceback holds: one
+    cycle (with every frame below it) per interrupt, until a full collection.
+    """
+
+    def on_expired(item: object) -> None:
+        raise _Interrupt()
+
+    q = impl(1, 4, on_expired=on_expired)
+    q.put("holds the slot", Deadline.at_ns(10**15), now_ns=1_000)
+    q.put("waits in line", Deadline.at_ns(2_000), now_ns=1_000)
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            q.expire_overdue(now_ns=3_000)
+        except _Interrupt as exc:
+            ref = weakref.ref(exc)
+        else:
+            pytest.fail("the callback's interrupt did not reach the caller")
+        assert ref() is None, "the interrupt outlived the except block (a reference cycle)"
+    finally:
+        gc.enable()
