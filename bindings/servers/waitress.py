@@ -329,6 +329,10 @@ def shutdown(server: Any, timeout: float = 5.0) -> bool:
             wasyncore.dispatcher.close(listener)
 
     end = time.monotonic() + timeout
+    # Admission stops before the listeners close: once a new connection is
+    # refused, a request on a connection already open is answered 503
+    # shutting-down, never queue-full.
+    dispatcher.dispatcher.queue.shutdown()
     _run_in_io_thread(trigger, stop_accepting)
     finished = dispatcher.shutdown(timeout=timeout)
     while dispatcher._output_pending() and time.monotonic() < end:
