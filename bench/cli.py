@@ -5,6 +5,8 @@
     prazo demo [flags]         the default demo: the seed's A -> B cascade over real HTTP
     prazo demo http [flags]    the same, by name
     prazo demo core [flags]    the seed scenario on the admission queue, real threads
+    prazo demo slow-dependency [--quick] [--json] [--plot FILE.png]
+                               the second seed's incident: a dependency slows down, without and with prazo
     prazo bench [--quick]      the default benchmarks: core, wsgi and pool, one after another
     prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
     prazo bench wsgi [flags]   the WSGI middleware's cost per request against a semaphore limiter
@@ -144,6 +146,16 @@ def _milliseconds(allow_negative: bool) -> Callable[[str], float]:
     return parse
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of requests per second, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def _impl_options() -> argparse.ArgumentParser:
     """``--impl``, accepted at every level (SUPPRESS keeps an outer value from being reset)."""
     options = argparse.ArgumentParser(add_help=False)
@@ -253,6 +265,43 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
+    import json
+
+    from prazo.bench.demo_slow_dependency import (
+        QUICK_PARAMS,
+        SlowDependencyParams,
+        plot_timeline,
+        render_report,
+        run_demo,
+    )
+
+    plot = getattr(args, "plot", None)
+    if plot is not None:
+        # Fail now, naming the extra, rather than after a minute of demo.
+        import matplotlib  # noqa: F401
+    params = QUICK_PARAMS if getattr(args, "quick", False) else SlowDependencyParams()
+    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
+    if changes:
+        params = dataclasses.replace(params, **changes)
+    result = run_demo(params)
+    impl = getattr(args, "impl", None)
+    if impl is not None and impl != IMPLEMENTATION:
+        result.notes.append(
+            f"the server runs on the twin prazo.core picked ({IMPLEMENTATION}); --impl {impl} does not apply to it "
+            "(PRAZO_NO_EXTENSIONS=1 selects the Python twin)"
+        )
+    if getattr(args, "json", False):
+        json.dump(result.to_json(), out, indent=2)
+        print(file=out)
+    else:
+        print(render_report(result), file=out)
+    if plot is not None:
+        plot_timeline(result, plot)
+        print(f"plot written to {plot}", file=sys.stderr if getattr(args, "json", False) else out)
+    return 0
+
+
 # ``prazo demo`` with no topic runs this (looked up at call time, so it can be repointed).
 DEFAULT_DEMO: Handler = _run_demo_http
 
@@ -310,6 +359,30 @@ def _add_demo(commands: _Commands) -> _Commands:
         help=f"deadline of each arrival, from its arrival; negative = already passed (default {defaults.budget_ms:g})",
     )
     core.add_argument("--order", choices=("fifo", "lifo"), help=f"who gets a freed slot (default {defaults.order})")
+    slow = _add_topic(
+        topics,
+        "slow-dependency",
+        "the second seed's incident: recommendations slow from 20 ms to 2 s, without and with prazo (≈ 2 min)",
+        "An API on waitress (/product, /cart, /recommendations, /health) under 200 requests/s of open-loop "
+        "traffic from a separate process; its recommendations dependency (a second server on loopback) slows "
+        "from 20 ms to 2 s mid-run and recovers. Without prazo the handlers share one pool of 50 for their "
+        "dependency calls; with prazo recommendations sit behind a Dependency bulkhead of 20 with "
+        "last-known-good. Prints per endpoint and phase: requests, p50, p99, error rate, stale share.",
+        _run_demo_slow_dependency,
+    )
+    _add_quick(slow, "phases of 3, 6 and 4 s instead of 10, 20 and 15 s")
+    slow.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    slow.add_argument(
+        "--plot", metavar="FILE.png", help="draw latency over time per endpoint for both setups (needs prazo[plot])"
+    )
+    slow.add_argument(
+        "--rate",
+        dest="rate_per_s",
+        type=_rate,
+        metavar="N",
+        help="requests per second, all endpoints together (default 200, the seed's)",
+    )
+    slow.add_argument("--seed", type=_integer(0), metavar="N", help="seed of the arrival schedule (default 9)")
     return topics
 
 
@@ -513,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA_OF_PACKAGE = {
     **dict.fromkeys(("werkzeug", "waitress", "gunicorn", "cheroot"), "servers"),
     **dict.fromkeys(("requests", "httpx", "urllib3"), "clients"),
+    "matplotlib": "plot",
 }
 
 

@@ -606,8 +606,10 @@ def render_report(result: DemoResult) -> str:
         f"  {p.rate_per_s:g} requests/s (Poisson, open loop) over "
         + ", ".join(f"{e} {100 * w:.0f} %" for e, w in MIX.items())
         + f"; client timeout {p.client_timeout_s:g} s, health probe {p.health_timeout_s:g} s",
-        f"  recommendations answer in {p.normal_ms:g} ms, then {p.slow_ms:g} ms for {p.during_s:g} s "
-        f"(phases {p.before_s:g} / {p.during_s:g} / {p.after_s:g} s); cart in {p.cart_ms:g} ms throughout",
+        (
+            f"  recommendations answer in {p.normal_ms:g} ms, then {p.slow_ms:g} ms for {p.during_s:g} s "
+            f"(phases {p.before_s:g} / {p.during_s:g} / {p.after_s:g} s); cart in {p.cart_ms:g} ms throughout"
+        ),
         *(f"  note: {note}" for note in result.notes),
         "",
     ]
@@ -702,4 +704,3 @@ def plot_timeline(result: DemoResult, path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-

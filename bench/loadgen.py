@@ -35,7 +35,10 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only
 
 __all__ = ["STALE_HEADER", "LoadGenerator", "LoadPlan", "Record", "main", "schedule"]
 
@@ -97,7 +100,7 @@ def schedule(plan: LoadPlan) -> list[tuple[int, str, int]]:
     rng = random.Random(plan.seed)
     paths = list(plan.mix)
     weights = [plan.mix[p] for p in paths]
-    arrivals = []
+    arrivals: list[tuple[int, str, int]] = []
     at = 0.0
     while True:
         at += rng.expovariate(plan.rate_per_s)
@@ -180,7 +183,7 @@ class LoadGenerator:
         self._process: subprocess.Popen[str] | None = None
         self.start_ns = 0
 
-    def start(self) -> LoadGenerator:
+    def start(self) -> Self:
         """Spawn the process and wait until it is ready to send."""
         plan = json.dumps(asdict(self.plan))
         self._process = subprocess.Popen(

@@ -28,7 +28,10 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only
 
 __all__ = ["SlowRemote", "main"]
 
@@ -128,7 +131,7 @@ class SlowRemote:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> SlowRemote:
+    def start(self) -> Self:
         command = [sys.executable, "-m", __name__, *(f"{n}={ms:g}" for n, ms in self._latencies.items())]
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._process.stdout is not None
@@ -169,10 +172,10 @@ class SlowRemote:
             process.kill()
             process.wait()
 
-    def __enter__(self) -> SlowRemote:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
