@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.prazo-installed
-EXTRAS := test,servers,clients,metrics,dev
+EXTRAS := test,servers,clients,metrics,plot,dev
 PYTEST_ARGS ?=
 
 .PHONY: all venv build test demo bench check sanitize clean

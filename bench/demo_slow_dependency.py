@@ -66,6 +66,7 @@ from prazo.bench.slow_remote import SlowRemote
 
 __all__ = [
     "ENDPOINTS",
+    "MIX",
     "PHASES",
     "QUICK_PARAMS",
     "SETUPS",
