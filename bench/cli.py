@@ -292,7 +292,7 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
             "(PRAZO_NO_EXTENSIONS=1 selects the Python twin)"
         )
     if getattr(args, "json", False):
-        json.dump(result.to_json(), out, indent=2)
+        json.dump(result.to_json(), out, indent=2, default=str)
         print(file=out)
     else:
         print(render_report(result), file=out)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import math
 import os
 import threading
@@ -88,6 +89,8 @@ SETUP_TITLES = {"without": "without prazo", "with": "with prazo"}
 # Share of the arrivals per endpoint.
 MIX = {"/product": 0.30, "/cart": 0.15, "/recommendations": 0.50, "/health": 0.05}
 _SAMPLE_INTERVAL_S = 0.25
+# The counters of dep.stats() the report prints (the JSON has them all).
+_DEPENDENCY_STATS_SHOWN = ("outcomes", "rejected", "stale_served", "p99_ms")
 _STOP_TIMEOUT_S = 10.0
 _STARTUP_TIMEOUT_S = 20.0
 
@@ -304,11 +307,30 @@ class _Api:
     stop: Callable[[], object]
 
 
+class _ConnectionLimitNotices(logging.Filter):
+    """Keeps waitress's "reached the connection limit" notices (one per pause) off the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "the connection limit" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_waitress() -> Iterator[None]:
+    """The report says when waitress stopped accepting; its own log lines would drown it."""
+    notices = _ConnectionLimitNotices()
+    waitress_log, queue_log = logging.getLogger("waitress"), logging.getLogger("waitress.queue")
+    queue_level = queue_log.level
+    waitress_log.addFilter(notices)
+    queue_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        waitress_log.removeFilter(notices)
+        queue_log.setLevel(queue_level)
+
+
 @contextmanager
 def _api_server(setup: str, app: Any, params: SlowDependencyParams) -> Iterator[_Api]:
-    import logging
-
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     if setup == "with":
         from prazo.bindings.servers.waitress import create_server, shutdown
 
@@ -336,10 +358,14 @@ def _api_server(setup: str, app: Any, params: SlowDependencyParams) -> Iterator[
             dispatcher.shutdown(timeout=_STOP_TIMEOUT_S)
             return server.close()
 
+    def sample_with_listener() -> dict[str, float]:
+        # waitress stops accepting at its connection limit: new connections then wait in the kernel's backlog.
+        return {**sample(), "not_accepting": float(bool(getattr(server, "in_connection_overflow", False)))}
+
     runner = threading.Thread(target=server.run, name="slow-dependency-api", daemon=True)
     runner.start()
     try:
-        yield _Api(server.effective_port, sample, stop)
+        yield _Api(server.effective_port, sample_with_listener, stop)
     finally:
         stopper = threading.Thread(target=stop, daemon=True)
         stopper.start()
@@ -441,6 +467,10 @@ class SetupResult:
     def achieved_rate(self) -> float:
         return len(self.records) / self.params.duration_s
 
+    def not_accepting_s(self) -> float:
+        """For how long waitress had stopped accepting connections (its connection limit), sampled."""
+        return sum(_SAMPLE_INTERVAL_S for s in self.samples if s.get("not_accepting"))
+
     def peak(self, key: str) -> float | None:
         values = [s[key] for s in self.samples if key in s]
         return max(values) if values else None
@@ -454,7 +484,10 @@ class SetupResult:
             "achieved_rate_per_s": self.achieved_rate(),
             "generator_lag_ms": self.lag_ms(),
             "table": {e: {p: s.to_json() for p, s in row.items()} for e, row in self.table().items()},
-            "peaks": {key: self.peak(key) for key in sorted({k for s in self.samples for k in s} - {"t_s"})},
+            "peaks": {
+                key: self.peak(key) for key in sorted({k for s in self.samples for k in s} - {"t_s", "not_accepting"})
+            },
+            "not_accepting_s": self.not_accepting_s(),
             "dependency_stats": self.dependency_stats,
         }
 
@@ -496,7 +529,7 @@ def run_setup(params: SlowDependencyParams, setup: str) -> SetupResult:
         app = make_api(backends, catch_errors=setup == "without")
         samples: list[dict[str, float]] = []
         try:
-            with _api_server(setup, app, params) as api:
+            with _quiet_waitress(), _api_server(setup, app, params) as api:
                 _wait_until_up(api.port)
                 plan = LoadPlan(
                     port=api.port,
@@ -536,20 +569,38 @@ def run_setup(params: SlowDependencyParams, setup: str) -> SetupResult:
 
 
 def scaled_notes(params: SlowDependencyParams) -> list[str]:
-    """What this run changed from the seed's numbers, and the machine it ran on."""
+    """What this run kept from the seed's numbers, what it changed, and what the seed leaves open."""
     seed = SlowDependencyParams()
-    notes = [f"{os.cpu_count()} CPUs; the clients, the API and the remote are three processes on 127.0.0.1"]
+    kept = {
+        "rate_per_s": "{:g} requests/s",
+        "normal_ms": "recommendations at {:g} ms",
+        "slow_ms": "then {:g} ms",
+        "shared_pool": "a shared pool of {}",
+        "bulkhead": "a bulkhead of {}",
+    }
+    same = [
+        text.format(getattr(params, name))
+        for name, text in kept.items()
+        if getattr(params, name) == getattr(seed, name)
+    ]
     changed = [
         f"{name} {getattr(params, name):g} (seed {getattr(seed, name):g})"
-        for name in ("rate_per_s", "normal_ms", "slow_ms", "shared_pool", "bulkhead")
+        for name in kept
         if getattr(params, name) != getattr(seed, name)
     ]
+    notes = [f"{os.cpu_count()} CPUs; the clients, the API and the remote run as three processes on 127.0.0.1"]
+    if same:
+        notes.append("the seed's numbers, not scaled: " + ", ".join(same))
     if changed:
         notes.append("scaled: " + ", ".join(changed))
+    notes.append(
+        f"not in the seed, chosen here: the endpoint mix, {params.server_threads} server threads, "
+        f"a {params.timeout_ms:g} ms timeout on recommendations (10x their normal latency)"
+    )
     if params.duration_s != seed.duration_s:
         notes.append(
             f"phases {params.before_s:g} s / {params.during_s:g} s / {params.after_s:g} s "
-            f"(full run {seed.before_s:g} / {seed.during_s:g} / {seed.after_s:g})"
+            f"(the full run: {seed.before_s:g} / {seed.during_s:g} / {seed.after_s:g})"
         )
     return notes
 
@@ -620,6 +671,14 @@ def render_report(result: DemoResult) -> str:
         out.extend("  " + line for line in _render_table(setup))
         peaks = ", ".join(f"{key} {value:g}" for key, value in setup.to_json()["peaks"].items() if value is not None)
         out.append(f"  peaks: {peaks}")
+        if setup.not_accepting_s():
+            out.append(
+                f"  waitress stopped accepting connections (its connection limit) for about "
+                f"{setup.not_accepting_s():.1f} s: new connections waited in the kernel's backlog"
+            )
+        for name, stats in setup.dependency_stats.items():
+            shown = {key: stats[key] for key in _DEPENDENCY_STATS_SHOWN if key in stats}
+            out.append(f"  Dependency {name!r}: " + ", ".join(f"{key} {value}" for key, value in shown.items()))
         out.append(
             f"  load generator: {len(setup.records)} requests ({setup.achieved_rate():.0f}/s), "
             f"sent late by p50 {_ms(lag['p50'])} ms, p99 {_ms(lag['p99'])} ms, max {_ms(lag['max'])} ms"
