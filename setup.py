@@ -24,6 +24,7 @@ PACKAGES = [
     "prazo.bindings",
     "prazo.bindings.clients",
     "prazo.bindings.servers",
+    "prazo.bindings.dependency",
     "prazo.bench",
 ]
 PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
