@@ -600,6 +600,8 @@ def test_an_adaptive_timeout_bounds_the_caller_too(hang: Hang) -> None:
         ({"min_samples": 1.5}, TypeError, "min_samples"),
     ],
 )
-def test_adaptive_timeout_refuses_wrong_arguments_by_name(kwargs: dict[str, Any], error: type[Exception], name: str) -> None:
+def test_adaptive_timeout_refuses_wrong_arguments_by_name(
+    kwargs: dict[str, Any], error: type[Exception], name: str
+) -> None:
     with pytest.raises(error, match=name):
         AdaptiveTimeout(**kwargs)

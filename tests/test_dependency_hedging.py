@@ -69,7 +69,9 @@ def test_a_non_idempotent_call_is_never_hedged() -> None:
 
 def test_a_hedge_goes_to_another_endpoint_and_the_first_answer_wins() -> None:
     fn = Recorder()
-    dep = Dependency("recs", max_concurrent=4, timeout_ms=5000, hedge=20, max_hedge_ratio=1.0, endpoints=["a", "b", "c"])
+    dep = Dependency(
+        "recs", max_concurrent=4, timeout_ms=5000, hedge=20, max_hedge_ratio=1.0, endpoints=["a", "b", "c"]
+    )
     try:
         result = dep.call_detailed(fn, "x", idempotent=True)
     finally:
@@ -89,7 +91,9 @@ def test_a_hedge_goes_to_another_endpoint_and_the_first_answer_wins() -> None:
 
 
 def test_endpoints_rotate_so_each_hedge_targets_the_next_instance() -> None:
-    dep = Dependency("recs", max_concurrent=4, timeout_ms=5000, hedge=10, max_hedge_ratio=1.0, endpoints=["a", "b", "c"])
+    dep = Dependency(
+        "recs", max_concurrent=4, timeout_ms=5000, hedge=10, max_hedge_ratio=1.0, endpoints=["a", "b", "c"]
+    )
     pairs = []
     for _ in range(6):
         fn = Recorder()
@@ -121,7 +125,9 @@ def test_the_hedge_still_wins_when_the_first_attempt_fails() -> None:
     assert dep.stats()["hedges_sent"] == 0
 
     slow_failure = Recorder(first_fails=True)
-    releaser = spawn(lambda: (wait_until(lambda: len(slow_failure.attempts) == 2, "the hedge"), slow_failure.release.set()))
+    releaser = spawn(
+        lambda: (wait_until(lambda: len(slow_failure.attempts) == 2, "the hedge"), slow_failure.release.set())
+    )
     result = dep.call_detailed(slow_failure, idempotent=True)
     releaser.result(JOIN_TIMEOUT_S)
     assert result.value == ("hedge", None, None)

@@ -397,7 +397,9 @@ class Dependency:
 
     # -- calling -----------------------------------------------------------
 
-    def call(self, fn: Callable[..., T], /, *args: Any, key: Hashable = None, idempotent: bool = False, **kwargs: Any) -> T:
+    def call(
+        self, fn: Callable[..., T], /, *args: Any, key: Hashable = None, idempotent: bool = False, **kwargs: Any
+    ) -> T:
         """``fn(*args, **kwargs)`` on the dependency's threads, within the caller's budget; its value.
 
         ``key`` names the value for last-known-good (None: none for this
@@ -569,15 +571,16 @@ class Dependency:
     ) -> CallResult[Any]:
         cond = call.cond
         hedge_pending = hedge_at is not None
+        hedge_ns = end_ns if hedge_at is None else hedge_at
         try:
             while True:
                 with cond:
                     now_ns = 0
                     while not call.success and call.finished < call.started:
                         now_ns = time.monotonic_ns()
-                        if now_ns >= end_ns or (hedge_pending and now_ns >= hedge_at):  # type: ignore[operator]
+                        if now_ns >= end_ns or (hedge_pending and now_ns >= hedge_ns):
                             break
-                        wake_ns = min(end_ns, hedge_at) if hedge_pending else end_ns  # type: ignore[type-var]
+                        wake_ns = min(end_ns, hedge_ns) if hedge_pending else end_ns
                         cond.wait((wake_ns - now_ns) / NS_PER_SECOND)
                     if call.success or call.finished >= call.started or now_ns >= end_ns:
                         call.settled = True
@@ -609,8 +612,13 @@ class Dependency:
                 # fn ran out of the time it was given (its own client timed out
                 # at the budget): the dependency was too slow, not fn broken.
                 return self._fallback(
-                    tally, "timeout", key=call.key, attempts=attempts, reason=REASON_DEPENDENCY_TIMEOUT,
-                    cause=error, caller_deadline=caller_limited,
+                    tally,
+                    "timeout",
+                    key=call.key,
+                    attempts=attempts,
+                    reason=REASON_DEPENDENCY_TIMEOUT,
+                    cause=error,
+                    caller_deadline=caller_limited,
                 )
             return self._fallback(tally, "error", call.key, attempts, cause=error)
         breaker = self._breaker
@@ -716,7 +724,7 @@ class Dependency:
             "outcomes": outcomes,
             "rejected": outcomes["bulkhead_full"] + outcomes["breaker_open"],
             **counters,
-            "breaker_state": "disabled" if breaker is None else breaker.state,
+            "breaker_state": "disabled" if breaker is None else breaker.current_state(self._now_arg(now)),
             "p50_ms": None if p50 is None else p50 / NS_PER_MS,
             "p95_ms": None if p95 is None else p95 / NS_PER_MS,
             "p99_ms": None if p99 is None else p99 / NS_PER_MS,

@@ -114,5 +114,3 @@ class HedgePolicy:
 
     def __repr__(self) -> str:
         return f"HedgePolicy({self.spec!r})"
-
-

@@ -36,6 +36,15 @@ __all__ = ["BoundedThreads", "Task"]
 Task = Callable[[Callable[[], None]], None]
 
 
+def _check_idle_s(idle_s: object) -> float:
+    if isinstance(idle_s, bool) or not isinstance(idle_s, Real):
+        raise TypeError(f"idle_s must be a real number, not {type(idle_s).__name__}")
+    as_float = float(idle_s)
+    if not 0 < as_float < math.inf:  # NaN fails this too
+        raise ValueError(f"idle_s must be > 0 and finite, got {as_float!r}")
+    return as_float
+
+
 class _Place:
     """One bulkhead place; ``release`` gives it back exactly once."""
 
@@ -78,12 +87,8 @@ class BoundedThreads:
             raise TypeError(f"max_threads must be an int, not {type(max_threads).__name__}")
         if max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
-        if isinstance(idle_s, bool) or not isinstance(idle_s, Real):
-            raise TypeError(f"idle_s must be a real number, not {type(idle_s).__name__}")
-        if not 0 < float(idle_s) < math.inf:  # NaN fails this too
-            raise ValueError(f"idle_s must be > 0 and finite, got {idle_s!r}")
         self._max = max_threads
-        self._idle_s = float(idle_s)
+        self._idle_s = _check_idle_s(idle_s)
         self._name = name
         self._cond = threading.Condition(threading.Lock())
         self._tasks: deque[tuple[Task, _Place]] = deque()
@@ -156,7 +161,9 @@ class BoundedThreads:
             except BaseException as exc:  # noqa: BLE001 - reported, and the thread lives on
                 # Tasks catch their own errors; one that escapes is a bug.
                 # The thread survives it: a task may already be queued for it.
-                threading.excepthook(threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread())))  # type: ignore[call-arg,arg-type]
+                threading.excepthook(
+                    threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
+                )  # type: ignore[call-arg,arg-type]
                 del exc
             finally:
                 place.release()

@@ -48,6 +48,15 @@ def positive_ms(value: object, name: str) -> float:
     return as_float
 
 
+def _check_multiplier(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"multiplier must be a real number, not {type(value).__name__}")
+    as_float = float(value)
+    if not 1.0 <= as_float < math.inf:  # NaN fails this too
+        raise ValueError(f"multiplier must be >= 1 and finite, got {as_float!r}")
+    return as_float
+
+
 class LiveQuantiles:
     """Quantiles of a ``WindowedHistogram``'s live window, each cached for ``refresh_ns``.
 
@@ -99,11 +108,7 @@ class AdaptiveTimeout:
         ceiling_ms: float = 1000.0,
         min_samples: int = 50,
     ) -> None:
-        if isinstance(multiplier, bool) or not isinstance(multiplier, Real):
-            raise TypeError(f"multiplier must be a real number, not {type(multiplier).__name__}")
-        if not 1.0 <= float(multiplier) < math.inf:
-            raise ValueError(f"multiplier must be >= 1 and finite, got {float(multiplier)!r}")
-        self._multiplier = float(multiplier)
+        self._multiplier = _check_multiplier(multiplier)
         self._q = check_quantile_name(quantile, "quantile")
         self._quantile = quantile
         self._floor_ms = positive_ms(floor_ms, "floor_ms")
