@@ -1,0 +1,406 @@
+"""The slowness-aware circuit breaker: each transition, the arguments, a state machine against a model, real threads.
+
+Time is a fake clock passed as ``now_ns`` (or as ``clock=``), so every
+transition happens at an instant the test chooses; the thread tests assert
+on counts only, never on speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prazo.bindings.dependency import Breaker
+from prazo.core import NS_PER_MS, NS_PER_SECOND
+
+SLOW_MS = 100
+FAST = 1 * NS_PER_MS
+SLOW = SLOW_MS * NS_PER_MS
+T0 = 1_000 * NS_PER_SECOND
+
+
+def small(**overrides: object) -> Breaker:
+    options: dict[str, object] = {
+        "window": 10,
+        "min_calls": 4,
+        "failure_rate": 0.5,
+        "slow_rate": 0.5,
+        "slow_call_ms": SLOW_MS,
+        "open_for_s": 5.0,
+        "half_open_calls": 3,
+    }
+    options.update(overrides)
+    return Breaker(**options)  # type: ignore[arg-type]
+
+
+def call(breaker: Breaker, now: int, *, failed: bool = False, duration: int = FAST) -> bool:
+    """One whole call at ``now``: acquire, then report; False when refused."""
+    if not breaker.try_acquire(now):
+        return False
+    if failed:
+        breaker.on_failure(duration, now)
+    else:
+        breaker.on_success(duration, now)
+    return True
+
+
+def open_it(breaker: Breaker, now: int = T0) -> None:
+    for _ in range(4):
+        assert call(breaker, now, failed=True)
+    assert breaker.current_state(now) == "open"
+
+
+# -- closed -> open ------------------------------------------------------------
+
+
+def test_starts_closed_and_lets_everything_through() -> None:
+    breaker = small()
+    assert breaker.state == "closed"
+    for _ in range(50):
+        assert call(breaker, T0)
+    stats = breaker.stats(T0)
+    assert stats["state"] == "closed"
+    assert stats["calls"] == 10  # the window holds the last 10
+    assert stats["permitted"] == stats["successes"] == 50
+    assert stats["opened"] == stats["rejected"] == 0
+
+
+def test_no_verdict_before_min_calls() -> None:
+    breaker = small()
+    for _ in range(3):
+        call(breaker, T0, failed=True)
+    assert breaker.current_state(T0) == "closed"  # 100 % failures, but only 3 calls
+    call(breaker, T0, failed=True)
+    assert breaker.current_state(T0) == "open"
+
+
+def test_opens_at_the_failure_rate_exactly() -> None:
+    breaker = small()
+    for failed in (False, True, False):
+        call(breaker, T0, failed=failed)
+    assert breaker.current_state(T0) == "closed"
+    call(breaker, T0, failed=True)  # 2 of 4 = 0.5 >= 0.5
+    assert breaker.current_state(T0) == "open"
+    assert breaker.stats(T0)["opened"] == 1
+
+
+def test_below_the_rate_stays_closed() -> None:
+    breaker = small()
+    for i in range(40):
+        call(breaker, T0, failed=i % 3 == 2)  # at most 4 of any 10 in a row fail
+    assert breaker.current_state(T0) == "closed"
+
+
+def test_slow_successes_open_it_without_a_single_error() -> None:
+    """The seed's point: a dependency that still answers 200, slowly."""
+    breaker = small()
+    for _ in range(4):
+        call(breaker, T0, duration=2_000 * NS_PER_MS)
+    stats = breaker.stats(T0)
+    assert stats["state"] == "open"
+    assert stats["failures"] == 0
+    assert stats["slow_rate"] == 1.0
+
+
+def test_slow_means_at_least_slow_call_ms() -> None:
+    breaker = small(min_calls=1, window=1)
+    call(breaker, T0, duration=SLOW - 1)
+    assert breaker.current_state(T0) == "closed"
+    call(breaker, T0, duration=SLOW)
+    assert breaker.current_state(T0) == "open"
+
+
+def test_failures_and_slow_calls_are_counted_separately() -> None:
+    """Neither rate reaches 0.5 alone although together they would; a slow failure counts in both."""
+    breaker = small(window=10, min_calls=10)
+    for _ in range(4):
+        call(breaker, T0, failed=True)
+    for _ in range(4):
+        call(breaker, T0, duration=SLOW)
+    call(breaker, T0)
+    call(breaker, T0)
+    stats = breaker.stats(T0)
+    assert stats["state"] == "closed"
+    assert (stats["failed_calls"], stats["slow_calls"], stats["calls"]) == (4, 4, 10)
+    call(breaker, T0, failed=True, duration=SLOW)  # evicts a failure, adds a slow failure
+    stats = breaker.stats(T0)
+    assert (stats["failed_calls"], stats["slow_calls"]) == (4, 5)
+    assert stats["state"] == "open"
+
+
+def test_the_window_slides() -> None:
+    breaker = small(window=4, min_calls=4)
+    call(breaker, T0, failed=True)
+    for _ in range(4):
+        call(breaker, T0)
+    call(breaker, T0, failed=True)  # the first failure has left: 1 of 4
+    assert breaker.stats(T0)["failed_calls"] == 1
+    call(breaker, T0, failed=True)  # 2 of 4
+    assert breaker.current_state(T0) == "open"
+
+
+def test_time_window_forgets_old_results() -> None:
+    breaker = small(window=10, min_calls=4, window_s=10.0)
+    for _ in range(3):
+        call(breaker, T0, failed=True)
+    later = T0 + 10 * NS_PER_SECOND  # exactly window_s later: those three have aged out
+    assert breaker.stats(later)["calls"] == 0
+    call(breaker, later, failed=True)
+    assert breaker.current_state(later) == "closed"
+    for _ in range(3):
+        call(breaker, later + 1, failed=True)
+    assert breaker.current_state(later + 1) == "open"
+
+
+def test_time_window_still_counts_at_most_window_calls() -> None:
+    breaker = small(window=4, min_calls=4, window_s=3600.0)
+    for _ in range(20):
+        call(breaker, T0)
+    assert breaker.stats(T0)["calls"] == 4
+
+
+# -- open --------------------------------------------------------------------
+
+
+def test_open_refuses_everything_until_open_for_s() -> None:
+    breaker = small()
+    open_it(breaker)
+    end = T0 + 5 * NS_PER_SECOND
+    for now in (T0, T0 + 1, end - 1):
+        assert not breaker.try_acquire(now)
+        assert breaker.current_state(now) == "open"
+    assert breaker.stats(end - 1)["rejected"] == 3
+    assert breaker.current_state(end) == "half-open"
+
+
+def test_results_reported_while_open_are_ignored() -> None:
+    breaker = small()
+    assert breaker.try_acquire(T0)  # a call admitted while closed...
+    open_it(breaker)
+    breaker.on_success(FAST, T0 + 1)  # ...returns after the breaker opened
+    stats = breaker.stats(T0 + 1)
+    assert stats["state"] == "open"
+    assert stats["ignored"] == 1
+
+
+def test_open_moves_to_half_open_lazily_with_the_clock() -> None:
+    now = [T0]
+    breaker = small(clock=lambda: now[0])
+    for _ in range(4):
+        assert breaker.try_acquire()
+        breaker.on_failure(FAST)
+    assert breaker.state == "open"
+    now[0] += 5 * NS_PER_SECOND
+    assert breaker.state == "half-open"
+    assert breaker.stats()["state"] == "half-open"
+
+
+def test_open_for_zero_probes_at_once() -> None:
+    breaker = small(open_for_s=0)
+    for _ in range(4):
+        call(breaker, T0, failed=True)
+    assert breaker.stats(T0)["opened"] == 1
+    assert breaker.try_acquire(T0)
+    assert breaker.current_state(T0) == "half-open"
+
+
+# -- half-open -----------------------------------------------------------------
+
+
+def half_open(**overrides: object) -> tuple[Breaker, int]:
+    breaker = small(**overrides)
+    open_it(breaker)
+    now = T0 + 5 * NS_PER_SECOND
+    assert breaker.current_state(now) == "half-open"
+    return breaker, now
+
+
+def test_half_open_hands_out_exactly_half_open_calls_probes() -> None:
+    breaker, now = half_open()
+    assert [breaker.try_acquire(now) for _ in range(5)] == [True, True, True, False, False]
+    assert breaker.stats(now)["probes_in_flight"] == 3
+
+
+def test_half_open_closes_when_every_probe_is_good() -> None:
+    breaker, now = half_open()
+    for _ in range(3):
+        assert breaker.try_acquire(now)
+    breaker.on_success(FAST, now)
+    breaker.on_success(FAST, now)
+    assert breaker.current_state(now) == "half-open"  # waits for the last probe
+    breaker.on_success(FAST, now)
+    stats = breaker.stats(now)
+    assert stats["state"] == "closed"
+    assert stats["calls"] == 0  # a fresh window
+    assert call(breaker, now)
+
+
+def test_half_open_tolerates_failures_below_the_rate() -> None:
+    breaker, now = half_open()
+    for _ in range(3):
+        assert breaker.try_acquire(now)
+    breaker.on_failure(FAST, now)  # 1 of 3 < 0.5
+    breaker.on_success(FAST, now)
+    breaker.on_success(FAST, now)
+    assert breaker.current_state(now) == "closed"
+
+
+def test_half_open_reopens_as_soon_as_the_verdict_is_certain() -> None:
+    breaker, now = half_open()
+    for _ in range(3):
+        assert breaker.try_acquire(now)
+    breaker.on_failure(FAST, now)
+    assert breaker.current_state(now) == "half-open"
+    breaker.on_failure(FAST, now)  # 2 of 3 probes failed whatever the third says
+    stats = breaker.stats(now)
+    assert stats["state"] == "open"
+    assert stats["opened"] == 2
+    assert not breaker.try_acquire(now)
+    breaker.on_success(FAST, now)  # the third probe, too late
+    assert breaker.stats(now)["ignored"] == 1
+    assert breaker.current_state(now + 5 * NS_PER_SECOND - 1) == "open"  # open_for_s counts from the re-opening
+    assert breaker.current_state(now + 5 * NS_PER_SECOND) == "half-open"
+
+
+def test_half_open_reopens_on_slow_probes() -> None:
+    breaker, now = half_open()
+    for _ in range(3):
+        assert breaker.try_acquire(now)
+    breaker.on_success(SLOW, now)
+    breaker.on_success(SLOW, now)
+    assert breaker.current_state(now) == "open"
+
+
+def test_a_single_failed_probe_reopens_when_it_alone_reaches_the_rate() -> None:
+    breaker, now = half_open(half_open_calls=1)
+    assert breaker.try_acquire(now)
+    breaker.on_failure(FAST, now)
+    assert breaker.current_state(now) == "open"
+
+
+def test_released_probe_goes_back_to_the_pool() -> None:
+    breaker, now = half_open()
+    for _ in range(3):
+        assert breaker.try_acquire(now)
+    assert not breaker.try_acquire(now)
+    breaker.release(now)
+    assert breaker.stats(now)["probes_in_flight"] == 2
+    assert breaker.try_acquire(now)
+    assert not breaker.try_acquire(now)
+    for _ in range(3):
+        breaker.on_success(FAST, now)
+    assert breaker.current_state(now) == "closed"
+
+
+def test_release_in_closed_records_nothing() -> None:
+    breaker = small()
+    assert breaker.try_acquire(T0)
+    breaker.release(T0)
+    stats = breaker.stats(T0)
+    assert stats["calls"] == 0
+    assert stats["released"] == 1
+
+
+def test_a_result_with_no_probe_outstanding_is_ignored() -> None:
+    breaker, now = half_open()
+    breaker.on_failure(FAST, now)
+    stats = breaker.stats(now)
+    assert stats["state"] == "half-open"
+    assert stats["ignored"] == 1
+    assert stats["probes_reported"] == 0
+
+
+def test_reset_closes_and_clears_the_window_but_keeps_totals() -> None:
+    breaker = small()
+    open_it(breaker)
+    breaker.reset()
+    stats = breaker.stats(T0)
+    assert stats["state"] == "closed"
+    assert stats["calls"] == 0
+    assert stats["opened"] == 1
+    assert call(breaker, T0)
+
+
+# -- arguments -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("window", 0, ValueError),
+        ("window", 1.5, TypeError),
+        ("window", True, TypeError),
+        ("min_calls", 0, ValueError),
+        ("min_calls", 101, ValueError),
+        ("min_calls", "3", TypeError),
+        ("failure_rate", 0, ValueError),
+        ("failure_rate", 1.01, ValueError),
+        ("failure_rate", math.nan, ValueError),
+        ("failure_rate", math.inf, ValueError),
+        ("failure_rate", "0.5", TypeError),
+        ("slow_rate", -0.1, ValueError),
+        ("slow_rate", math.nan, ValueError),
+        ("slow_rate", None, TypeError),
+        ("slow_call_ms", 0, ValueError),
+        ("slow_call_ms", -1, ValueError),
+        ("slow_call_ms", math.nan, ValueError),
+        ("slow_call_ms", math.inf, ValueError),
+        ("open_for_s", -1, ValueError),
+        ("open_for_s", math.nan, ValueError),
+        ("open_for_s", math.inf, ValueError),
+        ("open_for_s", "5", TypeError),
+        ("half_open_calls", 0, ValueError),
+        ("half_open_calls", 2.0, TypeError),
+        ("window_s", 0, ValueError),
+        ("window_s", math.nan, ValueError),
+        ("window_s", math.inf, ValueError),
+        ("clock", 5, TypeError),
+    ],
+)
+def test_bad_arguments_are_named(name: str, value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=name):
+        Breaker(**{name: value})  # type: ignore[arg-type]
+
+
+def test_rates_of_exactly_one_are_allowed() -> None:
+    breaker = small(failure_rate=1, slow_rate=1.0, min_calls=2)
+    call(breaker, T0, failed=True)
+    call(breaker, T0)
+    assert breaker.current_state(T0) == "closed"
+
+
+def test_arguments_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Breaker(100)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("method", ["on_success", "on_failure"])
+def test_bad_durations(method: str) -> None:
+    breaker = small()
+    report = getattr(breaker, method)
+    with pytest.raises(ValueError, match="duration_ns"):
+        report(-1, T0)
+    with pytest.raises(TypeError, match="duration_ns"):
+        report(1.5, T0)
+    with pytest.raises(TypeError, match="duration_ns"):
+        report(True, T0)
+    with pytest.raises(TypeError, match="now_ns"):
+        report(1, 1.5)
+    assert breaker.stats(T0)["calls"] == 0
+
+
+def test_bad_now_ns() -> None:
+    breaker = small()
+    with pytest.raises(TypeError, match="now_ns"):
+        breaker.try_acquire(1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="now_ns"):
+        breaker.release("now")  # type: ignore[arg-type]
+
+
+def test_default_clock_is_the_monotonic_clock() -> None:
+    breaker = Breaker()
+    assert breaker.slow_call_ms == 1000.0
+    assert breaker.try_acquire()
+    breaker.on_success(0)
+    assert breaker.state == "closed"
+    assert breaker.stats()["calls"] == 1
