@@ -8,8 +8,19 @@ on counts only, never on speed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from prazo.bindings.dependency import Breaker
 from prazo.core import NS_PER_MS, NS_PER_SECOND
 
@@ -404,3 +415,277 @@ def test_default_clock_is_the_monotonic_clock() -> None:
     breaker.on_success(0)
     assert breaker.state == "closed"
     assert breaker.stats()["calls"] == 1
+
+
+# -- the state machine against a model -------------------------------------------------
+
+
+@dataclass
+class Model:
+    """The breaker as specified, written plainly: lists recomputed at every step, no counters kept in step."""
+
+    window: int
+    min_calls: int
+    failure_rate: float
+    slow_rate: float
+    slow_ns: int
+    open_for_ns: int
+    half_open_calls: int
+    window_ns: int | None
+    state: str = "closed"
+    results: list[tuple[int, bool, bool]] = field(default_factory=list)  # (at, failed, slow), oldest first
+    opened_at: int = 0
+    probes_granted: int = 0
+    probe_results: list[tuple[bool, bool]] = field(default_factory=list)
+    opened: int = 0
+    rejected: int = 0
+    ignored: int = 0
+
+    @property
+    def probes_out(self) -> int:
+        return self.probes_granted - len(self.probe_results)
+
+    def trips(self, outcomes: list[tuple[bool, bool]], over: int) -> bool:
+        failed = sum(1 for f, _ in outcomes if f)
+        slow = sum(1 for _, s in outcomes if s)
+        return failed / over >= self.failure_rate or slow / over >= self.slow_rate
+
+    def age_out(self, now: int) -> None:
+        if self.window_ns is not None:
+            self.results = [r for r in self.results if r[0] > now - self.window_ns]
+
+    def tick(self, now: int) -> None:
+        if self.state == "open" and now >= self.opened_at + self.open_for_ns:
+            self.state = "half-open"
+            self.probes_granted = 0
+            self.probe_results = []
+
+    def open(self, now: int) -> None:
+        self.state = "open"
+        self.opened_at = now
+        self.opened += 1
+        self.probes_granted = 0
+        self.probe_results = []
+
+    def close(self) -> None:
+        self.state = "closed"
+        self.results = []
+        self.probes_granted = 0
+        self.probe_results = []
+
+    def acquire(self, now: int) -> bool:
+        self.tick(now)
+        if self.state == "closed":
+            return True
+        if self.state == "half-open" and self.probes_granted < self.half_open_calls:
+            self.probes_granted += 1
+            return True
+        self.rejected += 1
+        return False
+
+    def record(self, now: int, failed: bool, duration: int) -> None:
+        slow = duration >= self.slow_ns
+        if self.state == "closed":
+            self.results = [*self.results, (now, failed, slow)][-self.window :]
+            self.age_out(now)
+            pairs = [(f, s) for _, f, s in self.results]
+            if len(pairs) >= self.min_calls and self.trips(pairs, len(pairs)):
+                self.open(now)
+        elif self.state == "half-open" and self.probes_out > 0:
+            self.probe_results.append((failed, slow))
+            if self.trips(self.probe_results, self.half_open_calls):
+                self.open(now)
+            elif len(self.probe_results) == self.half_open_calls:
+                self.close()
+        else:
+            self.ignored += 1
+
+    def release(self) -> None:
+        if self.state == "half-open" and self.probes_out > 0:
+            self.probes_granted -= 1
+
+
+# Transitions the spec allows, by the kind of step that may cause them.
+ALLOWED = {
+    "acquire": {("open", "half-open")},
+    "read": {("open", "half-open")},
+    "report": {("closed", "open"), ("half-open", "open"), ("half-open", "closed")},
+    "release": set(),
+    "advance": set(),
+    "reset": {("open", "closed"), ("half-open", "closed")},
+}
+
+# (failed, duration_ns), fast successes the most common, slow_call_ms and either side of it included.
+DURATIONS = st.one_of(
+    st.sampled_from((0, SLOW - 1, SLOW, SLOW + 1, 20 * SLOW)), st.integers(0, 3 * SLOW), st.integers(0, SLOW - 1)
+)
+OUTCOMES = st.one_of(
+    st.tuples(st.just(False), st.integers(0, SLOW - 1)),
+    st.tuples(st.booleans(), DURATIONS),
+)
+CLOCK_STEPS_MS = st.one_of(st.sampled_from((0, 1, 100, 1000)), st.integers(min_value=0, max_value=1500))
+
+
+class BreakerMachine(RuleBasedStateMachine):
+    """Random acquire / success / failure / slow / release / clock / reset steps, checked against ``Model``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        self.held = 0  # permits granted and not yet reported or released, as a caller would hold them
+
+    @initialize(
+        window=st.integers(1, 8),
+        min_frac=st.floats(0, 1),
+        failure_rate=st.sampled_from((0.2, 0.5, 1 / 3, 2 / 3, 1.0)),
+        slow_rate=st.sampled_from((0.25, 0.5, 0.75, 1.0)),
+        open_for_ms=st.sampled_from((0, 1, 100, 1000)),
+        half_open_calls=st.integers(1, 4),
+        window_ms=st.one_of(st.none(), st.sampled_from((1, 100, 1000, 3000))),
+    )
+    def setup(
+        self,
+        window: int,
+        min_frac: float,
+        failure_rate: float,
+        slow_rate: float,
+        open_for_ms: int,
+        half_open_calls: int,
+        window_ms: int | None,
+    ) -> None:
+        min_calls = max(1, round(min_frac * window))
+        self.breaker = Breaker(
+            window=window,
+            min_calls=min_calls,
+            failure_rate=failure_rate,
+            slow_rate=slow_rate,
+            slow_call_ms=SLOW_MS,
+            open_for_s=open_for_ms / 1000,
+            half_open_calls=half_open_calls,
+            window_s=None if window_ms is None else window_ms / 1000,
+        )
+        self.model = Model(
+            window,
+            min_calls,
+            failure_rate,
+            slow_rate,
+            SLOW,
+            open_for_ms * NS_PER_MS,
+            half_open_calls,
+            None if window_ms is None else window_ms * NS_PER_MS,
+        )
+        self.permitted = 0
+        self.reported = 0
+        self.released = 0
+
+    def step(self, kind: str) -> None:
+        """Check the transition the last step made against the ones allowed for its kind."""
+        before, self.last_state = self.last_state, self.model.state
+        if before != self.model.state:
+            assert (before, self.model.state) in ALLOWED[kind], (kind, before, self.model.state)
+
+    last_state = "closed"
+
+    @rule(ms=CLOCK_STEPS_MS)
+    def advance(self, ms: int) -> None:
+        self.now += ms * NS_PER_MS
+        self.step("advance")
+
+    @rule(ms=CLOCK_STEPS_MS)
+    def advance_then_acquire(self, ms: int) -> None:
+        """The clock moves and try_acquire is the first to see it (the invariant's stats() read comes after)."""
+        self.now += ms * NS_PER_MS
+        self.acquire()
+
+    @rule()
+    def acquire(self) -> None:
+        was_open = self.model.state == "open" and self.now < self.model.opened_at + self.model.open_for_ns
+        granted = self.breaker.try_acquire(self.now)
+        assert granted == self.model.acquire(self.now)
+        if was_open:
+            assert not granted, "open refuses everything"
+        if granted:
+            self.held += 1
+            self.permitted += 1
+        self.step("acquire")
+
+    @precondition(lambda self: self.held > 0)
+    @rule(outcome=OUTCOMES)
+    def report(self, outcome: tuple[bool, int]) -> None:
+        failed, duration = outcome
+        self.held -= 1
+        self.reported += 1
+        if failed:
+            self.breaker.on_failure(duration, self.now)
+        else:
+            self.breaker.on_success(duration, self.now)
+        self.model.record(self.now, failed, duration)
+        self.step("report")
+
+    @precondition(lambda self: self.held > 0)
+    @rule()
+    def release(self) -> None:
+        self.held -= 1
+        self.released += 1
+        self.breaker.release(self.now)
+        self.model.release()
+        self.step("release")
+
+    @rule(failed=st.booleans())
+    def stray_report(self, failed: bool) -> None:
+        """A result with no permit behind it (a caller's bug): counted, never trusted beyond the model's rules."""
+        self.breaker.on_success(FAST, self.now) if not failed else self.breaker.on_failure(FAST, self.now)
+        self.model.record(self.now, failed, FAST)
+        self.reported += 1
+        self.step("report")
+
+    @rule()
+    def read_state(self) -> None:
+        self.model.tick(self.now)
+        assert self.breaker.current_state(self.now) == self.model.state
+        self.step("read")
+
+    @precondition(lambda self: self.model.state != "closed")
+    @rule(now=st.integers(0, 9))
+    def reset(self, now: int) -> None:
+        if now:  # rarely: a reset ends every story
+            return
+        self.breaker.reset()
+        self.model.close()
+        self.step("reset")
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        if not hasattr(self, "model"):
+            return
+        model = self.model
+        stats = self.breaker.stats(self.now)
+        model.tick(self.now)
+        if model.state == "closed":
+            model.age_out(self.now)
+        self.step("read")
+        assert stats["state"] == model.state
+        assert stats["calls"] == len(model.results)
+        assert stats["failed_calls"] == sum(1 for _, f, _ in model.results if f)
+        assert stats["slow_calls"] == sum(1 for _, _, s in model.results if s)
+        assert stats["opened"] == model.opened
+        assert stats["rejected"] == model.rejected
+        assert stats["ignored"] == model.ignored
+        assert stats["probes_reported"] == len(model.probe_results)
+        assert stats["probes_in_flight"] == model.probes_out
+        # Never more probes out than half_open_calls; none at all outside half-open.
+        assert 0 <= stats["probes_in_flight"] <= model.half_open_calls
+        if model.state != "half-open":
+            assert stats["probes_in_flight"] == stats["probes_reported"] == 0
+        # Counters are consistent with what the callers did.
+        assert stats["permitted"] == self.permitted
+        assert stats["successes"] + stats["failures"] == self.reported
+        assert stats["released"] == self.released
+        assert stats["calls"] <= model.window
+
+
+def test_breaker_state_machine() -> None:
+    run_state_machine_as_test(
+        BreakerMachine,
+        settings=settings(max_examples=300, stateful_step_count=60, deadline=None),
+    )
