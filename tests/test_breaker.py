@@ -8,6 +8,9 @@ on counts only, never on speed.
 from __future__ import annotations
 
 import math
+import random
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -689,3 +692,103 @@ def test_breaker_state_machine() -> None:
         BreakerMachine,
         settings=settings(max_examples=300, stateful_step_count=60, deadline=None),
     )
+
+
+# -- real threads ------------------------------------------------------------------------
+
+
+def run_threads(count: int, target: Callable[[int], None]) -> None:
+    """Run ``target(i)`` on ``count`` threads started together; re-raise the first exception any of them raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def test_threads_hammering_every_transition_keep_the_counters_whole() -> None:
+    """open_for_s=0 makes the breaker cycle closed -> open -> half-open -> ... under real contention."""
+    breaker = Breaker(window=20, min_calls=5, slow_call_ms=SLOW_MS, open_for_s=0, half_open_calls=3)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            stats = breaker.stats()
+            assert stats["state"] in ("closed", "open", "half-open")
+            assert 0 <= stats["probes_in_flight"] <= 3
+            assert stats["failed_calls"] <= stats["calls"] <= 20
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+
+    def hammer(i: int) -> None:
+        rng = random.Random(i)
+        for _ in range(3000):
+            if not breaker.try_acquire():
+                continue
+            roll = rng.random()
+            if roll < 0.1:
+                breaker.release()
+            elif roll < 0.5:
+                breaker.on_failure(rng.choice((FAST, SLOW)))
+            else:
+                breaker.on_success(rng.choice((FAST, FAST, SLOW)))
+
+    try:
+        run_threads(8, hammer)
+    finally:
+        stop.set()
+        watcher.join()
+    stats = breaker.stats()
+    assert stats["permitted"] == stats["successes"] + stats["failures"] + stats["released"]
+    assert stats["permitted"] + stats["rejected"] == 8 * 3000
+    assert stats["opened"] > 0  # the mix (40 % failures) did open it
+
+
+def test_half_open_never_hands_out_more_than_half_open_calls_to_threads() -> None:
+    now = [T0]
+    breaker = small(clock=lambda: now[0], half_open_calls=3)
+    open_it(breaker, T0)
+    now[0] += 5 * NS_PER_SECOND
+    lock = threading.Lock()
+    held = [0]
+    peak = [0]
+
+    def probe(_: int) -> None:
+        for _ in range(2000):
+            if not breaker.try_acquire():
+                continue
+            with lock:
+                held[0] += 1
+                peak[0] = max(peak[0], held[0])
+                assert held[0] <= 3
+            with lock:  # given back before release(), so held never counts a permit the breaker already reissued
+                held[0] -= 1
+            breaker.release()
+
+    run_threads(8, probe)
+    stats = breaker.stats()
+    assert stats["state"] == "half-open"  # nothing reported: still probing
+    assert stats["probes_in_flight"] == 0
+    assert 1 <= peak[0] <= 3
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_threads_racing_for_probes_get_exactly_half_open_calls(round_: int) -> None:
+    breaker, now = half_open(half_open_calls=3)
+    granted: list[bool] = []
+    run_threads(12, lambda _: granted.append(breaker.try_acquire(now)))
+    assert granted.count(True) == 3
+    assert breaker.stats(now)["rejected"] == 9
