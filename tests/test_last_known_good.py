@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import threading
+from collections import OrderedDict
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from prazo.bindings.dependency import LastKnownGood
 from prazo.core import NS_PER_SECOND
 
@@ -132,3 +138,134 @@ def test_bad_clock_and_now() -> None:
     lkg = LastKnownGood()
     with pytest.raises(TypeError, match="now_ns"):
         lkg.put("a", 1, now_ns=1.5)  # type: ignore[arg-type]
+
+
+def test_a_values_finalizer_may_use_the_store() -> None:
+    """Evicted and replaced values are dropped after the lock is released: a __del__ that calls back cannot deadlock."""
+    lkg = LastKnownGood(max_entries=1)
+    dropped: list[str] = []
+
+    class Remembers:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __del__(self) -> None:
+            dropped.append(self.name)
+            lkg.get("other", 1, now_ns=T0)  # takes the store's lock
+
+    lkg.put("a", Remembers("replaced"), now_ns=T0)
+    lkg.put("a", Remembers("evicted"), now_ns=T0)  # replaces the first
+    lkg.put("b", 2, now_ns=T0)  # evicts the second
+    lkg.put("c", Remembers("cleared"), now_ns=T0)
+    lkg.clear()
+    gc.collect()
+    assert dropped == ["replaced", "evicted", "cleared"]
+
+
+# -- the LRU bound, against a model ------------------------------------------------
+
+KEYS = st.sampled_from(["a", "b", "c", "d", "e", 1, 2, (3, "x")])
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Random puts, gets with random age limits, clock steps and clears, checked against an exact LRU model."""
+
+    @initialize(max_entries=st.integers(1, 5))
+    def setup(self, max_entries: int) -> None:
+        self.now = T0
+        self.lkg = LastKnownGood(max_entries)
+        self.model: OrderedDict[object, tuple[int, int]] = OrderedDict()  # key -> (value, stored at)
+        self.last_put: object = None
+        self.counter = 0
+        self.evictions = 0
+
+    @rule(key=KEYS)
+    def put(self, key: object) -> None:
+        self.counter += 1
+        self.lkg.put(key, self.counter, now_ns=self.now)
+        self.model.pop(key, None)
+        self.model[key] = (self.counter, self.now)
+        if len(self.model) > self.lkg.max_entries:
+            self.model.popitem(last=False)
+            self.evictions += 1
+        self.last_put = key
+
+    @rule(key=KEYS, max_age_ms=st.one_of(st.sampled_from((0, 10, 1000)), st.integers(0, 3000), st.just(math.inf)))
+    def get(self, key: object, max_age_ms: float) -> None:
+        got = self.lkg.get(key, max_age_ms / 1000, now_ns=self.now)
+        entry = self.model.get(key)
+        if entry is None or self.now - entry[1] > max_age_ms * 1_000_000:
+            assert got is None
+            return
+        self.model.move_to_end(key)
+        assert got == (entry[0], (self.now - entry[1]) / NS_PER_SECOND)
+
+    @rule(ms=st.sampled_from((0, 1, 10, 999, 1000)))
+    def advance(self, ms: int) -> None:
+        self.now += ms * 1_000_000
+
+    @rule()
+    def clear(self) -> None:
+        self.lkg.clear()
+        self.model.clear()
+        self.last_put = None
+
+    @invariant()
+    def bounded_and_same_as_model(self) -> None:
+        assert len(self.lkg) <= self.lkg.max_entries
+        assert len(self.lkg) == len(self.model)
+        assert self.lkg.stats()["evictions"] == self.evictions
+
+    @invariant()
+    def most_recent_put_is_there_while_young(self) -> None:
+        if self.last_put is not None and self.model[self.last_put][1] == self.now:
+            assert self.lkg.get(self.last_put, 0, now_ns=self.now) == (self.model[self.last_put][0], 0.0)
+            self.model.move_to_end(self.last_put)  # a hit is a use, in the model too
+
+
+def test_store_state_machine() -> None:
+    run_state_machine_as_test(StoreMachine, settings=settings(max_examples=200, stateful_step_count=50, deadline=None))
+
+
+# -- real threads -----------------------------------------------------------------------
+
+
+def test_threads_never_push_it_past_max_entries() -> None:
+    lkg = LastKnownGood(max_entries=64)
+    stop = threading.Event()
+    peak = [0]
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], len(lkg), lkg.stats()["entries"])
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(2000):
+                key = (i, n % 100)
+                lkg.put(key, n)
+                hit = lkg.get(key, math.inf)
+                assert hit is None or hit[1] >= 0  # another writer may have evicted it already
+                lkg.get((i - 1, n % 100), 60)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            errors.append(exc)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    watcher.join()
+    assert not errors, errors[0]
+    stats = lkg.stats()
+    assert peak[0] <= 64
+    assert stats["entries"] == len(lkg) == 64
+    # Every get was counted exactly once, whatever the interleaving.
+    assert stats["hits"] + stats["misses"] + stats["too_old"] == 8 * 2000 * 2
