@@ -141,7 +141,10 @@ def test_bad_clock_and_now() -> None:
 
 
 def test_a_values_finalizer_may_use_the_store() -> None:
-    """Evicted and replaced values are dropped after the lock is released: a __del__ that calls back cannot deadlock."""
+    """Evicted and replaced values are dropped after the lock is released: a __del__ that calls back cannot deadlock.
+
+    The scenario runs on its own thread, so a deadlock fails the test instead of hanging the suite.
+    """
     lkg = LastKnownGood(max_entries=1)
     dropped: list[str] = []
 
@@ -150,15 +153,21 @@ def test_a_values_finalizer_may_use_the_store() -> None:
             self.name = name
 
         def __del__(self) -> None:
-            dropped.append(self.name)
             lkg.get("other", 1, now_ns=T0)  # takes the store's lock
+            dropped.append(self.name)
 
-    lkg.put("a", Remembers("replaced"), now_ns=T0)
-    lkg.put("a", Remembers("evicted"), now_ns=T0)  # replaces the first
-    lkg.put("b", 2, now_ns=T0)  # evicts the second
-    lkg.put("c", Remembers("cleared"), now_ns=T0)
-    lkg.clear()
-    gc.collect()
+    def scenario() -> None:
+        lkg.put("a", Remembers("replaced"), now_ns=T0)
+        lkg.put("a", Remembers("evicted"), now_ns=T0)  # replaces the first
+        lkg.put("b", 2, now_ns=T0)  # evicts the second
+        lkg.put("c", Remembers("cleared"), now_ns=T0)
+        lkg.clear()
+        gc.collect()
+
+    worker = threading.Thread(target=scenario, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "deadlocked: a value was released under the store's lock"
     assert dropped == ["replaced", "evicted", "cleared"]
 
 
