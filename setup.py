@@ -23,8 +23,8 @@ PACKAGES = [
     "prazo.core",
     "prazo.bindings",
     "prazo.bindings.clients",
-    "prazo.bindings.servers",
     "prazo.bindings.dependency",
+    "prazo.bindings.servers",
     "prazo.bench",
 ]
 PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
