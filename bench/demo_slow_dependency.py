@@ -624,6 +624,14 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f} %" if value else "0"
 
 
+def _stat(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} {count}" for key, count in value.items() if count) + "}"
+    if isinstance(value, float):
+        return _ms(value)
+    return str(value)
+
+
 def _setup_description(setup: str, p: SlowDependencyParams) -> str:
     if setup == "without":
         return (
@@ -677,7 +685,7 @@ def render_report(result: DemoResult) -> str:
                 f"{setup.not_accepting_s():.1f} s: new connections waited in the kernel's backlog"
             )
         for name, stats in setup.dependency_stats.items():
-            shown = {key: stats[key] for key in _DEPENDENCY_STATS_SHOWN if key in stats}
+            shown = {key: _stat(stats[key]) for key in _DEPENDENCY_STATS_SHOWN if key in stats}
             out.append(f"  Dependency {name!r}: " + ", ".join(f"{key} {value}" for key, value in shown.items()))
         out.append(
             f"  load generator: {len(setup.records)} requests ({setup.achieved_rate():.0f}/s), "

@@ -20,7 +20,7 @@ thousands of requests can be open at once while a server stalls.
     start_ns = generator.begin()                # the schedule's time zero
     records = generator.wait()                  # one Record per request
 
-``Record.stale_age_s`` is read from the ``X-Stale-Age`` response header
+``Record.stale_age_s`` is read from the ``X-Stale-Age-S`` response header
 (the demo's service sets it when it answered from last-known-good).
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STALE_HEADER", "LoadGenerator", "LoadPlan", "Record", "main", "schedule"]
 
-STALE_HEADER = "X-Stale-Age"
+STALE_HEADER = "X-Stale-Age-S"
 _READY = "ready"
 _START_SLACK_NS = 200_000_000  # time zero is this far after the generator said it was ready
 _WAIT_SLACK_S = 60.0
