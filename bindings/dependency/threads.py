@@ -65,7 +65,8 @@ class _Place:
             # is never started for a place this one is about to free.
             owner._running -= 1
             owner._waiting += 1
-            owner._cond.notify_all()
+            if owner._running == 0:
+                owner._idle.notify_all()
 
 
 class BoundedThreads:
@@ -90,7 +91,11 @@ class BoundedThreads:
         self._max = max_threads
         self._idle_s = _check_idle_s(idle_s)
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        # Workers wait on _cond for a task; wait_idle waits on _idle. One lock,
+        # two conditions, so freeing a place never wakes every idle worker.
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._tasks: deque[tuple[Task, _Place]] = deque()
         # _running: places held (tasks handed over and not yet released).
         # _waiting: threads alive and not running a task (new ones included),
@@ -170,8 +175,8 @@ class BoundedThreads:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no place is held (for tests and shutdown); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._running == 0, timeout)
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def __repr__(self) -> str:
         return f"<BoundedThreads {self._name!r} running={self._running}/{self._max} threads={self._threads}>"
