@@ -108,4 +108,4 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks

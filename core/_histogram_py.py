@@ -44,6 +44,7 @@ Every operation that depends on time takes an optional ``now_ns`` (the
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterable, Sequence
@@ -80,7 +81,7 @@ _INT64_MIN = -(2**63)
 
 def bucket_index(ns: int) -> int:
     """The bucket of the value ``ns`` (values above ``MAX_NS`` go to the top bucket)."""
-    ns = _checked_value(ns, "ns")
+    ns = checked_ns(ns, "ns")
     return _index(min(ns, MAX_NS))
 
 
@@ -111,7 +112,7 @@ def _bounds(index: int) -> tuple[int, int]:
 BUCKETS = _index(MAX_NS) + 1
 
 
-def _checked_value(ns: object, name: str) -> int:
+def checked_ns(ns: object, name: str) -> int:
     if isinstance(ns, bool) or not isinstance(ns, int):
         raise TypeError(f"{name} must be an int of nanoseconds, not {type(ns).__name__}")
     if ns < 0:
@@ -121,7 +122,7 @@ def _checked_value(ns: object, name: str) -> int:
     return int(ns)
 
 
-def _checked_q(q: object) -> float:
+def checked_q(q: object) -> float:
     if isinstance(q, bool) or not isinstance(q, Real):
         raise TypeError(f"q must be a real number, not {type(q).__name__}")
     as_float = float(q)
@@ -130,10 +131,10 @@ def _checked_q(q: object) -> float:
     return as_float
 
 
-def _checked_qs(qs: Iterable[float]) -> list[float]:
+def checked_qs(qs: Iterable[float]) -> list[float]:
     if isinstance(qs, (str, bytes)) or not isinstance(qs, Iterable):
         raise TypeError(f"qs must be a sequence of quantiles, not {type(qs).__name__}")
-    return [_checked_q(q) for q in qs]
+    return [checked_q(q) for q in qs]
 
 
 def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: float) -> int | None:
@@ -154,7 +155,19 @@ def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: fl
     return min(max(min(max(middle, min_ns), max_ns), lo), hi)
 
 
-def _is_latency_histogram(other: object) -> bool:
+def bound_indexes(bounds_ns: Sequence[int]) -> list[int]:
+    """The bucket of each bound of ``count_le``, or -1 for a negative bound (nothing is <= it)."""
+    if isinstance(bounds_ns, (str, bytes)) or not isinstance(bounds_ns, Iterable):
+        raise TypeError(f"bounds_ns must be a sequence of ints, not {type(bounds_ns).__name__}")
+    indexes = []
+    for bound in bounds_ns:
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"bounds_ns must hold ints of nanoseconds, not {type(bound).__name__}")
+        indexes.append(-1 if bound < 0 else _index(min(bound, MAX_NS)))
+    return indexes
+
+
+def is_latency_histogram(other: object) -> bool:
     # Either twin's histogram: the bucket layouts are the same (tested), so
     # counts() from one can be added to the other.
     cls = type(other)
@@ -200,7 +213,7 @@ class LatencyHistogram:
 
     def record(self, ns: int) -> None:
         """Count one latency of ``ns`` nanoseconds (an int >= 0)."""
-        ns = _checked_value(ns, "ns")
+        ns = checked_ns(ns, "ns")
         over = ns > MAX_NS
         index = _index(MAX_NS if over else ns)
         with self._lock:
@@ -250,7 +263,7 @@ class LatencyHistogram:
 
     def quantiles(self, qs: Iterable[float] = DEFAULT_QUANTILES) -> tuple[int | None, ...]:
         """Several quantiles from one consistent read of the buckets."""
-        checked = _checked_qs(qs)
+        checked = checked_qs(qs)
         with self._lock:
             counts = list(self._counts)
             total, min_ns, max_ns = self._count, self._min, self._max
@@ -260,25 +273,15 @@ class LatencyHistogram:
 
     def count_le(self, bounds_ns: Sequence[int]) -> list[int]:
         """For each bound, how many values are ``<=`` it at bucket precision (for Prometheus ``le`` buckets)."""
-        if isinstance(bounds_ns, (str, bytes)) or not isinstance(bounds_ns, Iterable):
-            raise TypeError(f"bounds_ns must be a sequence of ints, not {type(bounds_ns).__name__}")
-        indexes = []
-        for bound in bounds_ns:
-            if isinstance(bound, bool) or not isinstance(bound, int):
-                raise TypeError(f"bounds_ns must hold ints of nanoseconds, not {type(bound).__name__}")
-            indexes.append(-1 if bound < 0 else _index(min(bound, MAX_NS)))
+        indexes = bound_indexes(bounds_ns)
         with self._lock:
             counts = list(self._counts)
-        cumulative = []
-        seen = 0
-        for count in counts:
-            seen += count
-            cumulative.append(seen)
+        cumulative = list(itertools.accumulate(counts))
         return [0 if index < 0 else cumulative[index] for index in indexes]
 
     def merge(self, other: LatencyHistogram) -> None:
         """Add everything ``other`` (a histogram of either twin) recorded to this one."""
-        if not _is_latency_histogram(other):
+        if not is_latency_histogram(other):
             raise TypeError(f"other must be a LatencyHistogram, not {type(other).__name__}")
         if isinstance(other, LatencyHistogram):
             with other._lock:
@@ -324,7 +327,7 @@ class LatencyHistogram:
         return f"<LatencyHistogram count={self._count} p50_ns={p50} p99_ns={p99} max_ns={self._max}>"
 
 
-def _checked_window(window_s: object) -> int:
+def checked_window_ns(window_s: object) -> int:
     if isinstance(window_s, bool) or not isinstance(window_s, Real):
         raise TypeError(f"window_s must be a real number of seconds, not {type(window_s).__name__}")
     as_float = float(window_s)
@@ -336,7 +339,7 @@ def _checked_window(window_s: object) -> int:
     return window_ns
 
 
-def _checked_slices(slices: object) -> int:
+def checked_slices(slices: object) -> int:
     if isinstance(slices, bool) or not isinstance(slices, int):
         raise TypeError(f"slices must be an int, not {type(slices).__name__}")
     if not 1 <= slices <= MAX_SLICES:
@@ -350,8 +353,8 @@ def window_slice_ns(window_s: object, slices: object) -> tuple[float, int, int]:
     ``slice_ns = window_ns // slices``; the window really covered is
     ``slices * slice_ns`` (at most ``slices - 1`` ns shorter than asked).
     """
-    window_ns = _checked_window(window_s)
-    count = _checked_slices(slices)
+    window_ns = checked_window_ns(window_s)
+    count = checked_slices(slices)
     slice_ns = window_ns // count
     if slice_ns < 1:
         raise ValueError(f"window_s must be at least slices nanoseconds, got {float(window_s)!r}")  # type: ignore[arg-type]
@@ -421,7 +424,7 @@ class WindowedHistogram:
 
     def record(self, ns: int, now_ns: int | None = None) -> None:
         """Count one latency of ``ns`` nanoseconds in the current slice and in ``total``."""
-        ns = _checked_value(ns, "ns")
+        ns = checked_ns(ns, "ns")
         epoch = clock_ns(now_ns) // self._slice_ns
         slot = epoch % self._slices
         if self._epochs[slot] != epoch:
@@ -453,12 +456,12 @@ class WindowedHistogram:
 
     def quantile(self, q: float, now_ns: int | None = None) -> int | None:
         """The ``q`` quantile of the live window, in ns; None when it is empty."""
-        _checked_q(q)
+        checked_q(q)
         return self.snapshot(now_ns).quantile(q)
 
     def quantiles(self, qs: Iterable[float] = DEFAULT_QUANTILES, now_ns: int | None = None) -> tuple[int | None, ...]:
         """Several quantiles of the live window from one merged read."""
-        checked = _checked_qs(qs)
+        checked = checked_qs(qs)
         return self.snapshot(now_ns).quantiles(checked)
 
     def reset(self) -> None:
