@@ -23,7 +23,7 @@ cimport cython
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.math cimport ceil
 from libc.stdint cimport int64_t, uint64_t, INT64_MIN, INT64_MAX
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 
 from ._histogram_py import (
     DEFAULT_QUANTILES,
@@ -66,15 +66,20 @@ cdef inline int64_t _monotonic_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
-cdef inline int64_t _value_ns(object ns) except -1:
-    """``ns`` as a C value >= 0, or the Python twin's TypeError/ValueError."""
+cdef inline int64_t _checked_value_in(object ns, str name) except -1:
+    """``ns`` as a C value >= 0, or the Python twin's TypeError/ValueError naming ``name``."""
     cdef int overflow = 0
     cdef long long value
     if type(ns) is int:
         value = PyLong_AsLongLongAndOverflow(ns, &overflow)
         if overflow == 0 and value >= 0:
             return value
-    return _checked_ns(ns, "ns")
+    return _checked_ns(ns, name)
+
+
+cdef inline int64_t _value_ns(object ns) except -1:
+    """``ns`` as a C value >= 0, or the Python twin's TypeError/ValueError."""
+    return _checked_value_in(ns, "ns")
 
 
 cdef inline double _q_value(object q) except -1.0:
@@ -114,11 +119,13 @@ cdef int64_t _quantile(prazo_hist *copy, int64_t total, double q) noexcept nogil
             break
     lo = prazo_hist_lo(index)
     hi = prazo_hist_hi(index)
-    value = lo + (hi - lo) // 2
-    value = max(value, copy.min)
-    value = min(value, copy.max)
-    value = max(value, lo)
-    return min(value, hi)
+    if rank == 1:
+        value = copy.min
+    elif rank == total:
+        value = copy.max
+    else:
+        value = min(max(lo + (hi - lo) // 2, copy.min), copy.max)
+    return min(max(value, lo), hi)
 
 
 def bucket_index(ns):
@@ -155,6 +162,29 @@ cdef class LatencyHistogram:
     def record(self, ns):
         """Count one latency of ``ns`` nanoseconds (an int >= 0)."""
         prazo_hist_record(&self._h, _value_ns(ns))
+
+    def record_many(self, values):
+        """Count every value of ``values`` (all are checked before any is counted).
+
+        The values are recorded with the GIL released: other threads keep
+        running, and several threads can record into one histogram in parallel.
+        """
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        cdef list checked = list(values)
+        cdef Py_ssize_t n = len(checked)
+        cdef Py_ssize_t i
+        cdef int64_t *buffer = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+        if buffer == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                buffer[i] = _checked_value_in(checked[i], "values")
+            with nogil:
+                for i in range(n):
+                    prazo_hist_record(&self._h, buffer[i])
+        finally:
+            free(buffer)
 
     @property
     def count(self):
@@ -348,6 +378,34 @@ cdef class WindowedHistogram:
         cdef int64_t value = _value_ns(ns)
         self._ready()
         self.record_ns_at(value, _now(now_ns))
+
+    def record_many(self, values, now_ns=None):
+        """Count every value of ``values`` (all checked first), each at ``now_ns`` or at its own clock reading.
+
+        The values are recorded with the GIL released, like ``LatencyHistogram.record_many``.
+        """
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        cdef list checked = list(values)
+        cdef Py_ssize_t n = len(checked)
+        cdef Py_ssize_t i
+        cdef bint fixed = now_ns is not None
+        cdef int64_t now = 0
+        cdef int64_t *buffer = NULL
+        self._ready()
+        buffer = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+        if buffer == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                buffer[i] = _checked_value_in(checked[i], "values")
+            if fixed:
+                now = _clock_ns(now_ns)
+            with nogil:
+                for i in range(n):
+                    self.record_ns_at(buffer[i], now if fixed else _monotonic_ns())
+        finally:
+            free(buffer)
 
     cdef int64_t _live_copy(self, int64_t now_ns, prazo_hist *into) noexcept nogil:
         """Add the live slices to ``into`` (when not NULL); return how many values they hold."""

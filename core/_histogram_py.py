@@ -18,14 +18,15 @@ per histogram.
 Quantiles
 ---------
 ``quantile(q)`` is the nearest-rank quantile at bucket precision: with ``n``
-values recorded, take the rank ``r = max(1, ceil(q * n))`` (the value that
-has ``r - 1`` values before it in sorted order), find the bucket holding that
-rank, and report the middle of the bucket (``lo + (hi - lo) // 2``), moved
-into ``[min_ns, max_ns]`` when the bucket holds the smallest or the largest
-value. The exact sorted-sample quantile ``sorted(values)[r - 1]`` lies in
-that same bucket, so the relative error is at most half a bucket width over
-its lower bound: ``1/128`` (0.79 %) from 128 ns up to 100 s, zero below 128 ns.
-Above 100 s the answer is only known to be "at least 100 s".
+values recorded, take the rank ``r = min(max(ceil(q * n), 1), n)`` (the value
+that has ``r - 1`` values before it in sorted order), find the bucket holding
+that rank, and report the middle of the bucket (``lo + (hi - lo) // 2``),
+moved into ``[min_ns, max_ns]``; rank 1 is the exact ``min_ns`` and rank ``n``
+the exact ``max_ns``. The exact sorted-sample quantile ``sorted(values)[r - 1]``
+lies in that same bucket, so the relative error is at most half a bucket
+width over its lower bound: ``1/128`` (0.79 %) from 128 ns up to 100 s, zero
+below 128 ns. Above 100 s the answer is only known to be "at least 100 s"
+(except for the exact max).
 
 ``count_le(bounds_ns)`` counts the values in every bucket up to and including
 the one holding each bound (a value in the same bucket as a bound counts as
@@ -47,6 +48,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from numbers import Real
 from typing import TYPE_CHECKING
@@ -148,11 +150,18 @@ def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: fl
         if seen >= rank:
             break
     lo, hi = _bounds(index)
-    middle = lo + (hi - lo) // 2
-    # Clamping into [min, max] and then back into the bucket keeps the answer
-    # in the bucket (the exact quantile is in both ranges) and makes a bucket
-    # holding the extreme values answer them exactly when it can.
-    return min(max(min(max(middle, min_ns), max_ns), lo), hi)
+    # The first and the last rank are the exact min and max; any other rank
+    # gets the middle of its bucket, moved into [min, max]. Clamping into the
+    # bucket last changes nothing here (the exact quantile lies in both
+    # ranges), but keeps the C twin's answer in the bucket when a reader races
+    # a recorder and sees a bucket count before the new min or max.
+    if rank == 1:
+        value = min_ns
+    elif rank == total:
+        value = max_ns
+    else:
+        value = min(max(lo + (hi - lo) // 2, min_ns), max_ns)
+    return min(max(value, lo), hi)
 
 
 def bound_indexes(bounds_ns: Sequence[int]) -> list[int]:
@@ -226,6 +235,24 @@ class LatencyHistogram:
                 self._max = ns
             if over:
                 self._overflow += 1
+
+    def record_many(self, values: Iterable[int]) -> None:
+        """Count every value of ``values`` (all are checked before any is counted)."""
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        checked = [checked_ns(ns, "values") for ns in values]
+        with self._lock:
+            for ns in checked:
+                over = ns > MAX_NS
+                self._counts[_index(MAX_NS if over else ns)] += 1
+                self._sum = min(self._sum + ns, _INT64_MAX)
+                if self._min is None or ns < self._min:
+                    self._min = ns
+                if self._max is None or ns > self._max:
+                    self._max = ns
+                if over:
+                    self._overflow += 1
+            self._count += len(checked)
 
     @property
     def count(self) -> int:
@@ -333,10 +360,10 @@ def checked_window_ns(window_s: object) -> int:
     as_float = float(window_s)
     if not math.isfinite(as_float) or as_float <= 0:
         raise ValueError(f"window_s must be a finite number > 0, got {as_float!r}")
-    window_ns = round(as_float * NS_PER_SECOND)
-    if window_ns > _INT64_MAX:
-        raise ValueError(f"window_s is too large, got {as_float!r}")
-    return window_ns
+    scaled = as_float * NS_PER_SECOND
+    if scaled >= 2.0**63:
+        raise ValueError(f"window_s is too large for a 64-bit monotonic clock, got {as_float!r}")
+    return round(scaled)
 
 
 def checked_slices(slices: object) -> int:
@@ -425,7 +452,19 @@ class WindowedHistogram:
     def record(self, ns: int, now_ns: int | None = None) -> None:
         """Count one latency of ``ns`` nanoseconds in the current slice and in ``total``."""
         ns = checked_ns(ns, "ns")
-        epoch = clock_ns(now_ns) // self._slice_ns
+        self._record_at(ns, clock_ns(now_ns))
+
+    def record_many(self, values: Iterable[int], now_ns: int | None = None) -> None:
+        """Count every value of ``values`` (all checked first), each at ``now_ns`` or at its own clock reading."""
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        checked = [checked_ns(ns, "values") for ns in values]
+        fixed = None if now_ns is None else clock_ns(now_ns)
+        for ns in checked:
+            self._record_at(ns, time.monotonic_ns() if fixed is None else fixed)
+
+    def _record_at(self, ns: int, now: int) -> None:
+        epoch = now // self._slice_ns
         slot = epoch % self._slices
         if self._epochs[slot] != epoch:
             self._rotate(slot, epoch)
