@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextvars
 import math
+import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -605,3 +607,60 @@ def test_adaptive_timeout_refuses_wrong_arguments_by_name(
 ) -> None:
     with pytest.raises(error, match=name):
         AdaptiveTimeout(**kwargs)
+
+
+# -- hard cases: no thread, fork -------------------------------------------------
+
+
+def test_a_refused_thread_is_a_503_and_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = Dependency("no-threads", max_concurrent=2, timeout_ms=1000, stale_for_s=60)
+    dep.call(lambda: "good", key="k")
+    assert dep.wait_idle(JOIN_TIMEOUT_S)
+    wait_until(lambda: dep.stats()["threads"] == 1, "the first thread to be idle")
+    # The idle thread takes the next call; a second one at once needs a new thread.
+    release = threading.Event()
+    holding = spawn(dep.call, release.wait, JOIN_TIMEOUT_S)
+    wait_until(lambda: dep.stats()["in_flight"] == 1, "the idle thread to be busy")
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(DependencyUnavailable) as caught:
+        dep.call(lambda: "never")
+    assert caught.value.reason == "dependency-unavailable"
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    stale = dep.call_detailed(lambda: "never", key="k")
+    assert (stale.value, stale.stale, stale.outcome) == ("good", True, "bulkhead_full")
+    monkeypatch.undo()
+    stats = dep.stats()
+    assert stats["in_flight"] == 1 and stats["threads"] == 1
+    release.set()
+    assert holding.result(JOIN_TIMEOUT_S) is True
+    assert dep.call(lambda: "again") == "again"
+    assert_accounted(dep)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_with_the_whole_bulkhead(hang: Hang) -> None:
+    dep = Dependency("forked", max_concurrent=2, timeout_ms=50)
+    dep.call(lambda: 1)
+    with pytest.raises(DependencyUnavailable):
+        dep.call(hang)  # holds a place, in the parent only
+    assert dep.stats()["in_flight"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+): this is what it tests
+        pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        code = 1
+        try:
+            stats = dep.stats()
+            first = dep.call(lambda: 40)
+            second = dep.call(lambda: 2)
+            if stats["in_flight"] == 0 and stats["threads"] == 0 and first + second == 42:
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert dep.stats()["in_flight"] == 1

@@ -195,7 +195,7 @@ def test_a_quantile_hedge_waits_for_enough_samples() -> None:
     assert dep.stats()["hedges_sent"] == 0
     for _ in range(HEDGE_MIN_SAMPLES):
         dep.call(lambda: "fast")
-    time.sleep(0.06)  # past the live-quantile cache
+    time.sleep(0.15)  # past the live-quantile snapshot (100 ms)
     fn = Recorder()
     try:
         assert dep.call(fn, idempotent=True) == ("hedge", None, None)

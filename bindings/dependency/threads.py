@@ -13,7 +13,10 @@ calls are refused instead of piling up behind it.
 Threads start lazily (one when a task arrives and none is idle) and an idle
 thread exits after ``idle_s`` seconds, so a dependency that is rarely called
 costs no threads. They are daemon threads: a call that hangs forever must not
-keep the interpreter from exiting (the caller has long been answered).
+keep the interpreter from exiting (the caller has long been answered). A
+forked child starts with an empty thread set (its parent's threads do not
+exist there), so a service forked after making calls (gunicorn ``--preload``)
+gets the whole bulkhead.
 
 The task is given a ``release`` callable: calling it gives the place back
 before the task's own tail (publishing its result), so a caller that sees the
@@ -24,8 +27,10 @@ held for a moment. The thread set calls it itself if the task did not.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from numbers import Real
@@ -34,6 +39,21 @@ __all__ = ["BoundedThreads", "Task"]
 
 # What a task receives: call it once to give the place back early.
 Task = Callable[[Callable[[], None]], None]
+
+# Every thread set, so a forked child can start from nothing (below).
+_instances: weakref.WeakSet[BoundedThreads] = weakref.WeakSet()
+
+
+def _forget_threads_after_fork() -> None:
+    # A forked child has only the thread that forked: the others' places and
+    # idle slots would be counted forever (gunicorn --preload forks after the
+    # app may have made calls), so every thread set starts again empty.
+    for threads in list(_instances):
+        threads._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads_after_fork)
 
 
 def _check_idle_s(idle_s: object) -> float:
@@ -48,24 +68,26 @@ def _check_idle_s(idle_s: object) -> float:
 class _Place:
     """One bulkhead place; ``release`` gives it back exactly once."""
 
-    __slots__ = ("_owner", "_released")
+    __slots__ = ("_generation", "_owner", "_released")
 
     def __init__(self, owner: BoundedThreads) -> None:
         self._owner = owner
+        self._generation = owner._generation
         self._released = False
 
     def release(self) -> None:
         owner = self._owner
         with owner._cond:
-            if self._released:
-                return
+            if self._released or self._generation != owner._generation:
+                return  # released already, or taken before a fork reset the set
             self._released = True
             # The thread finishing this task counts as waiting from now on:
             # a task handed over in the meantime is its next one, so a thread
             # is never started for a place this one is about to free.
             owner._running -= 1
             owner._waiting += 1
-            owner._cond.notify_all()
+            if owner._running == 0:
+                owner._idle.notify_all()
 
 
 class BoundedThreads:
@@ -90,7 +112,11 @@ class BoundedThreads:
         self._max = max_threads
         self._idle_s = _check_idle_s(idle_s)
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        # Workers wait on _cond for a task; wait_idle waits on _idle. One lock,
+        # two conditions, so freeing a place never wakes every idle worker.
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._tasks: deque[tuple[Task, _Place]] = deque()
         # _running: places held (tasks handed over and not yet released).
         # _waiting: threads alive and not running a task (new ones included),
@@ -99,6 +125,17 @@ class BoundedThreads:
         self._waiting = 0
         self._threads = 0
         self._started = 0
+        self._generation = 0
+        _instances.add(self)
+
+    def _reset(self) -> None:
+        """Forget every thread and place (in a forked child, where those threads do not exist)."""
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
+        self._tasks = deque()
+        self._running = self._waiting = self._threads = 0
+        self._generation += 1
 
     @property
     def max_threads(self) -> int:
@@ -170,8 +207,8 @@ class BoundedThreads:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no place is held (for tests and shutdown); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._running == 0, timeout)
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
 
     def __repr__(self) -> str:
         return f"<BoundedThreads {self._name!r} running={self._running}/{self._max} threads={self._threads}>"

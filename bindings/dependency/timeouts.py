@@ -10,9 +10,9 @@ dependency slows down its p99 grows and the timeout follows it up to the
 ceiling, never past it.
 
 Quantile names (``"p50"`` … ``"p999"``) are shared with hedging; a live
-quantile is read through ``LiveQuantiles``, which caches each answer for a
-short time because merging a window's histograms costs far more than a call's
-bookkeeping should.
+quantile is read through ``LiveQuantiles``, which merges the window at most
+every 100 ms, because merging a window's histograms costs far more than a
+call's bookkeeping should.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 import threading
 from numbers import Real
 
-from prazo.core import NS_PER_MS, WindowedHistogram
+from prazo.core import NS_PER_MS, LatencyHistogram, WindowedHistogram
 
 __all__ = ["QUANTILES", "AdaptiveTimeout", "LiveQuantiles", "check_quantile_name", "positive_ms"]
 
@@ -58,29 +58,49 @@ def _check_multiplier(value: object) -> float:
 
 
 class LiveQuantiles:
-    """Quantiles of a ``WindowedHistogram``'s live window, each cached for ``refresh_ns``.
+    """Quantiles of a ``WindowedHistogram``'s live window, from a snapshot taken at most every ``refresh_ns``.
 
     ``get(q, now_ns)`` returns ``(value_ns or None, samples in the window)``.
-    Times are on the clock the histogram is recorded with.
+    Times are on the clock the histogram is recorded with. One thread
+    refreshes an outdated snapshot while the others keep reading the previous
+    one, so a burst of calls never merges the window more than once.
     """
 
-    __slots__ = ("_cache", "_histogram", "_lock", "_refresh_ns")
+    __slots__ = ("_at", "_count", "_histogram", "_lock", "_refresh_ns", "_refreshing", "_snapshot", "_values")
 
-    def __init__(self, histogram: WindowedHistogram, *, refresh_ns: int = 50 * NS_PER_MS) -> None:
+    def __init__(self, histogram: WindowedHistogram, *, refresh_ns: int = 100 * NS_PER_MS) -> None:
         self._histogram = histogram
         self._refresh_ns = refresh_ns
         self._lock = threading.Lock()
-        self._cache: dict[float, tuple[int, int | None, int]] = {}
+        self._snapshot: LatencyHistogram | None = None
+        self._at = 0
+        self._count = 0
+        self._values: dict[float, int | None] = {}
+        self._refreshing = False
 
     def get(self, q: float, now_ns: int) -> tuple[int | None, int]:
         with self._lock:
-            cached = self._cache.get(q)
-        if cached is not None and 0 <= now_ns - cached[0] < self._refresh_ns:
-            return cached[1], cached[2]
-        snapshot = self._histogram.snapshot(now_ns)
-        value, count = snapshot.quantile(q), snapshot.count
+            outdated = self._snapshot is None or not 0 <= now_ns - self._at < self._refresh_ns
+            refresh = outdated and (self._snapshot is None or not self._refreshing)
+            if refresh:
+                self._refreshing = True
+        if refresh:
+            snapshot = None
+            try:
+                snapshot = self._histogram.snapshot(now_ns)
+            finally:
+                with self._lock:
+                    self._refreshing = False
+                    if snapshot is not None:
+                        self._snapshot, self._at, self._count, self._values = snapshot, now_ns, snapshot.count, {}
         with self._lock:
-            self._cache[q] = (now_ns, value, count)
+            snapshot, count = self._snapshot, self._count
+            if q in self._values:
+                return self._values[q], count
+        value = None if snapshot is None else snapshot.quantile(q)
+        with self._lock:
+            if snapshot is self._snapshot:
+                self._values[q] = value
         return value, count
 
 
