@@ -362,7 +362,7 @@ def _add_demo(commands: _Commands) -> _Commands:
     slow = _add_topic(
         topics,
         "slow-dependency",
-        "the second seed's incident: recommendations slow from 20 ms to 2 s, without and with prazo (≈ 2 min)",
+        "the second seed's incident: recommendations slow from 20 ms to 2 s, without and with prazo (≈ 100 s)",
         "An API on waitress (/product, /cart, /recommendations, /health) under 200 requests/s of open-loop "
         "traffic from a separate process; its recommendations dependency (a second server on loopback) slows "
         "from 20 ms to 2 s mid-run and recovers. Without prazo the handlers share one pool of 50 for their "
