@@ -137,7 +137,7 @@ setup(
     package_data={
         "prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"],
         "prazo.bindings": ["py.typed", "*.pyi"],
-        "prazo.bench": ["py.typed", "RESULTS.md"],
+        "prazo.bench": ["py.typed", "RESULTS.md", "*.png"],
     },
     ext_modules=_extensions(),
     cmdclass={"build_ext": BuildExt},

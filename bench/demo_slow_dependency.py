@@ -238,7 +238,11 @@ class Bulkheads:
 
     def sample(self) -> dict[str, float]:
         stats = self.recs.stats()
-        return {"bulkhead_in_flight": stats["in_flight"], "bulkhead_saturation": stats["saturation"]}
+        sample = {"bulkhead_in_flight": stats["in_flight"], "bulkhead_saturation": stats["saturation"]}
+        if stats.get("p99_ms") is not None:
+            # The live p99 of the calls that returned: the signal to alert on, with saturation.
+            sample["recommendations_p99_ms"] = stats["p99_ms"]
+        return sample
 
     def stats(self) -> dict[str, Any]:
         return {"recommendations": self.recs.stats(), "cart": self.carts.stats()}
