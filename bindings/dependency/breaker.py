@@ -30,8 +30,8 @@ States and transitions::
 Without a permit token a result cannot say when its permit was taken: in
 half-open it is counted for an outstanding probe, even when it comes from a
 call admitted before the breaker opened (one reporting more than
-``open_for_s`` after its permit). Such a straggler was slow, so the mistake
-errs towards re-opening, and it can make the probes the breaker counts
+``open_for_s`` after its permit). Such a straggler counts as slow whenever
+``slow_call_ms`` <= ``open_for_s``, so the mistake errs towards re-opening, and it can make the probes the breaker counts
 outstanding — never more than ``half_open_calls`` — fewer than the calls
 really running. A dependency timeout below ``open_for_s`` keeps it rare.
 
