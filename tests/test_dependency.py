@@ -236,6 +236,8 @@ def test_fn_must_be_callable_and_keys_hashable() -> None:
         ({"timeout_ms": math.nan}, ValueError, "timeout_ms"),
         ({"timeout_ms": math.inf}, ValueError, "timeout_ms"),
         ({"timeout_ms": "100"}, TypeError, "timeout_ms"),
+        ({"timeout_ms": 1e12}, ValueError, "timeout_ms"),
+        ({"hedge": 1e12}, ValueError, "hedge"),
         ({"stale_for_s": -1}, ValueError, "stale_for_s"),
         ({"stale_for_s": math.nan}, ValueError, "stale_for_s"),
         ({"stale_for_s": "10"}, TypeError, "stale_for_s"),

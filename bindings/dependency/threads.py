@@ -26,7 +26,6 @@ held for a moment. The thread set calls it itself if the task did not.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -60,8 +59,8 @@ def _check_idle_s(idle_s: object) -> float:
     if isinstance(idle_s, bool) or not isinstance(idle_s, Real):
         raise TypeError(f"idle_s must be a real number, not {type(idle_s).__name__}")
     as_float = float(idle_s)
-    if not 0 < as_float < math.inf:  # NaN fails this too
-        raise ValueError(f"idle_s must be > 0 and finite, got {as_float!r}")
+    if not 0 < as_float <= 86_400:  # NaN and infinities fail this too
+        raise ValueError(f"idle_s must be > 0 and at most 86400 (a day), got {as_float!r}")
     return as_float
 
 
