@@ -666,3 +666,43 @@ def test_a_forked_child_starts_with_the_whole_bulkhead(hang: Hang) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert dep.stats()["in_flight"] == 1
+
+
+def test_no_caller_waits_past_its_budget_under_concurrency() -> None:
+    import random
+
+    rng = random.Random(7)
+    dep = Dependency("mixed", max_concurrent=8, timeout_ms=80, stale_for_s=60, hedge=20, max_hedge_ratio=0.3)
+    overruns: list[float] = []
+    lock = threading.Lock()
+
+    def slow(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    def caller(seed: int) -> None:
+        local = random.Random(seed)
+        for _ in range(15):
+            budget_ms = local.choice([30, 60, 200])
+            began = time.monotonic()
+            with deadline_scope(Deadline.after_ms(budget_ms)):
+                try:
+                    dep.call(slow, local.choice([0.0, 0.01, 0.05, 2.0]), key=local.randrange(4), idempotent=local.random() < 0.5)
+                except (DependencyUnavailable, DeadlineExceeded):
+                    pass
+            waited_ms = (time.monotonic() - began) * 1000
+            with lock:
+                overruns.append(waited_ms - min(budget_ms, 80))
+
+    threads = [threading.Thread(target=caller, args=(rng.randrange(2**16),)) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT_S)
+    assert len(overruns) == 16 * 15
+    # A loaded machine is slow, hence the margin; a caller held by fn would be 2 s over.
+    assert max(overruns) < 500
+    assert dep.wait_idle(JOIN_TIMEOUT_S)
+    stats = dep.stats()
+    assert stats["threads"] <= 8 and stats["in_flight"] == 0
+    assert_accounted(dep)
