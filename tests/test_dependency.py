@@ -687,7 +687,12 @@ def test_no_caller_waits_past_its_budget_under_concurrency() -> None:
             began = time.monotonic()
             with deadline_scope(Deadline.after_ms(budget_ms)):
                 try:
-                    dep.call(slow, local.choice([0.0, 0.01, 0.05, 2.0]), key=local.randrange(4), idempotent=local.random() < 0.5)
+                    dep.call(
+                        slow,
+                        local.choice([0.0, 0.01, 0.05, 2.0]),
+                        key=local.randrange(4),
+                        idempotent=local.random() < 0.5,
+                    )
                 except (DependencyUnavailable, DeadlineExceeded):
                     pass
             waited_ms = (time.monotonic() - began) * 1000
@@ -706,3 +711,24 @@ def test_no_caller_waits_past_its_budget_under_concurrency() -> None:
     stats = dep.stats()
     assert stats["threads"] <= 8 and stats["in_flight"] == 0
     assert_accounted(dep)
+
+
+def test_an_idle_thread_keeps_neither_the_dependency_nor_the_last_call_alive() -> None:
+    import gc
+    import weakref
+
+    class Value:
+        pass
+
+    def used_once() -> tuple[weakref.ref[Dependency], weakref.ref[Value]]:
+        dep = Dependency("collected", max_concurrent=2, timeout_ms=2000, thread_idle_s=60)
+        value = Value()
+        assert dep.call(lambda v: v, value) is value
+        assert dep.wait_idle(JOIN_TIMEOUT_S)
+        wait_until(lambda: dep.stats()["threads"] == 1, "the thread to be idle")
+        return weakref.ref(dep), weakref.ref(value)
+
+    dep_ref, value_ref = used_once()
+    wait_until(
+        lambda: gc.collect() >= 0 and dep_ref() is None and value_ref() is None, "the dependency to be collected"
+    )
