@@ -220,6 +220,12 @@ def test_fn_must_be_callable_and_keys_hashable() -> None:
         dep.call(42)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="key"):
         dep.call(lambda: 1, key=["not", "hashable"])  # type: ignore[arg-type]
+
+    async def coroutine_function() -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="coroutine"):
+        dep.call(coroutine_function)
     with pytest.raises(TypeError, match="idempotent"):
         dep.call(lambda: 1, idempotent="yes")  # type: ignore[arg-type]
     assert dep.stats()["calls"] == 0
