@@ -179,8 +179,11 @@ class BoundedThreads:
             return True
 
     def _work(self) -> None:
-        cond = self._cond
+        generation = self._generation
         while True:
+            if self._generation != generation:
+                return  # a forked child that went on in this thread: the reset set does not count it
+            cond = self._cond
             with cond:
                 idle_until = time.monotonic() + self._idle_s
                 while not self._tasks:
