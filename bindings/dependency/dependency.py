@@ -43,6 +43,7 @@ last-known-good value instead when one is young enough (``stale_for_s``);
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -416,6 +417,9 @@ class Dependency:
         """Like ``call``, returning a ``CallResult``: the value, whether it is stale and how old, the outcome."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            # Its call would only make a coroutine, which no thread ever awaits.
+            raise TypeError("fn must be a blocking callable, not a coroutine function")
         if not isinstance(idempotent, bool):
             raise TypeError(f"idempotent must be a bool, not {type(idempotent).__name__}")
         if key is not None:
@@ -472,9 +476,11 @@ class Dependency:
         if breaker is not None and not breaker.try_acquire(self._now_arg(now)):
             return self._fallback(tally, "breaker_open", key, 0, REASON_BREAKER_OPEN)
         call = _Call(fn, args, kwargs, key, Deadline.at_ns(end_ns))
-        with self._lock:
-            first = self._next_endpoint
-            self._next_endpoint = (first + 1) % (len(self._endpoints) if self._endpoints else 1)
+        first = 0
+        if self._endpoints is not None:
+            with self._lock:
+                first = self._next_endpoint
+                self._next_endpoint = (first + 1) % len(self._endpoints)
         try:
             started = self._start(call, 1, first, now)
         except RuntimeError as exc:  # the system refused a thread
@@ -491,10 +497,11 @@ class Dependency:
             if breaker is not None:
                 breaker.release(self._now_arg(self._clock()))
             return self._fallback(tally, "bulkhead_full", key, 0, REASON_BULKHEAD_FULL)
-        self._hedge_budget.credit()
-
         hedge_at: int | None = None
-        if idempotent and self._hedge.enabled:
+        if not self._hedge.enabled:
+            return self._wait(call, tally, end_ns, hedge_at, first, caller_limited)
+        self._hedge_budget.credit()
+        if idempotent:
             delay_ns = self._hedge.delay_ns(self._quantiles, now)
             if delay_ns is not None and start_ns + delay_ns < end_ns:
                 hedge_at = start_ns + delay_ns
@@ -533,10 +540,12 @@ class Dependency:
         duration_ns = max(0, ended - began)
         try:
             self._histogram.record(duration_ns, ended)
-            with call.cond:
-                report = run.permit and not run.reported
-                run.reported = True
             breaker = self._breaker
+            report = False
+            if run.permit:
+                with call.cond:
+                    report = not run.reported
+                    run.reported = True
             if report and breaker is not None:
                 if error is None:
                     breaker.on_success(duration_ns, self._now_arg(ended))

@@ -26,7 +26,6 @@ held for a moment. The thread set calls it itself if the task did not.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -60,8 +59,8 @@ def _check_idle_s(idle_s: object) -> float:
     if isinstance(idle_s, bool) or not isinstance(idle_s, Real):
         raise TypeError(f"idle_s must be a real number, not {type(idle_s).__name__}")
     as_float = float(idle_s)
-    if not 0 < as_float < math.inf:  # NaN fails this too
-        raise ValueError(f"idle_s must be > 0 and finite, got {as_float!r}")
+    if not 0 < as_float <= 86_400:  # NaN and infinities fail this too
+        raise ValueError(f"idle_s must be > 0 and at most 86400 (a day), got {as_float!r}")
     return as_float
 
 
@@ -180,8 +179,11 @@ class BoundedThreads:
             return True
 
     def _work(self) -> None:
-        cond = self._cond
+        generation = self._generation
         while True:
+            if self._generation != generation:
+                return  # a forked child that went on in this thread: the reset set does not count it
+            cond = self._cond
             with cond:
                 idle_until = time.monotonic() + self._idle_s
                 while not self._tasks:
@@ -204,6 +206,9 @@ class BoundedThreads:
                 del exc
             finally:
                 place.release()
+            # Not kept while idle: the task holds its call (arguments, value)
+            # and the Dependency itself, which could otherwise never be collected.
+            del task, place
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no place is held (for tests and shutdown); False on timeout."""
