@@ -114,11 +114,12 @@ cdef double _NS_PER_MS = NS_PER_MS
 # prazo.bindings.wsgi imports this module, so it cannot be imported above.
 cdef bint _bound = False
 cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY
-cdef object _reject, _refuse, _AdmittedResponse
+cdef object _reject, _refuse, _AdmittedResponse, _TimedRelease
 
 
 cdef int _bind_python_side() except -1:
     global _bound, _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
+    global _TimedRelease
     if _bound:
         return 0
     from prazo.bindings import wsgi
@@ -129,6 +130,7 @@ cdef int _bind_python_side() except -1:
     _reject = wsgi._reject
     _refuse = wsgi._refuse
     _AdmittedResponse = wsgi.AdmittedResponse
+    _TimedRelease = wsgi.TimedRelease
     _bound = True
     return 0
 
@@ -214,6 +216,8 @@ cdef class ListBody:
     cdef Py_ssize_t _index
     cdef Py_ssize_t _length
     cdef AdmissionQueue _queue   # holds the slot; None once released
+    cdef object _record          # the request-duration histogram's record, or None (latency recording off)
+    cdef int64_t _arrival_ns
 
     def __len__(self):
         return self._length
@@ -251,7 +255,13 @@ cdef class ListBody:
             return 0
         self._queue = None
         self._items = None
-        return queue._release(-1, True)
+        if self._record is None:
+            return queue._release(-1, True)
+        try:
+            queue._release(-1, True)
+        finally:
+            self._record(prazo_monotonic_ns() - self._arrival_ns)
+        return 0
 
 
 @cython.final
@@ -270,6 +280,8 @@ cdef class CompiledPath:
     cdef double _max_budget_ms
     cdef object _counters
     cdef object _retry_after_s
+    cdef object _record_duration    # the histograms' record methods, None while latency recording is off
+    cdef object _record_queue_wait
 
     def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s):
         _bind_python_side()
@@ -281,6 +293,13 @@ cdef class CompiledPath:
         self._max_budget_ms = policy.max_budget_ms
         self._counters = counters
         self._retry_after_s = retry_after_s
+        self._record_duration = None
+        self._record_queue_wait = None
+
+    def record_latency(self, request_duration, queue_wait):
+        """Record each admitted request into these two ``LatencyHistogram`` (as the Python path does)."""
+        self._record_duration = request_duration.record
+        self._record_queue_wait = queue_wait.record
 
     cdef object _serve(self, object middleware, object environ, object start_response):
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
@@ -321,8 +340,11 @@ cdef class CompiledPath:
     cdef object _run_admitted(self, dict environ, object start_response, int64_t deadline_ns, int64_t arrival_ns):
         """``prazo.bindings.wsgi.run_admitted`` for a request holding a slot of ``self._queue``."""
         cdef object context, deadline, outer, result
+        cdef int64_t queue_wait_ns = prazo_monotonic_ns() - arrival_ns
+        if self._record_queue_wait is not None:
+            self._record_queue_wait(queue_wait_ns)
         try:
-            environ[_QUEUE_WAIT_MS_KEY] = (prazo_monotonic_ns() - arrival_ns) / _NS_PER_MS
+            environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
             # deadline_context's rule: an earlier deadline already current wins.
             outer = get_value(_DEADLINE_VAR)
             if outer is not None and _deadline_ns(outer) <= deadline_ns:
@@ -338,23 +360,37 @@ cdef class CompiledPath:
             finally:
                 PyContext_Exit(context)
         except (DeadlineExceeded, DownstreamOverloaded) as exc:
-            self._queue._release(-1, True)
+            self._release_admitted(arrival_ns)
             return _refuse(exc, start_response, self._counters, self._retry_after_s)
         except BaseException:
-            self._queue._release(-1, True)
+            self._release_admitted(arrival_ns)
             raise
         if type(result) is list or type(result) is tuple:
-            return _list_body(result, self._queue)
-        return _AdmittedResponse(result, context, start_response, self._queue.release, self._counters,
-                                 self._retry_after_s)
+            return _list_body(result, self._queue, self._record_duration, arrival_ns)
+        release = self._queue.release
+        if self._record_duration is not None:
+            release = _TimedRelease(release, self._record_duration, arrival_ns)
+        return _AdmittedResponse(result, context, start_response, release, self._counters, self._retry_after_s)
+
+    cdef int _release_admitted(self, int64_t arrival_ns) except -1:
+        """Give the slot back when the app raised (and record the request's duration when asked to)."""
+        if self._record_duration is None:
+            return self._queue._release(-1, True)
+        try:
+            self._queue._release(-1, True)
+        finally:
+            self._record_duration(prazo_monotonic_ns() - arrival_ns)
+        return 0
 
 
-cdef inline ListBody _list_body(object items, AdmissionQueue queue):
+cdef inline ListBody _list_body(object items, AdmissionQueue queue, object record, int64_t arrival_ns):
     cdef ListBody body = ListBody.__new__(ListBody)
     body._items = items
     body._index = 0
     body._length = PySequence_Fast_GET_SIZE(items)
     body._queue = queue
+    body._record = record
+    body._arrival_ns = arrival_ns
     return body
 
 
