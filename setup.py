@@ -109,6 +109,7 @@ def _extensions():
     options = {"extra_compile_args": compile_args, "extra_link_args": link_args, "define_macros": macros}
     extensions = [
         Extension("prazo.core._queue_c", ["core/_queue_c.pyx"], include_dirs=["core"], **options),
+        Extension("prazo.core._histogram_c", ["core/_histogram_c.pyx"], include_dirs=["core"], **options),
         # The compiled common path of the WSGI middleware; it cimports the C twin's .pxd.
         Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
     ]

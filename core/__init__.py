@@ -83,6 +83,7 @@ def extension_wanted() -> bool:
 
 if extension_wanted():
     try:
+        from ._histogram_c import LatencyHistogram, WindowedHistogram
         from ._queue_c import AdmissionQueue
     except ImportError as exc:  # pragma: no cover - depends on the build
         warnings.warn(
@@ -92,12 +93,14 @@ if extension_wanted():
             RuntimeWarning,
             stacklevel=2,
         )
+        from ._histogram_py import LatencyHistogram, WindowedHistogram  # type: ignore[assignment]
         from ._queue_py import AdmissionQueue  # type: ignore[assignment]
 
         IMPLEMENTATION = "py"
     else:
         IMPLEMENTATION = "c"
 else:
+    from ._histogram_py import LatencyHistogram, WindowedHistogram  # type: ignore[assignment]
     from ._queue_py import AdmissionQueue  # type: ignore[assignment]
 
     IMPLEMENTATION = "py"
@@ -120,9 +123,6 @@ def load_twin(name: str) -> type[AdmissionQueue]:
         return python_twin  # type: ignore[return-value]
     raise ValueError(f"name must be one of {', '.join(TWINS)}, got {name!r}")
 
-# Interim: the C histogram twin is not built yet, so both names come from the Python twin.
-from ._histogram_py import LatencyHistogram, WindowedHistogram
-
 
 class HistogramTwin(NamedTuple):
     """One twin's histogram classes, as ``load_histogram_twin`` returns them."""
@@ -140,10 +140,10 @@ def load_histogram_twin(name: str) -> HistogramTwin:
         from ._histogram_c import LatencyHistogram as c_latency
         from ._histogram_c import WindowedHistogram as c_windowed
 
-        return HistogramTwin(c_latency, c_windowed)  # type: ignore[arg-type]
+        return HistogramTwin(c_latency, c_windowed)
     if name == "py":
         from ._histogram_py import LatencyHistogram as python_latency
         from ._histogram_py import WindowedHistogram as python_windowed
 
-        return HistogramTwin(python_latency, python_windowed)
+        return HistogramTwin(python_latency, python_windowed)  # type: ignore[arg-type]
     raise ValueError(f"name must be one of {', '.join(TWINS)}, got {name!r}")

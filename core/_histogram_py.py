@@ -18,14 +18,15 @@ per histogram.
 Quantiles
 ---------
 ``quantile(q)`` is the nearest-rank quantile at bucket precision: with ``n``
-values recorded, take the rank ``r = max(1, ceil(q * n))`` (the value that
-has ``r - 1`` values before it in sorted order), find the bucket holding that
-rank, and report the middle of the bucket (``lo + (hi - lo) // 2``), moved
-into ``[min_ns, max_ns]`` when the bucket holds the smallest or the largest
-value. The exact sorted-sample quantile ``sorted(values)[r - 1]`` lies in
-that same bucket, so the relative error is at most half a bucket width over
-its lower bound: ``1/128`` (0.79 %) from 128 ns up to 100 s, zero below 128 ns.
-Above 100 s the answer is only known to be "at least 100 s".
+values recorded, take the rank ``r = min(max(ceil(q * n), 1), n)`` (the value
+that has ``r - 1`` values before it in sorted order), find the bucket holding
+that rank, and report the middle of the bucket (``lo + (hi - lo) // 2``),
+moved into ``[min_ns, max_ns]``; rank 1 is the exact ``min_ns`` and rank ``n``
+the exact ``max_ns``. The exact sorted-sample quantile ``sorted(values)[r - 1]``
+lies in that same bucket, so the relative error is at most half a bucket
+width over its lower bound: ``1/128`` (0.79 %) from 128 ns up to 100 s, zero
+below 128 ns. Above 100 s the answer is only known to be "at least 100 s"
+(except for the exact max).
 
 ``count_le(bounds_ns)`` counts the values in every bucket up to and including
 the one holding each bound (a value in the same bucket as a bound counts as
@@ -44,8 +45,10 @@ Every operation that depends on time takes an optional ``now_ns`` (the
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from numbers import Real
 from typing import TYPE_CHECKING
@@ -80,7 +83,7 @@ _INT64_MIN = -(2**63)
 
 def bucket_index(ns: int) -> int:
     """The bucket of the value ``ns`` (values above ``MAX_NS`` go to the top bucket)."""
-    ns = _checked_value(ns, "ns")
+    ns = checked_ns(ns, "ns")
     return _index(min(ns, MAX_NS))
 
 
@@ -111,7 +114,7 @@ def _bounds(index: int) -> tuple[int, int]:
 BUCKETS = _index(MAX_NS) + 1
 
 
-def _checked_value(ns: object, name: str) -> int:
+def checked_ns(ns: object, name: str) -> int:
     if isinstance(ns, bool) or not isinstance(ns, int):
         raise TypeError(f"{name} must be an int of nanoseconds, not {type(ns).__name__}")
     if ns < 0:
@@ -121,7 +124,7 @@ def _checked_value(ns: object, name: str) -> int:
     return int(ns)
 
 
-def _checked_q(q: object) -> float:
+def checked_q(q: object) -> float:
     if isinstance(q, bool) or not isinstance(q, Real):
         raise TypeError(f"q must be a real number, not {type(q).__name__}")
     as_float = float(q)
@@ -130,10 +133,10 @@ def _checked_q(q: object) -> float:
     return as_float
 
 
-def _checked_qs(qs: Iterable[float]) -> list[float]:
+def checked_qs(qs: Iterable[float]) -> list[float]:
     if isinstance(qs, (str, bytes)) or not isinstance(qs, Iterable):
         raise TypeError(f"qs must be a sequence of quantiles, not {type(qs).__name__}")
-    return [_checked_q(q) for q in qs]
+    return [checked_q(q) for q in qs]
 
 
 def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: float) -> int | None:
@@ -147,14 +150,33 @@ def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: fl
         if seen >= rank:
             break
     lo, hi = _bounds(index)
-    middle = lo + (hi - lo) // 2
-    # Clamping into [min, max] and then back into the bucket keeps the answer
-    # in the bucket (the exact quantile is in both ranges) and makes a bucket
-    # holding the extreme values answer them exactly when it can.
-    return min(max(min(max(middle, min_ns), max_ns), lo), hi)
+    # The first and the last rank are the exact min and max; any other rank
+    # gets the middle of its bucket, moved into [min, max]. Clamping into the
+    # bucket last changes nothing here (the exact quantile lies in both
+    # ranges), but keeps the C twin's answer in the bucket when a reader races
+    # a recorder and sees a bucket count before the new min or max.
+    if rank == 1:
+        value = min_ns
+    elif rank == total:
+        value = max_ns
+    else:
+        value = min(max(lo + (hi - lo) // 2, min_ns), max_ns)
+    return min(max(value, lo), hi)
 
 
-def _is_latency_histogram(other: object) -> bool:
+def bound_indexes(bounds_ns: Sequence[int]) -> list[int]:
+    """The bucket of each bound of ``count_le``, or -1 for a negative bound (nothing is <= it)."""
+    if isinstance(bounds_ns, (str, bytes)) or not isinstance(bounds_ns, Iterable):
+        raise TypeError(f"bounds_ns must be a sequence of ints, not {type(bounds_ns).__name__}")
+    indexes = []
+    for bound in bounds_ns:
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"bounds_ns must hold ints of nanoseconds, not {type(bound).__name__}")
+        indexes.append(-1 if bound < 0 else _index(min(bound, MAX_NS)))
+    return indexes
+
+
+def is_latency_histogram(other: object) -> bool:
     # Either twin's histogram: the bucket layouts are the same (tested), so
     # counts() from one can be added to the other.
     cls = type(other)
@@ -200,7 +222,7 @@ class LatencyHistogram:
 
     def record(self, ns: int) -> None:
         """Count one latency of ``ns`` nanoseconds (an int >= 0)."""
-        ns = _checked_value(ns, "ns")
+        ns = checked_ns(ns, "ns")
         over = ns > MAX_NS
         index = _index(MAX_NS if over else ns)
         with self._lock:
@@ -213,6 +235,24 @@ class LatencyHistogram:
                 self._max = ns
             if over:
                 self._overflow += 1
+
+    def record_many(self, values: Iterable[int]) -> None:
+        """Count every value of ``values`` (all are checked before any is counted)."""
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        checked = [checked_ns(ns, "values") for ns in values]
+        with self._lock:
+            for ns in checked:
+                over = ns > MAX_NS
+                self._counts[_index(MAX_NS if over else ns)] += 1
+                self._sum = min(self._sum + ns, _INT64_MAX)
+                if self._min is None or ns < self._min:
+                    self._min = ns
+                if self._max is None or ns > self._max:
+                    self._max = ns
+                if over:
+                    self._overflow += 1
+            self._count += len(checked)
 
     @property
     def count(self) -> int:
@@ -250,7 +290,7 @@ class LatencyHistogram:
 
     def quantiles(self, qs: Iterable[float] = DEFAULT_QUANTILES) -> tuple[int | None, ...]:
         """Several quantiles from one consistent read of the buckets."""
-        checked = _checked_qs(qs)
+        checked = checked_qs(qs)
         with self._lock:
             counts = list(self._counts)
             total, min_ns, max_ns = self._count, self._min, self._max
@@ -260,25 +300,15 @@ class LatencyHistogram:
 
     def count_le(self, bounds_ns: Sequence[int]) -> list[int]:
         """For each bound, how many values are ``<=`` it at bucket precision (for Prometheus ``le`` buckets)."""
-        if isinstance(bounds_ns, (str, bytes)) or not isinstance(bounds_ns, Iterable):
-            raise TypeError(f"bounds_ns must be a sequence of ints, not {type(bounds_ns).__name__}")
-        indexes = []
-        for bound in bounds_ns:
-            if isinstance(bound, bool) or not isinstance(bound, int):
-                raise TypeError(f"bounds_ns must hold ints of nanoseconds, not {type(bound).__name__}")
-            indexes.append(-1 if bound < 0 else _index(min(bound, MAX_NS)))
+        indexes = bound_indexes(bounds_ns)
         with self._lock:
             counts = list(self._counts)
-        cumulative = []
-        seen = 0
-        for count in counts:
-            seen += count
-            cumulative.append(seen)
+        cumulative = list(itertools.accumulate(counts))
         return [0 if index < 0 else cumulative[index] for index in indexes]
 
     def merge(self, other: LatencyHistogram) -> None:
         """Add everything ``other`` (a histogram of either twin) recorded to this one."""
-        if not _is_latency_histogram(other):
+        if not is_latency_histogram(other):
             raise TypeError(f"other must be a LatencyHistogram, not {type(other).__name__}")
         if isinstance(other, LatencyHistogram):
             with other._lock:
@@ -324,19 +354,19 @@ class LatencyHistogram:
         return f"<LatencyHistogram count={self._count} p50_ns={p50} p99_ns={p99} max_ns={self._max}>"
 
 
-def _checked_window(window_s: object) -> int:
+def checked_window_ns(window_s: object) -> int:
     if isinstance(window_s, bool) or not isinstance(window_s, Real):
         raise TypeError(f"window_s must be a real number of seconds, not {type(window_s).__name__}")
     as_float = float(window_s)
     if not math.isfinite(as_float) or as_float <= 0:
         raise ValueError(f"window_s must be a finite number > 0, got {as_float!r}")
-    window_ns = round(as_float * NS_PER_SECOND)
-    if window_ns > _INT64_MAX:
-        raise ValueError(f"window_s is too large, got {as_float!r}")
-    return window_ns
+    scaled = as_float * NS_PER_SECOND
+    if scaled >= 2.0**63:
+        raise ValueError(f"window_s is too large for a 64-bit monotonic clock, got {as_float!r}")
+    return round(scaled)
 
 
-def _checked_slices(slices: object) -> int:
+def checked_slices(slices: object) -> int:
     if isinstance(slices, bool) or not isinstance(slices, int):
         raise TypeError(f"slices must be an int, not {type(slices).__name__}")
     if not 1 <= slices <= MAX_SLICES:
@@ -350,8 +380,8 @@ def window_slice_ns(window_s: object, slices: object) -> tuple[float, int, int]:
     ``slice_ns = window_ns // slices``; the window really covered is
     ``slices * slice_ns`` (at most ``slices - 1`` ns shorter than asked).
     """
-    window_ns = _checked_window(window_s)
-    count = _checked_slices(slices)
+    window_ns = checked_window_ns(window_s)
+    count = checked_slices(slices)
     slice_ns = window_ns // count
     if slice_ns < 1:
         raise ValueError(f"window_s must be at least slices nanoseconds, got {float(window_s)!r}")  # type: ignore[arg-type]
@@ -421,8 +451,20 @@ class WindowedHistogram:
 
     def record(self, ns: int, now_ns: int | None = None) -> None:
         """Count one latency of ``ns`` nanoseconds in the current slice and in ``total``."""
-        ns = _checked_value(ns, "ns")
-        epoch = clock_ns(now_ns) // self._slice_ns
+        ns = checked_ns(ns, "ns")
+        self._record_at(ns, clock_ns(now_ns))
+
+    def record_many(self, values: Iterable[int], now_ns: int | None = None) -> None:
+        """Count every value of ``values`` (all checked first), each at ``now_ns`` or at its own clock reading."""
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise TypeError(f"values must be an iterable of ints, not {type(values).__name__}")
+        checked = [checked_ns(ns, "values") for ns in values]
+        fixed = None if now_ns is None else clock_ns(now_ns)
+        for ns in checked:
+            self._record_at(ns, time.monotonic_ns() if fixed is None else fixed)
+
+    def _record_at(self, ns: int, now: int) -> None:
+        epoch = now // self._slice_ns
         slot = epoch % self._slices
         if self._epochs[slot] != epoch:
             self._rotate(slot, epoch)
@@ -453,12 +495,12 @@ class WindowedHistogram:
 
     def quantile(self, q: float, now_ns: int | None = None) -> int | None:
         """The ``q`` quantile of the live window, in ns; None when it is empty."""
-        _checked_q(q)
+        checked_q(q)
         return self.snapshot(now_ns).quantile(q)
 
     def quantiles(self, qs: Iterable[float] = DEFAULT_QUANTILES, now_ns: int | None = None) -> tuple[int | None, ...]:
         """Several quantiles of the live window from one merged read."""
-        checked = _checked_qs(qs)
+        checked = checked_qs(qs)
         return self.snapshot(now_ns).quantiles(checked)
 
     def reset(self) -> None:

@@ -15,7 +15,8 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import pytest
-from prazo.core import NS_PER_MS, TWINS, Deadline, extension_wanted
+from prazo.core import NS_PER_MS, TWINS, Deadline, HistogramTwin, extension_wanted
+from prazo.core import load_histogram_twin as load_core_histogram_twin
 from prazo.core import load_twin as load_core_twin
 from prazo.core._queue_py import AdmissionQueue
 
@@ -28,6 +29,7 @@ __all__ = [
     "QueueClass",
     "assert_conservation",
     "assert_counters",
+    "load_histogram_twin",
     "load_twin",
     "spawn",
     "unaccounted",
@@ -74,8 +76,17 @@ def load_twin(name: str) -> QueueClass:
     extensions); otherwise it fails, so ``make test`` can never pass quietly
     on the Python twin alone.
     """
+    return _load(load_core_twin, name)
+
+
+def load_histogram_twin(name: str) -> HistogramTwin:
+    """The histogram classes of the ``"c"`` or ``"py"`` twin, with ``load_twin``'s rule for a missing C twin."""
+    return _load(load_core_histogram_twin, name)
+
+
+def _load(loader: Callable[[str], T], name: str) -> T:
     try:
-        return load_core_twin(name)
+        return loader(name)
     except ImportError as exc:
         if not extension_wanted():
             pytest.skip(f"C twin not available and PRAZO_NO_EXTENSIONS is set ({exc})")

@@ -1,4 +1,4 @@
-"""Fixtures shared by the test suite: both admission-queue twins, a fake clock, started servers.
+"""Fixtures shared by the test suite: both twins of the queue and the histogram, a fake clock, started servers.
 
 Every core test takes ``impl`` and so runs once against the C twin
 (``prazo.core._queue_c``) and once against the Python twin
@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_twin
+from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_histogram_twin, load_twin
+from prazo.core import HistogramTwin
 
 if TYPE_CHECKING:
     # Only for the annotation: the core suite also runs where no server is installed.
@@ -36,6 +37,23 @@ def twin_pair() -> tuple[QueueClass, QueueClass]:
     python_twin = load_twin("py")
     try:
         c_twin = load_twin("c")
+    except pytest.skip.Exception:
+        return python_twin, python_twin
+    return c_twin, python_twin
+
+
+@pytest.fixture(scope="session", params=TWIN_NAMES)
+def hist(request: pytest.FixtureRequest) -> HistogramTwin:
+    """One twin's histogram classes (ids ``c`` and ``py``): ``hist.LatencyHistogram``, ``hist.WindowedHistogram``."""
+    return load_histogram_twin(request.param)
+
+
+@pytest.fixture(scope="session")
+def hist_pair() -> tuple[HistogramTwin, HistogramTwin]:
+    """The C and the Python histogram twins, for lockstep tests (the Python twin twice without the C one)."""
+    python_twin = load_histogram_twin("py")
+    try:
+        c_twin = load_histogram_twin("c")
     except pytest.skip.Exception:
         return python_twin, python_twin
     return c_twin, python_twin
