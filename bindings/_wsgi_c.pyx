@@ -31,6 +31,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.stdint cimport int64_t, INT64_MAX
 
+from prazo.core._histogram_c cimport LatencyHistogram
 from prazo.core._queue_c cimport AdmissionQueue, prazo_monotonic_ns
 
 from prazo.bindings.headers import (
@@ -216,7 +217,7 @@ cdef class ListBody:
     cdef Py_ssize_t _index
     cdef Py_ssize_t _length
     cdef AdmissionQueue _queue   # holds the slot; None once released
-    cdef object _record          # the request-duration histogram's record, or None (latency recording off)
+    cdef LatencyHistogram _duration  # where the request's duration goes; None while latency recording is off
     cdef int64_t _arrival_ns
 
     def __len__(self):
@@ -255,12 +256,12 @@ cdef class ListBody:
             return 0
         self._queue = None
         self._items = None
-        if self._record is None:
+        if self._duration is None:
             return queue._release(-1, True)
         try:
             queue._release(-1, True)
         finally:
-            self._record(prazo_monotonic_ns() - self._arrival_ns)
+            _record_since(self._duration, self._arrival_ns)
         return 0
 
 
@@ -280,8 +281,8 @@ cdef class CompiledPath:
     cdef double _max_budget_ms
     cdef object _counters
     cdef object _retry_after_s
-    cdef object _record_duration    # the histograms' record methods, None while latency recording is off
-    cdef object _record_queue_wait
+    cdef LatencyHistogram _duration     # the C twin's histograms, None while latency recording is off
+    cdef LatencyHistogram _queue_wait
 
     def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s):
         _bind_python_side()
@@ -293,13 +294,17 @@ cdef class CompiledPath:
         self._max_budget_ms = policy.max_budget_ms
         self._counters = counters
         self._retry_after_s = retry_after_s
-        self._record_duration = None
-        self._record_queue_wait = None
+        self._duration = None
+        self._queue_wait = None
 
-    def record_latency(self, request_duration, queue_wait):
-        """Record each admitted request into these two ``LatencyHistogram`` (as the Python path does)."""
-        self._record_duration = request_duration.record
-        self._record_queue_wait = queue_wait.record
+    def record_latency(self, LatencyHistogram request_duration not None, LatencyHistogram queue_wait not None):
+        """Record each admitted request into these two histograms of the C twin, as the Python path does.
+
+        Recorded with the histogram's C method (lock-free atomic increments),
+        not a Python call.
+        """
+        self._duration = request_duration
+        self._queue_wait = queue_wait
 
     cdef object _serve(self, object middleware, object environ, object start_response):
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
@@ -341,8 +346,8 @@ cdef class CompiledPath:
         """``prazo.bindings.wsgi.run_admitted`` for a request holding a slot of ``self._queue``."""
         cdef object context, deadline, outer, result
         cdef int64_t queue_wait_ns = prazo_monotonic_ns() - arrival_ns
-        if self._record_queue_wait is not None:
-            self._record_queue_wait(queue_wait_ns)
+        if self._queue_wait is not None:
+            self._queue_wait.record_ns(queue_wait_ns if queue_wait_ns > 0 else 0)
         try:
             environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
             # deadline_context's rule: an earlier deadline already current wins.
@@ -366,30 +371,36 @@ cdef class CompiledPath:
             self._release_admitted(arrival_ns)
             raise
         if type(result) is list or type(result) is tuple:
-            return _list_body(result, self._queue, self._record_duration, arrival_ns)
+            return _list_body(result, self._queue, self._duration, arrival_ns)
         release = self._queue.release
-        if self._record_duration is not None:
-            release = _TimedRelease(release, self._record_duration, arrival_ns)
+        if self._duration is not None:
+            release = _TimedRelease(release, self._duration.record, arrival_ns)
         return _AdmittedResponse(result, context, start_response, release, self._counters, self._retry_after_s)
 
     cdef int _release_admitted(self, int64_t arrival_ns) except -1:
         """Give the slot back when the app raised (and record the request's duration when asked to)."""
-        if self._record_duration is None:
+        if self._duration is None:
             return self._queue._release(-1, True)
         try:
             self._queue._release(-1, True)
         finally:
-            self._record_duration(prazo_monotonic_ns() - arrival_ns)
+            _record_since(self._duration, arrival_ns)
         return 0
 
 
-cdef inline ListBody _list_body(object items, AdmissionQueue queue, object record, int64_t arrival_ns):
+cdef inline void _record_since(LatencyHistogram histogram, int64_t start_ns) noexcept:
+    """Record the time since ``start_ns`` (``record_ns`` takes no negative value)."""
+    cdef int64_t elapsed = prazo_monotonic_ns() - start_ns
+    histogram.record_ns(elapsed if elapsed > 0 else 0)
+
+
+cdef inline ListBody _list_body(object items, AdmissionQueue queue, LatencyHistogram duration, int64_t arrival_ns):
     cdef ListBody body = ListBody.__new__(ListBody)
     body._items = items
     body._index = 0
     body._length = PySequence_Fast_GET_SIZE(items)
     body._queue = queue
-    body._record = record
+    body._duration = duration
     body._arrival_ns = arrival_ns
     return body
 
