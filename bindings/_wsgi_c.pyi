@@ -16,6 +16,9 @@ class ListBody:
     def __next__(self) -> bytes: ...
     def close(self) -> None: ...
 
+class TimedQueueRelease:
+    def __call__(self) -> None: ...
+
 class CompiledPath:
     def __init__(
         self,

@@ -51,7 +51,7 @@ from prazo.core import (
     deadline_context,
 )
 
-__all__ = ["CompiledPath", "ListBody", "serve", "supports"]
+__all__ = ["CompiledPath", "ListBody", "TimedQueueRelease", "serve", "supports"]
 
 
 cdef extern from "prazo_slots.h":
@@ -115,12 +115,11 @@ cdef double _NS_PER_MS = NS_PER_MS
 # prazo.bindings.wsgi imports this module, so it cannot be imported above.
 cdef bint _bound = False
 cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY
-cdef object _reject, _refuse, _AdmittedResponse, _TimedRelease
+cdef object _reject, _refuse, _AdmittedResponse
 
 
 cdef int _bind_python_side() except -1:
     global _bound, _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
-    global _TimedRelease
     if _bound:
         return 0
     from prazo.bindings import wsgi
@@ -131,7 +130,6 @@ cdef int _bind_python_side() except -1:
     _reject = wsgi._reject
     _refuse = wsgi._refuse
     _AdmittedResponse = wsgi.AdmittedResponse
-    _TimedRelease = wsgi.TimedRelease
     _bound = True
     return 0
 
@@ -374,7 +372,7 @@ cdef class CompiledPath:
             return _list_body(result, self._queue, self._duration, arrival_ns)
         release = self._queue.release
         if self._duration is not None:
-            release = _TimedRelease(release, self._duration.record, arrival_ns)
+            release = _timed_release(self._queue, self._duration, arrival_ns)
         return _AdmittedResponse(result, context, start_response, release, self._counters, self._retry_after_s)
 
     cdef int _release_admitted(self, int64_t arrival_ns) except -1:
@@ -392,6 +390,33 @@ cdef inline void _record_since(LatencyHistogram histogram, int64_t start_ns) noe
     """Record the time since ``start_ns`` (``record_ns`` takes no negative value)."""
     cdef int64_t elapsed = prazo_monotonic_ns() - start_ns
     histogram.record_ns(elapsed if elapsed > 0 else 0)
+
+
+@cython.final
+cdef class TimedQueueRelease:
+    """``prazo.bindings.wsgi.TimedRelease`` for a slot of the C queue: release it, record the duration.
+
+    What a body that runs app code releases its slot through when latency
+    recording is on; ``AdmittedResponse`` calls it exactly once.
+    """
+
+    cdef AdmissionQueue _queue
+    cdef LatencyHistogram _duration
+    cdef int64_t _start_ns
+
+    def __call__(self):
+        try:
+            self._queue._release(-1, True)
+        finally:
+            _record_since(self._duration, self._start_ns)
+
+
+cdef inline TimedQueueRelease _timed_release(AdmissionQueue queue, LatencyHistogram duration, int64_t start_ns):
+    cdef TimedQueueRelease release = TimedQueueRelease.__new__(TimedQueueRelease)
+    release._queue = queue
+    release._duration = duration
+    release._start_ns = start_ns
+    return release
 
 
 cdef inline ListBody _list_body(object items, AdmissionQueue queue, LatencyHistogram duration, int64_t arrival_ns):
