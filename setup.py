@@ -23,6 +23,7 @@ PACKAGES = [
     "prazo.core",
     "prazo.bindings",
     "prazo.bindings.clients",
+    "prazo.bindings.dependency",
     "prazo.bindings.servers",
     "prazo.bench",
 ]

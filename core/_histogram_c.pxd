@@ -33,6 +33,7 @@ cdef extern from "prazo_histogram.h" nogil:
     int64_t prazo_hist_load(prazo_hist *src, prazo_hist *dst)
     int64_t prazo_hist_count(prazo_hist *h)
     void prazo_hist_add(prazo_hist *dst, const prazo_hist *copy, int64_t copy_count)
+    int64_t prazo_hist_accumulate(prazo_hist *dst, prazo_hist *src)
     int64_t prazo_epoch_load(int64_t *epoch)
     void prazo_epoch_store(int64_t *epoch, int64_t value)
     int64_t prazo_floor_div(int64_t a, int64_t b)
@@ -62,4 +63,4 @@ cdef class WindowedHistogram:
     cdef void record_ns_at(self, int64_t ns, int64_t now_ns) noexcept nogil
     cdef int _ready(self) except -1
     cdef void _rotate(self, int64_t slot, int64_t epoch) noexcept nogil
-    cdef int64_t _live_copy(self, int64_t now_ns, prazo_hist *into) noexcept nogil
+    cdef int64_t _live(self, int64_t now_ns, prazo_hist *into) noexcept nogil

@@ -295,23 +295,27 @@ cdef class WindowedHistogram:
     def __init__(self, window_s=10.0, *, slices=10):
         window, count, slice_ns = _window_slice_ns(window_s, slices)
         if self._ring != NULL:
-            raise TypeError("WindowedHistogram.__init__ may only be called once")
-        self._window_s = window
-        self._slices = count
-        self._slice_ns = slice_ns
-        self._total = LatencyHistogram()
-        if pthread_mutex_init(&self._rotate_mutex, NULL) != 0:
-            raise MemoryError()
-        self._mutex_ready = True
-        self._epochs = <int64_t *>calloc(count, sizeof(int64_t))
+            raise RuntimeError("WindowedHistogram.__init__ called on a histogram already initialised")
+        if not self._mutex_ready:
+            if pthread_mutex_init(&self._rotate_mutex, NULL) != 0:
+                raise MemoryError()
+            self._mutex_ready = True
+        epochs = <int64_t *>calloc(count, sizeof(int64_t))
         ring = <prazo_hist *>calloc(count, sizeof(prazo_hist))
-        if self._epochs == NULL or ring == NULL:
+        if epochs == NULL or ring == NULL:
+            free(epochs)
             free(ring)
             raise MemoryError()
         for slot in range(count):
             prazo_hist_clear(&ring[slot])
             # An unused slot is empty, so its epoch only needs to be older than any real one.
-            self._epochs[slot] = INT64_MIN
+            epochs[slot] = INT64_MIN
+        self._window_s = window
+        self._slices = count
+        self._slice_ns = slice_ns
+        self._total = LatencyHistogram()
+        self._epochs = epochs
+        # Last: a ring that is not NULL means a usable window (record_ns_at checks it).
         self._ring = ring
 
     def __dealloc__(self):
@@ -325,7 +329,7 @@ cdef class WindowedHistogram:
 
     cdef int _ready(self) except -1:
         if self._ring == NULL:
-            raise TypeError("WindowedHistogram.__init__ was not called")
+            raise RuntimeError("WindowedHistogram not initialised (__init__ was not called or failed)")
         return 0
 
     @property
@@ -407,13 +411,11 @@ cdef class WindowedHistogram:
         finally:
             free(buffer)
 
-    cdef int64_t _live_copy(self, int64_t now_ns, prazo_hist *into) noexcept nogil:
-        """Add the live slices to ``into`` (when not NULL); return how many values they hold."""
+    cdef int64_t _live(self, int64_t now_ns, prazo_hist *into) noexcept nogil:
+        """Add the live slices to ``into`` (a private histogram, or NULL); return how many values they hold."""
         cdef int64_t oldest_excluded
         cdef int64_t total = 0
-        cdef int64_t count
         cdef int64_t slot
-        cdef prazo_hist copy
         oldest_excluded = prazo_window_oldest_excluded(prazo_floor_div(now_ns, self._slice_ns), self._slices)
         for slot in range(self._slices):
             if prazo_epoch_load(&self._epochs[slot]) <= oldest_excluded:
@@ -421,9 +423,7 @@ cdef class WindowedHistogram:
             if into == NULL:
                 total += prazo_hist_count(&self._ring[slot])
             else:
-                count = prazo_hist_load(&self._ring[slot], &copy)
-                prazo_hist_add(into, &copy, count)
-                total += count
+                total += prazo_hist_accumulate(into, &self._ring[slot])
         return total
 
     def snapshot(self, now_ns=None):
@@ -431,24 +431,41 @@ cdef class WindowedHistogram:
         cdef int64_t now = _now(now_ns)
         cdef LatencyHistogram merged = LatencyHistogram.__new__(LatencyHistogram)
         self._ready()
-        self._live_copy(now, &merged._h)
+        # No other thread can see `merged` yet, so it may be filled without atomics.
+        self._live(now, &merged._h)
         return merged
 
     def count(self, now_ns=None):
         """How many values the live window holds."""
         cdef int64_t now = _now(now_ns)
         self._ready()
-        return self._live_copy(now, NULL)
+        return self._live(now, NULL)
 
     def quantile(self, q, now_ns=None):
         """The ``q`` quantile of the live window, in ns; None when it is empty."""
-        _q_value(q)
-        return self.snapshot(now_ns).quantile(q)
+        cdef double value = _q_value(q)
+        cdef int64_t now = _now(now_ns)
+        cdef prazo_hist merged
+        cdef int64_t total
+        self._ready()
+        prazo_hist_clear(&merged)
+        total = self._live(now, &merged)
+        if total <= 0:
+            return None
+        return _quantile(&merged, total, value)
 
     def quantiles(self, qs=DEFAULT_QUANTILES, now_ns=None):
         """Several quantiles of the live window from one merged read."""
         cdef list checked = _checked_qs(qs)
-        return self.snapshot(now_ns).quantiles(checked)
+        cdef int64_t now = _now(now_ns)
+        cdef prazo_hist merged
+        cdef int64_t total
+        self._ready()
+        prazo_hist_clear(&merged)
+        total = self._live(now, &merged)
+        if total <= 0:
+            return tuple([None for _ in checked])
+        return tuple([_quantile(&merged, total, q) for q in checked])
 
     def reset(self):
         """Forget everything, the window and ``total`` alike."""

@@ -422,7 +422,10 @@ class WindowedHistogram:
     __slots__ = ("_epochs", "_ring", "_rotate_lock", "_slice_ns", "_slices", "_total", "_window_s")
 
     def __init__(self, window_s: float = 10.0, *, slices: int = 10) -> None:
-        self._window_s, self._slices, self._slice_ns = window_slice_ns(window_s, slices)
+        window_s, slices, slice_ns = window_slice_ns(window_s, slices)
+        if hasattr(self, "_ring"):
+            raise RuntimeError("WindowedHistogram.__init__ called on a histogram already initialised")
+        self._window_s, self._slices, self._slice_ns = window_s, slices, slice_ns
         self._ring = [LatencyHistogram() for _ in range(self._slices)]
         # An unused slot is empty, so its epoch only needs to be older than any real one.
         self._epochs = [_INT64_MIN] * self._slices

@@ -40,6 +40,8 @@ MAX_NS = 100 * SECOND
 INT64_MAX = 2**63 - 1
 # The relative error bound the layout guarantees (half a bucket of width 1/64).
 BOUND = 1 / 128
+# A fake monotonic "now" well away from zero.
+T0 = 1_000 * SECOND
 
 # Latencies from 1 µs to 100 s, the range the issue asks for, spread evenly over
 # the orders of magnitude (a uniform draw would almost never pick a microsecond).
@@ -419,6 +421,14 @@ def test_window_refuses_bad_clocks(hist: HistogramTwin) -> None:
         w.snapshot(now_ns="now")  # type: ignore[arg-type]
 
 
+def test_window_init_runs_once(hist: HistogramTwin) -> None:
+    w = hist.WindowedHistogram(1.0, slices=2)
+    w.record(MS, now_ns=T0)
+    with pytest.raises(RuntimeError, match="already initialised"):
+        w.__init__(5.0, slices=3)  # type: ignore[misc]
+    assert (w.window_s, w.slices, w.count(now_ns=T0)) == (1.0, 2, 1)
+
+
 def test_window_parameters_are_reported(hist: HistogramTwin) -> None:
     w = hist.WindowedHistogram(2.5, slices=5)
     assert (w.window_s, w.slices, w.slice_ns) == (2.5, 5, SECOND // 2)
@@ -428,8 +438,6 @@ def test_window_parameters_are_reported(hist: HistogramTwin) -> None:
 
 
 # --- the window, on a fake clock -----------------------------------------------------------
-
-T0 = 1_000 * SECOND
 
 
 def test_values_older_than_the_window_are_gone_and_recent_ones_stay(hist: HistogramTwin) -> None:
