@@ -41,6 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from prazo.core import NS_PER_SECOND
 
+from .dependency import Dependency
 from .wsgi import Environ, StartResponse, WSGIApp
 
 __all__ = [
@@ -112,6 +113,7 @@ _SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "prazo_dependency_unavailable": (_COUNTER, _D, "Calls answered DependencyUnavailable (503)."),
     "prazo_dependency_hedges_sent": (_COUNTER, _D, "Hedged second attempts started."),
     "prazo_dependency_hedges_won": (_COUNTER, _D, "Hedged attempts that answered first."),
+    "prazo_dependency_late_results": (_COUNTER, _D, "Attempts that returned after their caller stopped waiting."),
     "prazo_dependency_in_flight": (
         _GAUGE,
         _D,
@@ -121,6 +123,7 @@ _SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "prazo_dependency_saturation": (_GAUGE, _D, "in_flight / max_concurrent: at 1 every further call is rejected."),
     "prazo_dependency_threads": (_GAUGE, _D, "Threads the dependency runs calls on."),
     "prazo_dependency_lkg_entries": (_GAUGE, _D, "Last-known-good values kept."),
+    "prazo_dependency_timeout_seconds": (_GAUGE, _D, "The timeout a call starting now gets (adaptive ones move)."),
     "prazo_dependency_breaker_state": (_GAUGE, (*_D, "state"), "1 for the breaker's current state, 0 for the others."),
     "prazo_dependency_latency_seconds": (
         _GAUGE,
@@ -179,6 +182,7 @@ _DEPENDENCY_KEYS = {
     "prazo_dependency_unavailable": "unavailable",
     "prazo_dependency_hedges_sent": "hedges_sent",
     "prazo_dependency_hedges_won": "hedges_won",
+    "prazo_dependency_late_results": "late_results",
     "prazo_dependency_in_flight": "in_flight",
     "prazo_dependency_max_concurrent": "max_concurrent",
     "prazo_dependency_saturation": "saturation",
@@ -290,6 +294,7 @@ def _add_dependency(families: _Families, name: str, stats: Mapping[str, Any], hi
         families[family].add_metric(labels, stats[key])
     for state in _BREAKER_STATES:
         families["prazo_dependency_breaker_state"].add_metric([name, state], float(stats["breaker_state"] == state))
+    families["prazo_dependency_timeout_seconds"].add_metric(labels, stats["timeout_ms"] / 1000)
     for quantile, key in _QUANTILE_KEYS.items():
         value = stats[key]
         seconds = float("nan") if value is None else value / 1000
@@ -372,17 +377,19 @@ class PrazoCollector:
         """
         self._add_admission(name, _stats_owner(server))
 
-    def add_dependency(self, dependency: Any, name: str | None = None) -> None:
+    def add_dependency(self, dependency: Dependency, name: str | None = None) -> None:
         """Export a ``prazo.bindings.dependency.Dependency`` as ``dependency=dependency.name`` (or ``name``)."""
-        if not callable(getattr(dependency, "stats", None)) or not hasattr(dependency, "histogram"):
-            raise TypeError(f"dependency must be a Dependency, not {type(dependency).__name__}")
+        if not isinstance(dependency, Dependency):
+            raise TypeError(
+                f"dependency must be a prazo.bindings.dependency.Dependency, not {type(dependency).__name__}"
+            )
         self._add(self._dependencies, _check_name(dependency.name if name is None else name), dependency)
 
     def remove(self, name: str) -> None:
-        """Stop exporting whatever is registered as ``name`` (queue-like or dependency); KeyError if none."""
+        """Stop exporting what is registered as ``name`` (an admission point, a dependency, or both); KeyError if none."""
         with self._lock:
-            removed = self._queues.pop(name, None) or self._dependencies.pop(name, None)
-        if removed is None:
+            found = [table.pop(name) for table in (self._queues, self._dependencies) if name in table]
+        if not found:
             raise KeyError(name)
 
     def names(self) -> dict[str, list[str]]:
@@ -443,7 +450,7 @@ def collector_for(registry: CollectorRegistry | None = None) -> PrazoCollector:
         return collector
 
 
-def register(*dependencies: Any, registry: CollectorRegistry | None = None, **named: Any) -> PrazoCollector:
+def register(*dependencies: Dependency, registry: CollectorRegistry | None = None, **named: Any) -> PrazoCollector:
     """Export ``dependencies`` (each names itself) and every ``name=thing``; return the collector.
 
     ``thing`` may be an ``AdmissionMiddleware``, an ``AdmissionPool``, an

@@ -172,6 +172,9 @@ class BoundedThreads:
                 del exc
             finally:
                 place.release()
+            # Not kept while idle: the task holds its call (arguments, value)
+            # and the Dependency itself, which could otherwise never be collected.
+            del task, place
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no place is held (for tests and shutdown); False on timeout."""
