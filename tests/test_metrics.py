@@ -778,3 +778,61 @@ def test_alert_rules_parse_and_use_only_exported_names(registry: CollectorRegist
         if "histogram_quantile" in expr:
             assert re.search(r"histogram_quantile\(\s*0\.99\s*,", expr), expr
             assert all(names.get(i) == "histogram" for i in identifiers if i.endswith("_bucket") and i in names), expr
+
+
+# -- the README -------------------------------------------------------------------------
+
+
+def metrics_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Metrics\n")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def test_the_readme_recipe_runs_and_serves_metrics_beside_the_service() -> None:
+    recipe = re.search(r"```python\n(.*?)```", metrics_section(), re.DOTALL)
+    assert recipe is not None
+    check = textwrap.dedent(
+        """
+        from werkzeug.test import Client
+        client = Client(app)
+        assert client.get("/").get_data() == b"hello\\n"
+        assert recommendations.call(lambda: "recs") == "recs"
+        assert thumbnails.submit(int).result(10) == 0
+        response = client.get("/metrics")
+        assert response.status_code == 200, response.status
+        body = response.get_data(as_text=True)
+        for line in (
+            'prazo_queue_completed_total{queue="api"} 1.0',
+            'prazo_request_duration_seconds_count{queue="api"} 1.0',
+            'prazo_dependency_calls_total{dependency="recommendations",outcome="ok"} 1.0',
+            'prazo_queue_offered_total{queue="thumbnails"} 1.0',
+        ):
+            assert line in body, line
+        assert api.stats()["offered"] == 1  # the scrape never went through the admission queue
+        thumbnails.shutdown()
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", recipe.group(1) + check],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+def test_the_readme_table_names_every_family() -> None:
+    section = metrics_section()
+    table = section[section.index("| metric | type |") : section.index("### Alerting")]
+    listed: set[str] = set()
+    for row in table.strip().splitlines()[2:]:
+        # "`prazo_queue_in_flight`, `_assigned`, ...": the short names continue the first one's prefix.
+        names = re.findall(r"`([a-z_]+)`", row.split("|")[1])
+        prefix = "_".join(names[0].split("_")[:2])
+        listed.update(name if name.startswith("prazo_") else prefix + name for name in names)
+    families = {name.removesuffix("_total") for name in listed}
+    assert families == set(METRIC_NAMES), families ^ set(METRIC_NAMES)
