@@ -34,6 +34,7 @@ CORE_SUITE = [
     "test_queue_threads.py",
     "test_queue_waiters.py",
     "test_queue_stats_gc.py",
+    "test_histogram.py",
     "test_seed_scenario.py",
     "test_deadline.py",
     "test_errors.py",
@@ -52,6 +53,10 @@ SDIST_REQUIRED = [
     "core/_queue_c.pyi",
     "core/prazo_sync.h",
     "core/prazo_slots.h",
+    "core/_histogram_c.pyx",
+    "core/_histogram_c.pxd",
+    "core/_histogram_c.pyi",
+    "core/prazo_histogram.h",
     "core/py.typed",
     "bindings/_wsgi_c.pyx",
     "bindings/_wsgi_c.pyi",
@@ -64,6 +69,9 @@ SDIST_REQUIRED = [
 WHEEL_REQUIRED = [
     "prazo/core/_queue_c.pyi",
     "prazo/core/_queue_c.pxd",
+    "prazo/core/_histogram_c.pyi",
+    "prazo/core/_histogram_c.pxd",
+    "prazo/core/prazo_histogram.h",
     "prazo/core/py.typed",
     "prazo/bindings/_wsgi_c.pyi",
     "prazo/bindings/py.typed",
@@ -75,13 +83,13 @@ WHEEL_REQUIRED = [
     "prazo/bench/RESULTS.md",
     "prazo/bench/py.typed",
 ]
-WHEEL_EXTENSIONS = ["prazo/core/_queue_c.", "prazo/bindings/_wsgi_c."]
+WHEEL_EXTENSIONS = ["prazo/core/_queue_c.", "prazo/core/_histogram_c.", "prazo/bindings/_wsgi_c."]
 
 # prazo comes from the virtualenv, both compiled modules load, the C twin is the one
 # prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
 CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
 CHECK_COMPILED = CHECK_INSTALLED + (
-    "import prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
+    "import prazo.core._histogram_c, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
     "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION"
 )
 CHECK_PYTHON_TWIN = CHECK_INSTALLED + "import prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
