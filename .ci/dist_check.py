@@ -79,6 +79,7 @@ WHEEL_REQUIRED = [
     # prazo.bench holds the `prazo` command itself.
     "prazo/bindings/servers/dispatcher.py",
     "prazo/bindings/clients/requests.py",
+    "prazo/bindings/dependency/breaker.py",
     "prazo/bench/cli.py",
     "prazo/bench/RESULTS.md",
     "prazo/bench/py.typed",

@@ -324,6 +324,42 @@ def test_a_result_with_no_probe_outstanding_is_ignored() -> None:
     assert stats["probes_reported"] == 0
 
 
+def test_a_straggler_from_before_the_opening_stands_in_for_a_probe() -> None:
+    """Documented limit of a token-less API: a call admitted while closed that reports in half-open counts as a probe."""
+    breaker = small(half_open_calls=1)
+    assert breaker.try_acquire(T0)  # admitted while closed, then hangs
+    open_it(breaker)
+    now = T0 + 5 * NS_PER_SECOND
+    assert breaker.try_acquire(now)  # the one probe
+    breaker.on_success(now - T0, now)  # the straggler returns: 5 s, slow
+    stats = breaker.stats(now)
+    assert stats["state"] == "open"  # judged as a slow probe: errs towards staying open
+    assert stats["opened"] == 2
+    breaker.on_success(FAST, now)  # the real probe, now too late
+    assert breaker.stats(now)["ignored"] == 1
+
+
+def test_stats_keys() -> None:
+    assert set(small().stats(T0)) == {
+        "state",
+        "calls",
+        "failed_calls",
+        "slow_calls",
+        "failure_rate",
+        "slow_rate",
+        "probes_in_flight",
+        "probes_reported",
+        "opened",
+        "rejected",
+        "permitted",
+        "successes",
+        "failures",
+        "slow",
+        "ignored",
+        "released",
+    }
+
+
 def test_reset_closes_and_clears_the_window_but_keeps_totals() -> None:
     breaker = small()
     open_it(breaker)

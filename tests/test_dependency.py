@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextvars
 import math
+import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,6 +220,12 @@ def test_fn_must_be_callable_and_keys_hashable() -> None:
         dep.call(42)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="key"):
         dep.call(lambda: 1, key=["not", "hashable"])  # type: ignore[arg-type]
+
+    async def coroutine_function() -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="coroutine"):
+        dep.call(coroutine_function)
     with pytest.raises(TypeError, match="idempotent"):
         dep.call(lambda: 1, idempotent="yes")  # type: ignore[arg-type]
     assert dep.stats()["calls"] == 0
@@ -234,6 +242,8 @@ def test_fn_must_be_callable_and_keys_hashable() -> None:
         ({"timeout_ms": math.nan}, ValueError, "timeout_ms"),
         ({"timeout_ms": math.inf}, ValueError, "timeout_ms"),
         ({"timeout_ms": "100"}, TypeError, "timeout_ms"),
+        ({"timeout_ms": 1e12}, ValueError, "timeout_ms"),
+        ({"hedge": 1e12}, ValueError, "hedge"),
         ({"stale_for_s": -1}, ValueError, "stale_for_s"),
         ({"stale_for_s": math.nan}, ValueError, "stale_for_s"),
         ({"stale_for_s": "10"}, TypeError, "stale_for_s"),
@@ -605,3 +615,126 @@ def test_adaptive_timeout_refuses_wrong_arguments_by_name(
 ) -> None:
     with pytest.raises(error, match=name):
         AdaptiveTimeout(**kwargs)
+
+
+# -- hard cases: no thread, fork -------------------------------------------------
+
+
+def test_a_refused_thread_is_a_503_and_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = Dependency("no-threads", max_concurrent=2, timeout_ms=1000, stale_for_s=60)
+    dep.call(lambda: "good", key="k")
+    assert dep.wait_idle(JOIN_TIMEOUT_S)
+    wait_until(lambda: dep.stats()["threads"] == 1, "the first thread to be idle")
+    # The idle thread takes the next call; a second one at once needs a new thread.
+    release = threading.Event()
+    holding = spawn(dep.call, release.wait, JOIN_TIMEOUT_S)
+    wait_until(lambda: dep.stats()["in_flight"] == 1, "the idle thread to be busy")
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(DependencyUnavailable) as caught:
+        dep.call(lambda: "never")
+    assert caught.value.reason == "dependency-unavailable"
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    stale = dep.call_detailed(lambda: "never", key="k")
+    assert (stale.value, stale.stale, stale.outcome) == ("good", True, "bulkhead_full")
+    monkeypatch.undo()
+    stats = dep.stats()
+    assert stats["in_flight"] == 1 and stats["threads"] == 1
+    release.set()
+    assert holding.result(JOIN_TIMEOUT_S) is True
+    assert dep.call(lambda: "again") == "again"
+    assert_accounted(dep)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_with_the_whole_bulkhead(hang: Hang) -> None:
+    dep = Dependency("forked", max_concurrent=2, timeout_ms=50)
+    dep.call(lambda: 1)
+    with pytest.raises(DependencyUnavailable):
+        dep.call(hang)  # holds a place, in the parent only
+    assert dep.stats()["in_flight"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+): this is what it tests
+        pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        code = 1
+        try:
+            stats = dep.stats()
+            first = dep.call(lambda: 40)
+            second = dep.call(lambda: 2)
+            if stats["in_flight"] == 0 and stats["threads"] == 0 and first + second == 42:
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert dep.stats()["in_flight"] == 1
+
+
+def test_no_caller_waits_past_its_budget_under_concurrency() -> None:
+    import random
+
+    rng = random.Random(7)
+    dep = Dependency("mixed", max_concurrent=8, timeout_ms=80, stale_for_s=60, hedge=20, max_hedge_ratio=0.3)
+    overruns: list[float] = []
+    lock = threading.Lock()
+
+    def slow(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    def caller(seed: int) -> None:
+        local = random.Random(seed)
+        for _ in range(15):
+            budget_ms = local.choice([30, 60, 200])
+            began = time.monotonic()
+            with deadline_scope(Deadline.after_ms(budget_ms)):
+                try:
+                    dep.call(
+                        slow,
+                        local.choice([0.0, 0.01, 0.05, 2.0]),
+                        key=local.randrange(4),
+                        idempotent=local.random() < 0.5,
+                    )
+                except (DependencyUnavailable, DeadlineExceeded):
+                    pass
+            waited_ms = (time.monotonic() - began) * 1000
+            with lock:
+                overruns.append(waited_ms - min(budget_ms, 80))
+
+    threads = [threading.Thread(target=caller, args=(rng.randrange(2**16),)) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT_S)
+    assert len(overruns) == 16 * 15
+    # A loaded machine is slow, hence the margin; a caller held by fn would be 2 s over.
+    assert max(overruns) < 500
+    assert dep.wait_idle(JOIN_TIMEOUT_S)
+    stats = dep.stats()
+    assert stats["threads"] <= 8 and stats["in_flight"] == 0
+    assert_accounted(dep)
+
+
+def test_an_idle_thread_keeps_neither_the_dependency_nor_the_last_call_alive() -> None:
+    import gc
+    import weakref
+
+    class Value:
+        pass
+
+    def used_once() -> tuple[weakref.ref[Dependency], weakref.ref[Value]]:
+        dep = Dependency("collected", max_concurrent=2, timeout_ms=2000, thread_idle_s=60)
+        value = Value()
+        assert dep.call(lambda v: v, value) is value
+        assert dep.wait_idle(JOIN_TIMEOUT_S)
+        wait_until(lambda: dep.stats()["threads"] == 1, "the thread to be idle")
+        return weakref.ref(dep), weakref.ref(value)
+
+    dep_ref, value_ref = used_once()
+    wait_until(
+        lambda: gc.collect() >= 0 and dep_ref() is None and value_ref() is None, "the dependency to be collected"
+    )

@@ -1,7 +1,10 @@
-"""The examples in docs/dependency-breaker.md run as written and print what they say.
+"""The breaker and last-known-good examples run as written and print what they say.
 
-Each ``python`` block runs in a fresh namespace: one with ``>>>`` prompts as a
-doctest (its outputs are checked), one without as a script.
+They live in docs/dependency-breaker.md until that text is merged into the
+README, so the section is taken from whichever holds "#### Circuit breaker",
+up to the first heading after "#### Last-known-good". Each ``python`` block
+runs in a fresh namespace: one with ``>>>`` prompts as a doctest (its outputs
+are checked), one without as a script.
 """
 
 from __future__ import annotations
@@ -12,8 +15,32 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "dependency-breaker.md"
-BLOCKS = re.findall(r"^```python\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+ROOT = Path(__file__).resolve().parents[1]
+FIRST, LAST = "#### Circuit breaker", "#### Last-known-good"
+
+
+def section() -> tuple[Path, str]:
+    for path in (ROOT / "docs" / "dependency-breaker.md", ROOT / "README.md"):
+        if not path.exists():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.strip() == FIRST]
+        if not starts:
+            continue
+        taken, fenced, seen_last = [], False, False
+        for line in lines[starts[0] :]:
+            if line.startswith("```"):
+                fenced = not fenced
+            elif seen_last and not fenced and re.match(r"#{1,4} ", line) and line.strip() not in (FIRST, LAST):
+                break
+            seen_last = seen_last or line.strip() == LAST
+            taken.append(line)
+        return path, "".join(taken)
+    pytest.fail(f"no {FIRST!r} section in docs/dependency-breaker.md or README.md")
+
+
+DOC, TEXT = section()
+BLOCKS = re.findall(r"^```python\n(.*?)^```$", TEXT, re.MULTILINE | re.DOTALL)
 
 
 def test_the_doc_has_examples() -> None:

@@ -7,6 +7,7 @@ and on which attempt answered, never on how fast.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -14,8 +15,10 @@ from typing import Any
 
 import pytest
 from _helpers import JOIN_TIMEOUT_S, spawn, wait_until
+from hypothesis import given
+from hypothesis import strategies as st
 from prazo.bindings.dependency import Attempt, Dependency, current_attempt
-from prazo.bindings.dependency.hedging import HEDGE_MIN_SAMPLES, HedgeBudget, HedgePolicy
+from prazo.bindings.dependency.hedging import HEDGE_BURST, HEDGE_MIN_SAMPLES, HedgeBudget, HedgePolicy
 from prazo.core import current_deadline
 
 
@@ -225,3 +228,23 @@ def test_hedge_policy_parses_its_argument() -> None:
     assert HedgePolicy("p99").enabled and HedgePolicy(2.5).enabled
     with pytest.raises(ValueError, match="hedge"):
         HedgePolicy("95")
+
+
+@given(
+    ratio=st.floats(0, 1),
+    steps=st.lists(st.sampled_from(["credit", "take", "refund-if-taken"]), max_size=300),
+)
+def test_hedges_never_exceed_the_ratio_of_calls(ratio: float, steps: list[str]) -> None:
+    budget = HedgeBudget(ratio)
+    credits = taken = 0
+    for step in steps:
+        if step == "credit":
+            budget.credit()
+            credits += 1
+        elif step == "take":
+            taken += budget.take()
+        elif taken and budget.tokens <= HEDGE_BURST - 1:
+            budget.refund()  # a hedge taken but never started gives its token back
+            taken -= 1
+        assert 0 <= budget.tokens <= HEDGE_BURST
+        assert taken <= math.floor(round(ratio * 1_000_000) * credits / 1_000_000)

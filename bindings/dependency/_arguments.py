@@ -21,7 +21,8 @@ def check_count(value: object, name: str, minimum: int = 1) -> int:
 
 def check_real(value: object, name: str) -> float:
     """A real number (never a bool) that is not NaN, as a float."""
-    if isinstance(value, bool) or not isinstance(value, Real):
+    # int and float first: the Real ABC check costs more than the rest of a LastKnownGood.get.
+    if type(value) is not float and type(value) is not int and (isinstance(value, bool) or not isinstance(value, Real)):
         raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
     as_float = float(value)
     if math.isnan(as_float):

@@ -28,11 +28,12 @@ States and transitions::
   ``release()`` hands an unused probe permit back to the pool.
 
 Without a permit token a result cannot say when its permit was taken: in
-half-open it is attributed to an outstanding probe. A call admitted while the
-breaker was still closed that reports during half-open therefore stands in
-for a probe (it is usually a slow or failed straggler, so the breaker errs
-towards staying open), and the number of probes the breaker has outstanding,
-never above ``half_open_calls``, may then undercount the calls really running.
+half-open it is counted for an outstanding probe, even when it comes from a
+call admitted before the breaker opened (one reporting more than
+``open_for_s`` after its permit). Such a straggler counts as slow whenever
+``slow_call_ms`` <= ``open_for_s``, so the mistake errs towards re-opening, and it can make the probes the breaker counts
+outstanding — never more than ``half_open_calls`` — fewer than the calls
+really running. A dependency timeout below ``open_for_s`` keeps it rare.
 
 ``window`` counts calls; ``window_s`` (optional) also bounds their age: a
 result older than ``window_s`` leaves the window, evicted lazily when the

@@ -43,6 +43,7 @@ last-known-good value instead when one is young enough (``stale_for_s``);
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -416,6 +417,9 @@ class Dependency:
         """Like ``call``, returning a ``CallResult``: the value, whether it is stale and how old, the outcome."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            # Its call would only make a coroutine, which no thread ever awaits.
+            raise TypeError("fn must be a blocking callable, not a coroutine function")
         if not isinstance(idempotent, bool):
             raise TypeError(f"idempotent must be a bool, not {type(idempotent).__name__}")
         if key is not None:

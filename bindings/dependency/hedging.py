@@ -3,9 +3,9 @@
 ``HedgePolicy`` turns the ``hedge`` argument into a delay: a fixed number of
 milliseconds, or a live quantile (``"p95"``: after the time 95 % of recent
 calls took, a call is late enough that a second copy on another instance is
-likely to answer first). A quantile delay needs ``min_samples`` calls in the
-live window; before that no hedge is sent — a p95 of three samples would
-hedge at random.
+likely to answer first). A quantile delay needs ``HEDGE_MIN_SAMPLES`` calls in
+the live window; before that no hedge is sent — a p95 of three samples would
+hedge at random — and is never under 1 ms.
 
 ``HedgeBudget`` caps the extra load: a token bucket in which every call
 admitted to run adds ``ratio`` of a token and a hedge spends one whole token;
@@ -24,12 +24,16 @@ from prazo.core import NS_PER_MS
 
 from .timeouts import QUANTILES, LiveQuantiles, check_quantile_name, positive_ms
 
-__all__ = ["HEDGE_BURST", "HEDGE_MIN_SAMPLES", "HedgeBudget", "HedgePolicy", "check_ratio"]
+__all__ = ["HEDGE_BURST", "HEDGE_MIN_DELAY_NS", "HEDGE_MIN_SAMPLES", "HedgeBudget", "HedgePolicy", "check_ratio"]
 
 # Tokens the bucket can save up: the longest burst of back-to-back hedges.
 HEDGE_BURST = 10
 # Calls the live window must hold before a quantile names a hedge delay.
 HEDGE_MIN_SAMPLES = 20
+# The shortest delay a quantile may name: below a millisecond the hand-over to
+# a dependency thread is a large part of the latency, and a hedge would only
+# double the load of a dependency that is fast anyway.
+HEDGE_MIN_DELAY_NS = NS_PER_MS
 _MICRO = 1_000_000
 
 
@@ -110,7 +114,7 @@ class HedgePolicy:
         value_ns, samples = quantiles.get(self._q, now_ns)
         if value_ns is None or samples < HEDGE_MIN_SAMPLES:
             return None
-        return max(1, value_ns)
+        return max(HEDGE_MIN_DELAY_NS, value_ns)
 
     def __repr__(self) -> str:
         return f"HedgePolicy({self.spec!r})"

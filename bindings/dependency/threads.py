@@ -13,7 +13,10 @@ calls are refused instead of piling up behind it.
 Threads start lazily (one when a task arrives and none is idle) and an idle
 thread exits after ``idle_s`` seconds, so a dependency that is rarely called
 costs no threads. They are daemon threads: a call that hangs forever must not
-keep the interpreter from exiting (the caller has long been answered).
+keep the interpreter from exiting (the caller has long been answered). A
+forked child starts with an empty thread set (its parent's threads do not
+exist there), so a service forked after making calls (gunicorn ``--preload``)
+gets the whole bulkhead.
 
 The task is given a ``release`` callable: calling it gives the place back
 before the task's own tail (publishing its result), so a caller that sees the
@@ -23,9 +26,10 @@ held for a moment. The thread set calls it itself if the task did not.
 
 from __future__ import annotations
 
-import math
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from numbers import Real
@@ -35,30 +39,46 @@ __all__ = ["BoundedThreads", "Task"]
 # What a task receives: call it once to give the place back early.
 Task = Callable[[Callable[[], None]], None]
 
+# Every thread set, so a forked child can start from nothing (below).
+_instances: weakref.WeakSet[BoundedThreads] = weakref.WeakSet()
+
+
+def _forget_threads_after_fork() -> None:
+    # A forked child has only the thread that forked: the others' places and
+    # idle slots would be counted forever (gunicorn --preload forks after the
+    # app may have made calls), so every thread set starts again empty.
+    for threads in list(_instances):
+        threads._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads_after_fork)
+
 
 def _check_idle_s(idle_s: object) -> float:
     if isinstance(idle_s, bool) or not isinstance(idle_s, Real):
         raise TypeError(f"idle_s must be a real number, not {type(idle_s).__name__}")
     as_float = float(idle_s)
-    if not 0 < as_float < math.inf:  # NaN fails this too
-        raise ValueError(f"idle_s must be > 0 and finite, got {as_float!r}")
+    if not 0 < as_float <= 86_400:  # NaN and infinities fail this too
+        raise ValueError(f"idle_s must be > 0 and at most 86400 (a day), got {as_float!r}")
     return as_float
 
 
 class _Place:
     """One bulkhead place; ``release`` gives it back exactly once."""
 
-    __slots__ = ("_owner", "_released")
+    __slots__ = ("_generation", "_owner", "_released")
 
     def __init__(self, owner: BoundedThreads) -> None:
         self._owner = owner
+        self._generation = owner._generation
         self._released = False
 
     def release(self) -> None:
         owner = self._owner
         with owner._cond:
-            if self._released:
-                return
+            if self._released or self._generation != owner._generation:
+                return  # released already, or taken before a fork reset the set
             self._released = True
             # The thread finishing this task counts as waiting from now on:
             # a task handed over in the meantime is its next one, so a thread
@@ -104,6 +124,17 @@ class BoundedThreads:
         self._waiting = 0
         self._threads = 0
         self._started = 0
+        self._generation = 0
+        _instances.add(self)
+
+    def _reset(self) -> None:
+        """Forget every thread and place (in a forked child, where those threads do not exist)."""
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
+        self._tasks = deque()
+        self._running = self._waiting = self._threads = 0
+        self._generation += 1
 
     @property
     def max_threads(self) -> int:
@@ -148,8 +179,11 @@ class BoundedThreads:
             return True
 
     def _work(self) -> None:
-        cond = self._cond
+        generation = self._generation
         while True:
+            if self._generation != generation:
+                return  # a forked child that went on in this thread: the reset set does not count it
+            cond = self._cond
             with cond:
                 idle_until = time.monotonic() + self._idle_s
                 while not self._tasks:

@@ -23,7 +23,7 @@ from numbers import Real
 
 from prazo.core import NS_PER_MS, LatencyHistogram, WindowedHistogram
 
-__all__ = ["QUANTILES", "AdaptiveTimeout", "LiveQuantiles", "check_quantile_name", "positive_ms"]
+__all__ = ["MAX_MS", "QUANTILES", "AdaptiveTimeout", "LiveQuantiles", "check_quantile_name", "positive_ms"]
 
 # The quantile names a Dependency understands, and the fraction each means.
 QUANTILES: dict[str, float] = {"p50": 0.5, "p75": 0.75, "p90": 0.9, "p95": 0.95, "p99": 0.99, "p999": 0.999}
@@ -38,13 +38,18 @@ def check_quantile_name(value: object, name: str) -> float:
     return QUANTILES[value]
 
 
+# The longest duration any of these arguments may name: one day. Anything
+# longer is a mistake, not a timeout, and would overflow the waits.
+MAX_MS = 86_400_000.0
+
+
 def positive_ms(value: object, name: str) -> float:
-    """A finite real number of milliseconds > 0 (bools refused)."""
+    """A real number of milliseconds, > 0 and at most ``MAX_MS`` (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number of milliseconds, not {type(value).__name__}")
     as_float = float(value)
-    if not 0.0 < as_float < math.inf:  # NaN fails this too
-        raise ValueError(f"{name} must be > 0 and finite, got {as_float!r}")
+    if not 0.0 < as_float <= MAX_MS:  # NaN and infinities fail this too
+        raise ValueError(f"{name} must be > 0 and at most {MAX_MS:.0f} ms (a day), got {as_float!r}")
     return as_float
 
 
