@@ -53,6 +53,7 @@ __all__ = [
     "POOL_COMPETITORS",
     "POOL_SPEEDUP_TARGET",
     "QUICK_POOL",
+    "RECORDING_POOL",
     "PoolBatch",
     "PoolBenchReport",
     "PoolBenchSettings",
@@ -104,6 +105,10 @@ def _admission_pool(settings: PoolBenchSettings) -> Executor:
     return AdmissionPool(settings.workers, settings.tasks)
 
 
+def _recording_admission_pool(settings: PoolBenchSettings) -> Executor:
+    return AdmissionPool(settings.workers, settings.tasks, record_latency=True)
+
+
 def _submit_plain(pool: Executor, tasks: int) -> list[Future[None]]:
     submit = pool.submit
     return [submit(noop) for _ in range(tasks)]
@@ -135,6 +140,15 @@ POOL_COMPETITORS = (
     PoolCompetitor("submit-until", "AdmissionPool.submit_until(d, fn)", _admission_pool, _submit_until),
     PoolCompetitor("deadline-scope", "AdmissionPool.submit(fn) in deadline_scope", _admission_pool, _submit_in_scope),
     PoolCompetitor("no-deadline", "AdmissionPool.submit(fn), no deadline", _admission_pool, _submit_plain),
+)
+
+# The submit-until row with latency recording on (pytest-benchmark suite only):
+# the difference is what recording each task's duration and queue wait costs.
+RECORDING_POOL = PoolCompetitor(
+    "submit-until-record-latency",
+    "AdmissionPool(record_latency=True).submit_until(d, fn)",
+    _recording_admission_pool,
+    _submit_until,
 )
 
 

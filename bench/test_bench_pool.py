@@ -14,13 +14,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prazo.bench.pool import GROUP_POOL, POOL_COMPETITORS, PoolBatch, PoolBenchSettings, collect_garbage, open_batch
+from prazo.bench.pool import (
+    GROUP_POOL,
+    POOL_COMPETITORS,
+    RECORDING_POOL,
+    PoolBatch,
+    PoolBenchSettings,
+    collect_garbage,
+    open_batch,
+)
 
 SETTINGS = PoolBenchSettings()
 ROUNDS = 5
 
 
-@pytest.fixture(params=POOL_COMPETITORS, ids=[competitor.key for competitor in POOL_COMPETITORS])
+COMPETITORS = (*POOL_COMPETITORS, RECORDING_POOL)
+
+
+@pytest.fixture(params=COMPETITORS, ids=[competitor.key for competitor in COMPETITORS])
 def pool_batch(request: pytest.FixtureRequest) -> Iterator[PoolBatch]:
     """A warmed-up pool of one competitor, shut down after the benchmark."""
     with open_batch(request.param, SETTINGS) as batch:

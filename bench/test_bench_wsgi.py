@@ -52,3 +52,14 @@ def test_wsgi_admission_middleware(
     if fast_path is False and not middleware_for(kind.app, twin).fast_path:
         pytest.skip("this twin runs the Python path as built already")
     loop_benchmark(middleware_requests(kind, twin, fast_path=fast_path), _group(kind))
+
+
+@kinds
+@pytest.mark.parametrize("fast_path", [None, False], ids=["as-built", "python-path"])
+def test_wsgi_admission_middleware_record_latency(
+    loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind, fast_path: bool | None
+) -> None:
+    """The rows above with ``record_latency=True``: the difference is what the two histogram records cost."""
+    if fast_path is False and not middleware_for(kind.app, twin).fast_path:
+        pytest.skip("this twin runs the Python path as built already")
+    loop_benchmark(middleware_requests(kind, twin, fast_path=fast_path, record_latency=True), _group(kind))

@@ -252,11 +252,12 @@ def semaphore_requests(kind: RequestKind) -> LoopRunner:
     return serve_requests(SemaphoreLimiter(kind.app, _BENCH_CONCURRENCY), minimal_environ(budget_ms=kind.budget_ms))
 
 
-def middleware_requests(kind: RequestKind, queue_class: QueueClass, *, fast_path: bool | None = None) -> LoopRunner:
+def middleware_requests(
+    kind: RequestKind, queue_class: QueueClass, *, fast_path: bool | None = None, record_latency: bool = False
+) -> LoopRunner:
     """Requests of ``kind`` served through ``AdmissionMiddleware`` on the twin ``queue_class``."""
-    return serve_requests(
-        middleware_for(kind.app, queue_class, fast_path=fast_path), minimal_environ(budget_ms=kind.budget_ms)
-    )
+    middleware = middleware_for(kind.app, queue_class, fast_path=fast_path, record_latency=record_latency)
+    return serve_requests(middleware, minimal_environ(budget_ms=kind.budget_ms))
 
 
 def _python_path_key(twin: str) -> str:

@@ -31,6 +31,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.stdint cimport int64_t, INT64_MAX
 
+from prazo.core._histogram_c cimport LatencyHistogram
 from prazo.core._queue_c cimport AdmissionQueue, prazo_monotonic_ns
 
 from prazo.bindings.headers import (
@@ -50,7 +51,7 @@ from prazo.core import (
     deadline_context,
 )
 
-__all__ = ["CompiledPath", "ListBody", "serve", "supports"]
+__all__ = ["CompiledPath", "ListBody", "TimedQueueRelease", "serve", "supports"]
 
 
 cdef extern from "prazo_slots.h":
@@ -214,6 +215,8 @@ cdef class ListBody:
     cdef Py_ssize_t _index
     cdef Py_ssize_t _length
     cdef AdmissionQueue _queue   # holds the slot; None once released
+    cdef LatencyHistogram _duration  # where the request's duration goes; None while latency recording is off
+    cdef int64_t _arrival_ns
 
     def __len__(self):
         return self._length
@@ -251,7 +254,13 @@ cdef class ListBody:
             return 0
         self._queue = None
         self._items = None
-        return queue._release(-1, True)
+        if self._duration is None:
+            return queue._release(-1, True)
+        try:
+            queue._release(-1, True)
+        finally:
+            _record_since(self._duration, self._arrival_ns)
+        return 0
 
 
 @cython.final
@@ -270,6 +279,8 @@ cdef class CompiledPath:
     cdef double _max_budget_ms
     cdef object _counters
     cdef object _retry_after_s
+    cdef LatencyHistogram _duration     # the C twin's histograms, None while latency recording is off
+    cdef LatencyHistogram _queue_wait
 
     def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s):
         _bind_python_side()
@@ -281,6 +292,17 @@ cdef class CompiledPath:
         self._max_budget_ms = policy.max_budget_ms
         self._counters = counters
         self._retry_after_s = retry_after_s
+        self._duration = None
+        self._queue_wait = None
+
+    def record_latency(self, LatencyHistogram request_duration not None, LatencyHistogram queue_wait not None):
+        """Record each admitted request into these two histograms of the C twin, as the Python path does.
+
+        Recorded with the histogram's C method (lock-free atomic increments),
+        not a Python call.
+        """
+        self._duration = request_duration
+        self._queue_wait = queue_wait
 
     cdef object _serve(self, object middleware, object environ, object start_response):
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
@@ -321,8 +343,11 @@ cdef class CompiledPath:
     cdef object _run_admitted(self, dict environ, object start_response, int64_t deadline_ns, int64_t arrival_ns):
         """``prazo.bindings.wsgi.run_admitted`` for a request holding a slot of ``self._queue``."""
         cdef object context, deadline, outer, result
+        cdef int64_t queue_wait_ns = prazo_monotonic_ns() - arrival_ns
+        if self._queue_wait is not None:
+            self._queue_wait.record_ns(queue_wait_ns if queue_wait_ns > 0 else 0)
         try:
-            environ[_QUEUE_WAIT_MS_KEY] = (prazo_monotonic_ns() - arrival_ns) / _NS_PER_MS
+            environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
             # deadline_context's rule: an earlier deadline already current wins.
             outer = get_value(_DEADLINE_VAR)
             if outer is not None and _deadline_ns(outer) <= deadline_ns:
@@ -338,23 +363,70 @@ cdef class CompiledPath:
             finally:
                 PyContext_Exit(context)
         except (DeadlineExceeded, DownstreamOverloaded) as exc:
-            self._queue._release(-1, True)
+            self._release_admitted(arrival_ns)
             return _refuse(exc, start_response, self._counters, self._retry_after_s)
         except BaseException:
-            self._queue._release(-1, True)
+            self._release_admitted(arrival_ns)
             raise
         if type(result) is list or type(result) is tuple:
-            return _list_body(result, self._queue)
-        return _AdmittedResponse(result, context, start_response, self._queue.release, self._counters,
-                                 self._retry_after_s)
+            return _list_body(result, self._queue, self._duration, arrival_ns)
+        release = self._queue.release
+        if self._duration is not None:
+            release = _timed_release(self._queue, self._duration, arrival_ns)
+        return _AdmittedResponse(result, context, start_response, release, self._counters, self._retry_after_s)
+
+    cdef int _release_admitted(self, int64_t arrival_ns) except -1:
+        """Give the slot back when the app raised (and record the request's duration when asked to)."""
+        if self._duration is None:
+            return self._queue._release(-1, True)
+        try:
+            self._queue._release(-1, True)
+        finally:
+            _record_since(self._duration, arrival_ns)
+        return 0
 
 
-cdef inline ListBody _list_body(object items, AdmissionQueue queue):
+cdef inline void _record_since(LatencyHistogram histogram, int64_t start_ns) noexcept:
+    """Record the time since ``start_ns`` (``record_ns`` takes no negative value)."""
+    cdef int64_t elapsed = prazo_monotonic_ns() - start_ns
+    histogram.record_ns(elapsed if elapsed > 0 else 0)
+
+
+@cython.final
+cdef class TimedQueueRelease:
+    """``prazo.bindings.wsgi.TimedRelease`` for a slot of the C queue: release it, record the duration.
+
+    What a body that runs app code releases its slot through when latency
+    recording is on; ``AdmittedResponse`` calls it exactly once.
+    """
+
+    cdef AdmissionQueue _queue
+    cdef LatencyHistogram _duration
+    cdef int64_t _start_ns
+
+    def __call__(self):
+        try:
+            self._queue._release(-1, True)
+        finally:
+            _record_since(self._duration, self._start_ns)
+
+
+cdef inline TimedQueueRelease _timed_release(AdmissionQueue queue, LatencyHistogram duration, int64_t start_ns):
+    cdef TimedQueueRelease release = TimedQueueRelease.__new__(TimedQueueRelease)
+    release._queue = queue
+    release._duration = duration
+    release._start_ns = start_ns
+    return release
+
+
+cdef inline ListBody _list_body(object items, AdmissionQueue queue, LatencyHistogram duration, int64_t arrival_ns):
     cdef ListBody body = ListBody.__new__(ListBody)
     body._items = items
     body._index = 0
     body._length = PySequence_Fast_GET_SIZE(items)
     body._queue = queue
+    body._duration = duration
+    body._arrival_ns = arrival_ns
     return body
 
 

@@ -35,6 +35,7 @@ from prazo.core import (
     AdmissionQueue,
     Deadline,
     DeadlineExceeded,
+    LatencyHistogram,
     ShutDown,
     current_deadline,
     deadline_context,
@@ -82,10 +83,13 @@ def _validate_count(value: object, name: str, minimum: int, message: str) -> int
 class _WorkerState:
     """What the worker threads share with the pool (never the pool itself, so it can be collected)."""
 
-    __slots__ = ("cancelling", "fn_raised", "futures_cancelled", "lock")
+    __slots__ = ("cancelling", "fn_raised", "futures_cancelled", "lock", "queue_wait", "request_duration")
 
-    def __init__(self) -> None:
+    def __init__(self, record_latency: bool) -> None:
         self.lock = threading.Lock()
+        # The pool's opt-in histograms; None (the default) records nothing.
+        self.request_duration = LatencyHistogram() if record_latency else None
+        self.queue_wait = LatencyHistogram() if record_latency else None
         # Set by shutdown(cancel_futures=True): items already assigned a slot
         # but not yet taken by a worker are cancelled instead of run.
         self.cancelling = False
@@ -98,7 +102,9 @@ class _WorkerState:
 
 
 class _WorkItem:
-    __slots__ = ("args", "claimed", "context", "fn", "future", "kwargs")
+    # submitted_ns is set only when the pool records latency.
+    __slots__ = ("args", "claimed", "context", "fn", "future", "kwargs", "submitted_ns")
+    submitted_ns: int
 
     def __init__(
         self,
@@ -186,6 +192,9 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
             continue
         ok = False
         result: Any = None
+        request_duration = state.request_duration
+        if request_duration is not None and state.queue_wait is not None:
+            state.queue_wait.record(time.monotonic_ns() - item.submitted_ns)
         try:
             result = item.context.run(item.fn, *item.args, **item.kwargs)
             ok = True
@@ -195,6 +204,8 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
             # The slot goes back before the future is settled, so a caller who
             # waits for result() and submits again never meets its own slot.
             q.task_done()
+            if request_duration is not None:
+                request_duration.record(time.monotonic_ns() - item.submitted_ns)
         if ok:
             future.set_result(result)
         else:
@@ -220,7 +231,11 @@ class AdmissionPool(Executor):
       millisecond after the deadline even while it is still in line;
     * ``fn`` runs in a copy of the submitter's context with the item's
       deadline current (``current_deadline()``);
-    * ``stats()`` reports the queue's counters and the pool's own.
+    * ``stats()`` reports the queue's counters and the pool's own;
+    * ``record_latency=True`` records every task that runs into two
+      ``prazo.core.LatencyHistogram``: ``request_duration`` (``submit`` to the
+      release of its slot) and ``queue_wait`` (``submit`` to its start),
+      exported by ``prazo.bindings.metrics``; off, both are None.
 
     ::
 
@@ -245,12 +260,15 @@ class AdmissionPool(Executor):
         *,
         order: str = "fifo",
         thread_name_prefix: str = "prazo-pool",
+        record_latency: bool = False,
     ) -> None:
         self._max_workers = _validate_count(max_workers, "max_workers", 1, "max_workers must be greater than 0")
+        if not isinstance(record_latency, bool):
+            raise TypeError(f"record_latency must be True or False, not {type(record_latency).__name__}")
         _validate_count(max_queue, "max_queue", 0, f"max_queue must be >= 0, got {max_queue}")
         if not isinstance(thread_name_prefix, str):
             raise TypeError(f"thread_name_prefix must be a str, not {type(thread_name_prefix).__name__}")
-        self._state = _WorkerState()
+        self._state = _WorkerState(record_latency)
         state = self._state
 
         def fail_expired(item: _WorkItem) -> None:
@@ -273,6 +291,16 @@ class AdmissionPool(Executor):
     @property
     def max_queue(self) -> int:
         return self._queue.max_queue
+
+    @property
+    def request_duration(self) -> LatencyHistogram | None:
+        """Tasks that ran, from ``submit`` to the release of their slot, in ns (None unless ``record_latency``)."""
+        return self._state.request_duration
+
+    @property
+    def queue_wait(self) -> LatencyHistogram | None:
+        """How long tasks that ran waited for a worker, in ns (None unless ``record_latency``)."""
+        return self._state.queue_wait
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` under the caller's current deadline.
@@ -306,6 +334,8 @@ class AdmissionPool(Executor):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
         future = _PoolFuture()
         item = _WorkItem(future, fn, args, kwargs, context)
+        if self._state.request_duration is not None:
+            item.submitted_ns = time.monotonic_ns()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")

@@ -78,6 +78,7 @@ from prazo.core import (
     Deadline,
     DeadlineExceeded,
     DownstreamOverloaded,
+    LatencyHistogram,
     QueueFull,
     ShutDown,
     current_deadline,
@@ -95,6 +96,7 @@ __all__ = [
     "ListBody",
     "MiddlewareCounters",
     "StartResponse",
+    "TimedRelease",
     "WSGIApp",
     "rejection_response",
     "request_deadline",
@@ -491,6 +493,29 @@ def run_admitted(
     return _call_admitted(app, environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s)
 
 
+class TimedRelease:
+    """A ``release`` that also records, in a histogram, the time since ``start_ns``.
+
+    What an admitted request's slot is released through when latency
+    recording is on (``AdmissionMiddleware(..., record_latency=True)``): the
+    duration is taken when the slot goes back, so it covers the queue wait,
+    the app and the whole response body.
+    """
+
+    __slots__ = ("_record", "_release", "_start_ns")
+
+    def __init__(self, release: Callable[[], object], record: Callable[[int], object], start_ns: int) -> None:
+        self._release = release
+        self._record = record
+        self._start_ns = start_ns
+
+    def __call__(self) -> None:
+        try:
+            self._release()
+        finally:
+            self._record(time.monotonic_ns() - self._start_ns)
+
+
 def _nothing_to_release() -> None:
     """The release of a bypassed request, which never took a slot."""
 
@@ -589,6 +614,12 @@ class AdmissionMiddleware:
     >>> app.stats()["max_concurrency"]
     4
 
+    ``record_latency=True`` records every admitted request into two
+    ``prazo.core.LatencyHistogram``: ``request_duration`` (arrival to the
+    release of its slot: queue wait, app and body) and ``queue_wait``, on
+    both paths; ``prazo.bindings.metrics`` exports them as Prometheus
+    histograms. Off (the default), they are None and cost nothing.
+
     ``queue_class`` is the admission queue it builds, the twin ``prazo.core``
     picked; a subclass may name the other twin (the benchmarks compare both).
     """
@@ -607,9 +638,14 @@ class AdmissionMiddleware:
         order: str = "fifo",
         retry_after_s: int = 1,
         fast_path: bool | None = None,
+        record_latency: bool = False,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
+        if not isinstance(record_latency, bool):
+            raise TypeError(f"record_latency must be True or False, not {type(record_latency).__name__}")
+        self._request_duration = LatencyHistogram() if record_latency else None
+        self._queue_wait = LatencyHistogram() if record_latency else None
         self._app = app
         self._policy = BudgetPolicy(default_budget_ms, max_budget_ms)
         self._queue = self.queue_class(max_concurrency, max_queue, order=order)
@@ -622,6 +658,8 @@ class AdmissionMiddleware:
         self._compiled = _compiled_path_for(
             fast_path, app, self._queue, self._policy, self._bypass, self._counters, self._retry_after_s
         )
+        if self._compiled is not None and record_latency:
+            self._compiled.record_latency(self._request_duration, self._queue_wait)
 
     @property
     def app(self) -> WSGIApp:
@@ -637,6 +675,16 @@ class AdmissionMiddleware:
     def policy(self) -> BudgetPolicy:
         """The budget policy that turns headers into deadlines."""
         return self._policy
+
+    @property
+    def request_duration(self) -> LatencyHistogram | None:
+        """Admitted requests from arrival to the release of their slot, in ns (None unless ``record_latency``)."""
+        return self._request_duration
+
+    @property
+    def queue_wait(self) -> LatencyHistogram | None:
+        """How long admitted requests waited for a slot, in ns (None unless ``record_latency``)."""
+        return self._queue_wait
 
     @property
     def fast_path(self) -> bool:
@@ -667,13 +715,18 @@ class AdmissionMiddleware:
             self._acquire(deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
             return _reject(exc, start_response, self._counters, self._retry_after_s)
+        queue_wait_ns = time.monotonic_ns() - arrival_ns
+        release: Callable[[], object] = self._release
+        if self._request_duration is not None and self._queue_wait is not None:
+            self._queue_wait.record(queue_wait_ns)
+            release = TimedRelease(release, self._request_duration.record, arrival_ns)
         return _call_admitted(
             self._app,
             environ,
             start_response,
             deadline,
-            self._release,
-            time.monotonic_ns() - arrival_ns,
+            release,
+            queue_wait_ns,
             self._counters,
             self._retry_after_s,
         )

@@ -1,8 +1,7 @@
 """The breaker and last-known-good examples run as written and print what they say.
 
-They live in docs/dependency-breaker.md until that text is merged into the
-README, so the section is taken from whichever holds "#### Circuit breaker",
-up to the first heading after "#### Last-known-good". Each ``python`` block
+The section runs from the README's "#### Circuit breaker" up to the first
+heading after "#### Last-known-good". Each ``python`` block
 runs in a fresh namespace: one with ``>>>`` prompts as a doctest (its outputs
 are checked), one without as a script.
 """
@@ -20,23 +19,20 @@ FIRST, LAST = "#### Circuit breaker", "#### Last-known-good"
 
 
 def section() -> tuple[Path, str]:
-    for path in (ROOT / "docs" / "dependency-breaker.md", ROOT / "README.md"):
-        if not path.exists():
-            continue
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        starts = [i for i, line in enumerate(lines) if line.strip() == FIRST]
-        if not starts:
-            continue
-        taken, fenced, seen_last = [], False, False
-        for line in lines[starts[0] :]:
-            if line.startswith("```"):
-                fenced = not fenced
-            elif seen_last and not fenced and re.match(r"#{1,4} ", line) and line.strip() not in (FIRST, LAST):
-                break
-            seen_last = seen_last or line.strip() == LAST
-            taken.append(line)
-        return path, "".join(taken)
-    pytest.fail(f"no {FIRST!r} section in docs/dependency-breaker.md or README.md")
+    path = ROOT / "README.md"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == FIRST]
+    if not starts:
+        pytest.fail(f"no {FIRST!r} section in README.md")
+    taken, fenced, seen_last = [], False, False
+    for line in lines[starts[0] :]:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif seen_last and not fenced and re.match(r"#{1,4} ", line) and line.strip() not in (FIRST, LAST):
+            break
+        seen_last = seen_last or line.strip() == LAST
+        taken.append(line)
+    return path, "".join(taken)
 
 
 DOC, TEXT = section()

@@ -514,3 +514,54 @@ def test_many_threads_leave_every_slot_released_and_every_request_answered(fast_
     assert stats["started"] == stats["completed"] == statuses.count("200 OK")
     assert stats["offered"] == stats["started"] + stats["rejected_full"] + stats["expired"]
     assert stats["responses_503"] + stats["responses_504"] == stats["rejected_full"] + stats["expired"]
+
+
+# -- opt-in latency recording -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body_type", [list, tuple, None], ids=["list", "tuple", "generator"])
+def test_record_latency_records_each_admitted_request_once_at_its_release(fast_path, body_type):
+    """Both histograms see every admitted request (refusals never), the duration ending at the release."""
+    middleware = AdmissionMiddleware(
+        Probe(chunks=(b"a", b"b"), body_type=body_type), fast_path=fast_path, record_latency=True, **PLAIN
+    )
+    duration, wait = middleware.request_duration, middleware.queue_wait
+    assert duration is not None and wait is not None
+    body = middleware(make_environ(), Server().start_response)
+    assert (duration.count, wait.count) == (0, 1)  # waited (not at all) on admission; still running
+    refused = Server()
+    refused.run(middleware, make_environ())  # the one slot is busy: 503, in neither histogram
+    assert refused.statuses == ["503 Service Unavailable"]
+    iterator = iter(body)  # held, as a server does: a generator body releases when its iterator ends
+    assert next(iterator) == b"a"
+    time.sleep(0.02)
+    body.close()  # the release: the duration ends here
+    assert (duration.count, wait.count) == (1, 1)
+    assert duration.min_ns is not None and duration.min_ns >= 20_000_000
+    body = middleware(make_environ(), Server().start_response)
+    assert list(body) == [b"a", b"b"]  # released at exhaustion
+    body = middleware(make_environ(), Server().start_response)
+    iterator = iter(body)
+    assert next(iterator) == b"a"
+    del body, iterator  # released when dropped without close()
+    gc.collect()
+    assert (duration.count, wait.count) == (3, 3)
+    assert_released_once(middleware, requests=3)
+
+
+@pytest.mark.parametrize("exc", [DeadlineExceeded("late"), KeyError("boom")], ids=["refusal", "error"])
+def test_record_latency_counts_an_app_that_raises(fast_path, exc):
+    middleware = AdmissionMiddleware(Probe(fail_in_call=exc), fast_path=fast_path, record_latency=True, **PLAIN)
+    try:
+        call(middleware)
+    except KeyError:
+        pass
+    assert middleware.request_duration is not None and middleware.request_duration.count == 1
+    assert middleware.stats()["in_flight"] == 0
+
+
+def test_record_latency_is_off_by_default_and_must_be_a_bool(fast_path):
+    middleware = AdmissionMiddleware(Probe(), fast_path=fast_path, **PLAIN)
+    assert middleware.request_duration is None and middleware.queue_wait is None
+    with pytest.raises(TypeError):
+        AdmissionMiddleware(Probe(), fast_path=fast_path, record_latency=1, **PLAIN)
