@@ -72,7 +72,11 @@ def test_with_prazo_recommendations_are_answered_stale_or_refused_fast(quick_run
     assert cell["stale_share"] >= 0.5, cell
     # The remote takes 2 s; the caller waited at most the 200 ms timeout.
     assert cell["p99_ms"] < 1500, cell
-    assert quick_run["setups"]["with"]["peaks"]["bulkhead_in_flight"] <= QUICK_PARAMS.bulkhead
+    peaks = quick_run["setups"]["with"]["peaks"]
+    assert peaks["bulkhead_in_flight"] <= QUICK_PARAMS.bulkhead
+    # The alerting signals saw the incident: the calls that did run took 2 s.
+    assert peaks["bulkhead_saturation"] == 1.0
+    assert peaks["recommendations_p99_ms"] >= 1000
 
 
 @pytest.mark.slow
