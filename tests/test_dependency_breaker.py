@@ -149,11 +149,19 @@ def test_a_timeout_counts_as_a_failure_when_it_happens_even_if_fn_never_returns(
 def test_a_caller_deadline_leaves_the_verdict_to_the_real_duration() -> None:
     from prazo.core import Deadline, DeadlineExceeded, deadline_scope
 
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
+
+    def hang() -> bool:
+        started.set()
+        return release.wait(JOIN_TIMEOUT_S)
+
     breaker = CountingBreaker(window=4, min_calls=1, failure_rate=0.5, slow_call_ms=10_000)
     dep = Dependency("ok-but-caller-late", max_concurrent=2, timeout_ms=5000, breaker=breaker)
-    with deadline_scope(Deadline.after_ms(30)), pytest.raises(DeadlineExceeded):
-        dep.call(release.wait, JOIN_TIMEOUT_S)
+    # Budget enough that a stalled test thread still gets fn started (a budget
+    # under 1 ms at the call is refused before fn runs, which is another test).
+    with deadline_scope(Deadline.after_ms(300)), pytest.raises(DeadlineExceeded) as raised:
+        dep.call(hang)
+    assert raised.value.reason != "no-budget-for-downstream" and started.is_set()
     assert breaker.counts["failure"] == 0  # the caller ran out, not the dependency
     release.set()
     assert dep.wait_idle(JOIN_TIMEOUT_S)
