@@ -22,28 +22,31 @@ server to the comparison for good, add one ``ServerSpec`` to ``SERVERS``.
 app, 4 worker threads, 1 s client budgets, and (prazo variants) a queue of
 20. First its capacity: a closed-loop run with ``3 x threads`` clients and
 10 s budgets, answers per second. Then, each on a freshly started server,
-open-loop Poisson loads at ``--loads`` times that capacity for ``--seconds``
-from the load generator's own process (``prazo.bench.loadgen``: one new
-connection per request, the client gives up and closes at its 1 s budget).
-After the schedule the bench waits for the server to finish what it took
-(at most ``DRAIN_S``), reads the app's counters, and stops the server.
+open-loop Poisson loads at ``--loads`` times that capacity from the load
+generator's own process (``prazo.bench.loadgen``: one new connection per
+request, the client gives up and closes the connection at its 1 s budget):
+1 s of warm-up (the first arrivals meet an empty queue), then ``--seconds``
+measured. Only requests scheduled in the measured window count, and the
+app's counters are read when it opens and when it closes (the steady state;
+not the backlog a stock server works off after the load stops).
 
 Columns: ``goodput/s`` = complete 200s within the client's budget per second
-of schedule; ``good%`` = that as a share of the capacity measured in the same
-run; ``late%`` = app runs (in the server, during the point and its drain)
-that finished after the client's deadline — wasted work, exact for every
-server (the client's give-up time travels in a bench-only header, on the
-machine's shared monotonic clock); ``late(srv)%`` = finished after the
-deadline the server itself knew (``prazo.deadline``; on a stock server the
-time it handed the request to the app plus the budget header — this
-UNDER-counts, the app cannot see the time spent in the kernel's backlog or
-the server's queue); ``p99`` = 99th percentile latency of the good answers;
-then what the others got: ``503``, ``504``, ``408`` (refusals, by reason in
-the JSON), ``t/o`` (no answer within the budget: the client gave up),
-``err`` (connection refused/reset or closed without an answer); ``lag`` = the
-load generator's p99 lateness in sending, and ``gen cpu`` its CPU use. A
-point whose generator fell behind its schedule is flagged ``!!``: it does
-not count.
+of the window; ``good%`` = that as a share of the capacity measured in the
+same run (it can pass 100 by the noise of the capacity run); ``late%`` = app
+runs finished in the window after their client's deadline — wasted work,
+exact for every server (the client's give-up time travels in a bench-only
+header, on the machine's shared monotonic clock); ``late(srv)%`` = finished
+after the deadline the server itself knew (``prazo.deadline``; on a stock
+server the time it handed the request to the app plus the budget header —
+this UNDER-counts, the app cannot see the time spent in the kernel's backlog
+or the server's queue); ``p99`` = 99th percentile latency of the good
+answers; then what the others got: ``503``, ``504``, ``408`` (refusals, by
+reason in the JSON), ``t/o`` (no answer within the budget: the client gave
+up), ``err`` (connection refused/reset or closed without an answer); ``lag``
+= the load generator's p99 lateness in sending, and ``gen cpu`` its CPU use
+(of one core). A point whose generator fell behind its schedule (lag p99 >
+10 ms) is run once more, then flagged ``!!``: it does not count, and the
+exit status is 1.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prazo.bench.goodput_apps import ENV_STATS_DIR, read_stats
-from prazo.bench.loadgen import LoadResult, run_in_subprocess
+from prazo.bench.loadgen import OUTCOMES, LoadResult, run_in_subprocess
 
 __all__ = [
     "APPS",
@@ -91,10 +94,14 @@ APPS = {"cpu": "prazo.bench.goodput_apps:cpu", "io": "prazo.bench.goodput_apps:i
 APP_TITLES = {"cpu": "CPU-bound app (10 ms of Python CPU)", "io": "I/O-bound app (50 ms sleep)"}
 DEFAULT_LOADS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 QUICK_LOADS = (0.5, 3.0, 10.0)
-# The longest the bench waits after a point for the server to finish what it took.
+# With --target (a server never restarted): the longest the bench waits after a
+# point for the server to finish what it took, before the next point.
 DRAIN_S = 3.0
 # A generator later than this (p99) in sending has not kept its schedule: the point is void.
 MAX_LAG_P99_MS = 10.0
+# Tries per point: a generator that fell behind (another tenant of the machine
+# took its CPU) gets one more chance before the point is reported as void.
+ATTEMPTS = 2
 _STARTUP_TIMEOUT_S = 30.0
 
 
@@ -106,6 +113,7 @@ class GoodputSettings:
     apps: tuple[str, ...] = ("cpu", "io")
     loads: tuple[float, ...] = DEFAULT_LOADS
     seconds: float = 4.0
+    warmup_s: float = 1.0
     capacity_seconds: float = 3.0
     threads: int = 4
     max_queue: int = 20
@@ -205,7 +213,7 @@ def _haproxy(queue_timeout_ms: int) -> Callable[[str, int, GoodputSettings, Path
         # and are answered 503 after it. One thread: it shares 2 CPUs with
         # the app and the load generator.
         config.write_text(
-            "global\n    maxconn 20000\n    nbthread 1\n"
+            "global\n    maxconn 8000\n    nbthread 1\n"
             "defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 10s\n"
             f"    timeout queue {queue_timeout_ms}ms\n"
             f"frontend front\n    bind 127.0.0.1:{port}\n    default_backend app\n"
@@ -385,6 +393,7 @@ class PointResult:
     loadgen_lag_p99_ms: float | None
     loadgen_cpu_pct: float
     loadgen_kept_schedule: bool
+    loadgen_niceness: int
     load_avg_1m: float
 
     def to_json(self) -> dict[str, Any]:
@@ -405,15 +414,21 @@ def summarize(
     capacity_per_s: float,
     seconds: float,
     budget_ms: float,
+    warmup_s: float = 0.0,
 ) -> PointResult:
-    """The point's figures from the generator's records and the app's counters (None: not measured)."""
-    records = load.records
+    """The point's figures from the generator's records and the app's counters (None: not measured).
+
+    Only requests scheduled in the window ``[warmup_s, warmup_s + seconds)``
+    count: the first arrivals meet an empty server, whose queue fills with
+    requests that are answered in time for free, once.
+    """
+    start_ns, end_ns = int(warmup_s * 1e9), int((warmup_s + seconds) * 1e9)
+    records = [r for r in load.records if start_ns <= r[0] < end_ns]
     good_latencies = [r[4] / 1e6 for r in records if r[5] == "ok" and r[4] <= budget_ms * 1e6]
     outcomes = Counter(r[5] for r in records)
     refusals = Counter(f"{r[2]} {r[3]}".strip() for r in records if r[5] == "refused")
     errors = Counter(str(r[3]) for r in records if r[5] == "error")
-    lags = [(r[1] - r[0]) / 1e6 for r in records]
-    lag_p99 = percentile(lags, 0.99)
+    lag_p99 = percentile([(r[1] - r[0]) / 1e6 for r in load.records], 0.99)
     goodput = len(good_latencies) / seconds
     runs = app_stats["runs"] if app_stats is not None else None
     return PointResult(
@@ -428,7 +443,7 @@ def summarize(
         goodput_per_s=round(goodput, 2),
         goodput_pct=None if capacity_per_s <= 0 else round(100 * goodput / capacity_per_s, 1),
         p99_ms=None if not good_latencies else round(percentile(good_latencies, 0.99) or 0.0, 1),
-        outcomes={name: outcomes.get(name, 0) for name in ("ok", "refused", "status", "timeout", "error")},
+        outcomes={name: outcomes.get(name, 0) for name in OUTCOMES},
         refusals=dict(refusals),
         errors=dict(errors),
         app_runs=runs,
@@ -438,6 +453,7 @@ def summarize(
         loadgen_lag_p99_ms=None if lag_p99 is None else round(lag_p99, 2),
         loadgen_cpu_pct=round(load.cpu_pct, 1),
         loadgen_kept_schedule=lag_p99 is None or lag_p99 <= MAX_LAG_P99_MS,
+        loadgen_niceness=load.niceness,
         load_avg_1m=round(os.getloadavg()[0], 2),
     )
 
@@ -494,24 +510,38 @@ def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
 def run_point(
     target: _Target, server: str, app: str, offered_x: float, capacity: float, s: GoodputSettings
 ) -> PointResult:
-    """Offer ``offered_x`` times ``capacity`` to ``target`` open loop; the point's figures."""
-    before = _stats(target)
+    """Offer ``offered_x`` times ``capacity`` to ``target`` open loop; the point's figures.
+
+    The app's counters are read when the measured window opens (after the
+    warm-up) and when it closes: the late runs are those of the steady state,
+    not of the server's first second or of the backlog it works off after the
+    load stops. A point whose generator fell behind its schedule is run once
+    more (``attempts``), then reported as it is.
+    """
+    marks: list[dict[str, int] | None] = [None, None]
     argv = [
         "--host", target.host, "--port", str(target.port), "--rate", repr(offered_x * capacity),
-        "--seconds", repr(s.seconds), "--budget-ms", repr(s.budget_ms), "--max-requests", str(s.max_requests),
-        "--seed", str(s.seed),
+        "--seconds", repr(s.warmup_s + s.seconds), "--budget-ms", repr(s.budget_ms),
+        "--max-requests", str(s.max_requests), "--seed", str(s.seed),
     ]  # fmt: skip
-    load = run_in_subprocess(argv, _loadgen_timeout(s.seconds, s.budget_ms))
-    _drain(target)
+    load = run_in_subprocess(
+        argv,
+        _loadgen_timeout(s.warmup_s + s.seconds, s.budget_ms),
+        at=(
+            (s.warmup_s, lambda: marks.__setitem__(0, _stats(target))),
+            (s.warmup_s + s.seconds, lambda: marks.__setitem__(1, _stats(target))),
+        ),
+    )
     return summarize(
         load,
-        _delta(_stats(target), before),
+        _delta(marks[1], marks[0]),
         server=server,
         app=app,
         offered_x=offered_x,
         capacity_per_s=capacity,
         seconds=s.seconds,
         budget_ms=s.budget_ms,
+        warmup_s=s.warmup_s,
     )
 
 
@@ -523,8 +553,11 @@ def run_server_app(
         capacity = measure_capacity(target, settings)
     results = []
     for offered_x in settings.loads:
-        with started(spec, app, settings) as target:
-            result = run_point(target, spec.name, app, offered_x, capacity, settings)
+        for _attempt in range(ATTEMPTS):
+            with started(spec, app, settings) as target:
+                result = run_point(target, spec.name, app, offered_x, capacity, settings)
+            if result.loadgen_kept_schedule:
+                break
         progress(result)
         results.append(result)
     return results
@@ -538,10 +571,13 @@ def run_target(
     _drain(target)
     results = []
     for offered_x in settings.loads:
-        result = run_point(target, name, app, offered_x, capacity, settings)
+        for _attempt in range(ATTEMPTS):
+            result = run_point(target, name, app, offered_x, capacity, settings)
+            _drain(target)
+            if result.loadgen_kept_schedule:
+                break
         progress(result)
         results.append(result)
-        _drain(target)
     return results
 
 
@@ -580,7 +616,8 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
     """The whole report: parameters, one line per point, the servers' names, and the caveats."""
     lines = [
         f"prazo bench goodput: {settings.threads} worker threads, prazo queue {settings.max_queue}, client budget "
-        f"{settings.budget_ms:g} ms, {settings.seconds:g} s of Poisson arrivals per point, capacity from "
+        f"{settings.budget_ms:g} ms, {settings.seconds:g} s of Poisson arrivals per point after "
+        f"{settings.warmup_s:g} s of warm-up, capacity from "
         f"{settings.capacity_seconds:g} s closed loop; {os.cpu_count()} CPUs, load average "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "",

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -367,13 +368,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_in_subprocess(argv: list[str], timeout_s: float) -> LoadResult:
-    """Run the generator in its own process with ``argv`` (as on its command line) and read its result."""
+def run_in_subprocess(
+    argv: list[str], timeout_s: float, at: Sequence[tuple[float, Callable[[], object]]] = ()
+) -> LoadResult:
+    """Run the generator in its own process with ``argv`` (as on its command line) and read its result.
+
+    Each ``(seconds, callback)`` of ``at`` is called that long after the
+    generator started its schedule, in order (e.g. to read a server's
+    counters when the measured window opens and when it closes).
+    """
     command = [sys.executable, "-m", "prazo.bench.loadgen", *argv]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return LoadResult.from_json(json.loads(done.stdout))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if at:
+            assert process.stderr is not None
+            process.stderr.readline()  # "started", or "" if it died first
+            origin = time.monotonic()
+            for seconds, callback in sorted(at, key=lambda pair: pair[0]):
+                time.sleep(max(0.0, origin + seconds - time.monotonic()))
+                callback()
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"the load generator failed ({process.returncode}): {stderr.strip()[-2000:]}")
+    return LoadResult.from_json(json.loads(stdout))
 
 
 def _take_priority(niceness: int) -> int:
@@ -390,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     niceness = _take_priority(args.nice)
     # The records hold no cycles: a collection would only pause the schedule.
     gc.disable()
+    print("started", file=sys.stderr, flush=True)
     result = run_load(args)
     result.niceness = niceness
     json.dump(result.to_json(), sys.stdout, separators=(",", ":"))
