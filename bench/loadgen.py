@@ -54,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -398,7 +399,22 @@ def run_in_subprocess(
 
 
 def _take_priority(niceness: int) -> int:
-    """Run at ``niceness`` when allowed (root): the schedule must not wait for the server's CPU."""
+    """Run at ``niceness`` when allowed (root): the schedule must not wait for the server's CPU.
+
+    With the kernel's autogroup scheduling (the default on desktop and many
+    server kernels) a nice value only counts among the processes of one
+    session, and each session gets an equal share of the CPUs: so the
+    generator starts a session of its own and gives that session's group the
+    niceness too.
+    """
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader
+    try:
+        Path("/proc/self/autogroup").write_text(str(niceness))
+    except OSError:
+        pass  # no autogroup here, or not allowed
     try:
         os.setpriority(os.PRIO_PROCESS, 0, niceness)
     except OSError:
