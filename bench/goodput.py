@@ -85,6 +85,7 @@ __all__ = [
     "add_bench_goodput_arguments",
     "bench_goodput",
     "percentile",
+    "plot",
     "render_table",
     "run_bench_goodput",
     "summarize",
@@ -641,7 +642,11 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
 
 
 def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> None:
-    """Goodput (% of capacity) against offered load, one panel per app, a line per server."""
+    """Goodput (% of capacity) against offered load, one panel per app, a line per server.
+
+    The dashed line is the ideal (every answer good up to the capacity, then
+    the capacity); hollow markers are points whose load generator fell behind.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -649,21 +654,36 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> N
 
     apps = list(dict.fromkeys(r.app for r in results))
     figure, axes = plt.subplots(1, len(apps), figsize=(6.5 * len(apps), 4.8), squeeze=False)
+    top = max([110.0, *(r.goodput_pct + 5 for r in results if r.goodput_pct is not None)])
     for axis, app in zip(axes[0], apps):
+        loads = sorted({r.offered_x for r in results if r.app == app})
+        axis.plot(loads, [100 * min(1.0, x) for x in loads], linestyle="--", color="grey", linewidth=1, label="ideal")
         for server in dict.fromkeys(r.server for r in results if r.app == app):
             points = [r for r in results if r.app == app and r.server == server and r.goodput_pct is not None]
-            axis.plot(
+            (line,) = axis.plot(
                 [r.offered_x for r in points],
                 [r.goodput_pct for r in points],
                 marker="o",
                 label=labels.get(server, server),
             )
+            void = [r for r in points if not r.loadgen_kept_schedule]
+            axis.plot(
+                [r.offered_x for r in void],
+                [r.goodput_pct for r in void],
+                linestyle="none",
+                marker="o",
+                markersize=10,
+                markerfacecolor="white",
+                color=line.get_color(),
+                markeredgecolor=line.get_color(),
+            )
         axis.set_xscale("log")
-        axis.set_xlabel("offered load (x measured capacity)")
+        axis.set_xticks(loads, [f"{x:g}x" for x in loads])
+        axis.set_xlabel("offered load (x capacity measured in the same run)")
         axis.set_ylabel("goodput (% of capacity, answers within 1 s)")
         axis.set_title(APP_TITLES.get(app, app))
-        axis.set_ylim(0, 110)
-        axis.grid(True, which="both", alpha=0.3)
+        axis.set_ylim(0, top)
+        axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
