@@ -21,7 +21,7 @@ server to the comparison for good, add one ``ServerSpec`` to ``SERVERS``.
 **What one point is.** A fresh server (a subprocess; ``SERVERS``) with one
 app, 4 worker threads, 1 s client budgets, and (prazo variants) a queue of
 20. First its capacity: a closed-loop run with ``3 x threads`` clients and
-10 s budgets, answers per second, best of two. Then, each on a freshly started server,
+10 s budgets, answers per second, best of three. Then, each on a freshly started server,
 open-loop Poisson loads at ``--loads`` times that capacity from the load
 generator's own process (``prazo.bench.loadgen``: one new connection per
 request, the client gives up and closes the connection at its 1 s budget):
@@ -100,6 +100,8 @@ QUICK_LOADS = (0.5, 3.0, 10.0)
 DRAIN_S = 3.0
 # A generator later than this (p99) in sending has not kept its schedule: the point is void.
 MAX_LAG_P99_MS = 10.0
+# Closed-loop capacity runs per server and app; the best counts.
+CAPACITY_RUNS = 3
 # Tries per point: a generator that fell behind (another tenant of the machine
 # took its CPU) gets one more chance before the point is reported as void.
 ATTEMPTS = 2
@@ -115,7 +117,7 @@ class GoodputSettings:
     loads: tuple[float, ...] = DEFAULT_LOADS
     seconds: float = 4.0
     warmup_s: float = 1.0
-    capacity_seconds: float = 2.5
+    capacity_seconds: float = 2.0
     threads: int = 4
     max_queue: int = 20
     budget_ms: float = 1000.0
@@ -124,7 +126,7 @@ class GoodputSettings:
     seed: int = 1
 
 
-QUICK = GoodputSettings(loads=QUICK_LOADS, seconds=2.5, capacity_seconds=1.5)
+QUICK = GoodputSettings(loads=QUICK_LOADS, seconds=2.5, capacity_seconds=1.0)
 
 
 # -- the servers ------------------------------------------------------------------
@@ -485,19 +487,19 @@ def _loadgen_timeout(seconds: float, budget_ms: float) -> float:
 
 
 def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
-    """Answers per second of a closed loop of ``3 x threads`` clients with generous budgets, best of two.
+    """Answers per second of a closed loop of ``3 x threads`` clients with generous budgets, best of three.
 
     Three per thread keep every thread busy despite a new connection per
     request, and stay within every server's line (prazo's queue of 20,
     HAProxy's 200 ms queue timeout), so nothing is refused. Another tenant
-    of the machine can only lower a run's figure, hence the best of two.
+    of the machine can only lower a run's figure, hence the best of three.
     """
     argv = [
         "--host", target.host, "--port", str(target.port), "--closed", str(3 * settings.threads),
         "--seconds", repr(settings.capacity_seconds), "--budget-ms", repr(settings.capacity_budget_ms),
     ]  # fmt: skip
     best = 0.0
-    for _run in range(2):
+    for _run in range(CAPACITY_RUNS):
         load = run_in_subprocess(argv, _loadgen_timeout(settings.capacity_seconds, settings.capacity_budget_ms))
         good = sum(1 for r in load.records if r[5] == "ok")
         best = max(best, good / load.wall_s if load.wall_s > 0 else 0.0)
@@ -614,7 +616,7 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
     lines = [
         f"prazo bench goodput: {settings.threads} worker threads, prazo queue {settings.max_queue}, client budget "
         f"{settings.budget_ms:g} ms, {settings.seconds:g} s of Poisson arrivals per point after "
-        f"{settings.warmup_s:g} s of warm-up, capacity: best of two "
+        f"{settings.warmup_s:g} s of warm-up, capacity: best of {CAPACITY_RUNS} "
         f"{settings.capacity_seconds:g} s closed-loop runs; {os.cpu_count()} CPUs, load average "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "",
