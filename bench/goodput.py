@@ -163,8 +163,8 @@ def _version(package: str) -> str:
         return "?"
 
 
-def _missing_module(name: str) -> Callable[[], str | None]:
-    return lambda: None if importlib.util.find_spec(name) is not None else f"{name} is not installed"
+def _missing_module(name: str, install: str) -> Callable[[], str | None]:
+    return lambda: None if importlib.util.find_spec(name) is not None else f"{name} is not installed ({install})"
 
 
 def _python(*args: str) -> list[str]:
@@ -247,8 +247,8 @@ def _haproxy_label(queue_timeout: str) -> Callable[[], str]:
     return label
 
 
-_waitress_ok = _missing_module("waitress")
-_gunicorn_ok = _missing_module("gunicorn")
+_waitress_ok = _missing_module("waitress", "pip install 'prazo[servers]'")
+_gunicorn_ok = _missing_module("gunicorn", "pip install 'prazo[servers]'")
 
 # The comparison, in table order. Adding a server is one entry here.
 SERVERS: dict[str, ServerSpec] = {
@@ -275,7 +275,7 @@ SERVERS: dict[str, ServerSpec] = {
             "granian",
             lambda: f"granian {_version('granian')} (--backpressure 20)",
             _granian,
-            _missing_module("granian"),
+            _missing_module("granian", "pip install granian"),
         ),
         ServerSpec("haproxy", _haproxy_label("200ms"), _haproxy(200), _no_haproxy),
         ServerSpec("haproxy-1s", _haproxy_label("1s"), _haproxy(1000), _no_haproxy, default=False),

@@ -181,11 +181,15 @@ class _Engine:
         request.out = (f"{self.prefix}{GIVE_UP_HEADER}: {request.give_up_ns}\r\nConnection: close\r\n\r\n").encode(
             "ascii"
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        request.sock = sock
         self.open += 1
         self.in_flight.append(request)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as exc:  # out of descriptors: this request fails, the schedule goes on
+            self.finish(request, 0, f"socket: {errno.errorcode.get(exc.errno or 0, exc.errno)}", "error")
+            return
+        sock.setblocking(False)
+        request.sock = sock
         code = sock.connect_ex(self.address)
         if code not in (0, errno.EINPROGRESS):
             self.finish(request, 0, f"connect: {errno.errorcode.get(code, code)}", "error")
