@@ -722,7 +722,9 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loads", type=_float_list, default=None, help="multiples of capacity (default 0.5,1,2,3,5,10)"
     )
-    parser.add_argument("--seconds", type=float, default=None, help="seconds of arrivals per point (default 4)")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="seconds measured per point, after 1 s of warm-up (default 4)"
+    )
     parser.add_argument("--target", metavar="HOST:PORT", default=None, help="measure a server already running")
     parser.add_argument("--app", choices=tuple(APPS), default=None, help="with --target: the app it serves")
     parser.add_argument("--stats-dir", default=None, help=f"with --target: the server's ${ENV_STATS_DIR}")
