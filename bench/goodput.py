@@ -686,8 +686,10 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> N
         axis.set_title(APP_TITLES.get(app, app))
         axis.set_ylim(0, top)
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=7)
-    figure.tight_layout()
+    # One legend under the panels: inside, it would hide the lines at 0 %.
+    handles, names = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, names, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.06 + 0.035 * math.ceil(len(names) / 3), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
