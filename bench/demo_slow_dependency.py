@@ -17,7 +17,7 @@ Three processes on 127.0.0.1, over real sockets:
   worker threads and four endpoints — ``/product`` (local work),
   ``/cart`` (calls cart), ``/recommendations`` (calls recommendations)
   and ``/health`` (calls nothing);
-* **the clients** (``prazo.bench.loadgen``): open-loop Poisson arrivals at
+* **the clients** (``prazo.bench.demo_loadgen``): open-loop Poisson arrivals at
   a fixed total rate, the same seeded schedule for both setups, each
   request on its own connection with a client timeout (1 s for the health
   probe, like a Kubernetes probe's default, 5 s otherwise).
@@ -62,7 +62,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prazo.bench.loadgen import STALE_HEADER, LoadGenerator, LoadPlan, Record
+from prazo.bench.demo_loadgen import STALE_HEADER, LoadGenerator, LoadPlan, Record
 from prazo.bench.slow_remote import SlowRemote
 
 __all__ = [

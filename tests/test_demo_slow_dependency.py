@@ -39,7 +39,7 @@ from prazo.bench.demo_slow_dependency import (
     plot_timeline,
     render_report,
 )
-from prazo.bench.loadgen import LoadPlan, Record, schedule
+from prazo.bench.demo_loadgen import LoadPlan, Record, schedule
 
 
 @pytest.fixture(scope="module")
