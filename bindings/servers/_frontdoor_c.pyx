@@ -77,7 +77,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t accepted, open_connections, offered, admitted, started, completed
         int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down
         int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
-        int64_t in_flight, queued, peak_queued, queue_wait_ns_total
+        int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total
 
     struct fd_server:
         int draining
@@ -133,19 +133,22 @@ cdef object _parsed(int ok, double ms):
 def parse_budget_ms(bytes value):
     """The C parser of ``X-Request-Budget-Ms`` (the rules of ``prazo.bindings.headers``)."""
     cdef double ms = 0
-    return _parsed(fd_parse_budget_ms(value, len(value), &ms), ms)
+    cdef int ok = fd_parse_budget_ms(value, len(value), &ms)
+    return _parsed(ok, ms)
 
 
 def parse_grpc_timeout(bytes value):
     """The C parser of ``grpc-timeout``."""
     cdef double ms = 0
-    return _parsed(fd_parse_grpc_timeout(value, len(value), &ms), ms)
+    cdef int ok = fd_parse_grpc_timeout(value, len(value), &ms)
+    return _parsed(ok, ms)
 
 
 def parse_envoy_timeout_ms(bytes value):
     """The C parser of ``x-envoy-expected-rq-timeout-ms``."""
     cdef double ms = 0
-    return _parsed(fd_parse_envoy_ms(value, len(value), &ms), ms)
+    cdef int ok = fd_parse_envoy_ms(value, len(value), &ms)
+    return _parsed(ok, ms)
 
 
 def incoming_budget(headers):
@@ -287,7 +290,7 @@ cdef class Engine:
             "expired_in_queue": s.expired_in_queue, "shutting_down": s.shutting_down,
             "header_timeouts": s.header_timeouts, "bad_requests": s.bad_requests,
             "heads_too_large": s.heads_too_large, "kernel_arrival_stamps": s.kernel_stamps,
-            "in_flight": s.in_flight, "queued": s.queued, "peak_queued": s.peak_queued,
+            "in_flight": s.in_flight, "assigned": s.assigned, "queued": s.queued, "peak_queued": s.peak_queued,
             "queue_wait_ns_total": s.queue_wait_ns_total,
         }
 

@@ -65,7 +65,7 @@ from .refusals import (
 )
 from .settings import ServerSettings, resolve_settings
 
-__all__ = ["DEFAULT_IO_TIMEOUT_MS", "FrontDoorServer", "canned_answers", "create_server"]
+__all__ = ["DEFAULT_IO_TIMEOUT_MS", "FrontDoorServer", "canned_answers", "compiled_engine", "create_server"]
 
 _log = logging.getLogger("prazo.servers.frontdoor")
 
@@ -102,7 +102,8 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
     return answers
 
 
-def _engine_module() -> Any:
+def compiled_engine() -> Any:
+    """``prazo.bindings.servers._frontdoor_c``: the engine, and its C budget and head parsers (for tests)."""
     try:
         from . import _frontdoor_c
     except ImportError as exc:  # pragma: no cover - depends on the build
@@ -301,7 +302,7 @@ class FrontDoorServer:
             raise ValueError("the front door does not read X-Request-Start yet (trust_request_start)")
         if not sys.platform.startswith("linux"):
             raise RuntimeError("the front door runs on Linux only (epoll)")
-        engine_module = _engine_module()
+        engine_module = compiled_engine()
         self.app = app
         self.settings = settings
         self.shutdown_timeout = shutdown_timeout

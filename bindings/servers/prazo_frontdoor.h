@@ -119,7 +119,7 @@ struct fd_stats {
     int64_t accepted, open_connections, offered, admitted, started, completed;
     int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
-    int64_t in_flight, queued, peak_queued, queue_wait_ns_total;
+    int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total;
 };
 
 struct fd_server {
@@ -601,8 +601,10 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
     c->state = FD_QUEUED;
     c->queued_ns = now;
     fd_list_push(&srv->line, c);
-    if (srv->line.count > fd_read_counter(&srv->peak_queued))
-        atomic_store_explicit(&srv->peak_queued, srv->line.count, memory_order_relaxed);
+    /* Waiting means: in line beyond the workers that are free to take it at once. */
+    int64_t waiting = srv->line.count - ((int64_t)srv->cfg.threads - srv->in_flight);
+    if (waiting > fd_read_counter(&srv->peak_queued))
+        atomic_store_explicit(&srv->peak_queued, waiting, memory_order_relaxed);
     fd_count(&srv->admitted, 1);
     pthread_cond_signal(&srv->ready);
     pthread_mutex_unlock(&srv->mutex);
@@ -1065,8 +1067,10 @@ static int fd_server_free(struct fd_server *srv)
 static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
 {
     pthread_mutex_lock(&srv->mutex);
+    int64_t free_workers = (int64_t)srv->cfg.threads - srv->in_flight;
     s->in_flight = srv->in_flight;
-    s->queued = srv->line.count;
+    s->assigned = srv->line.count < free_workers ? srv->line.count : free_workers;
+    s->queued = srv->line.count - s->assigned;
     pthread_mutex_unlock(&srv->mutex);
     s->accepted = fd_read_counter(&srv->accepted);
     s->open_connections = fd_read_counter(&srv->open_connections);
