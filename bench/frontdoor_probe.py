@@ -206,7 +206,9 @@ def run(servers: list[str], loads: list[float], seconds: float, port: int) -> No
         process = _start_server(server, port)
         capacity = _load("closed", port, 8, 3.0)["goodput_per_s"]
         before = _stop_server(process)
-        print(f"{server}: capacity {capacity:.1f}/s (closed loop, 8 clients, 3 s; app runs {before['runs']})", flush=True)
+        print(
+            f"{server}: capacity {capacity:.1f}/s (closed loop, 8 clients, 3 s; app runs {before['runs']})", flush=True
+        )
         for x in loads:
             process = _start_server(server, port)
             result = _load("open", port, x * capacity, seconds)

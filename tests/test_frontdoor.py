@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 from _server_harness import CLIENT_TIMEOUT_S, Burst, Trickler, app, request, statuses
-
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,6 @@ import pytest
 import test_headers as cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from prazo.bindings.headers import (
     BUDGET_HEADER,
     ENVOY_TIMEOUT_HEADER,

@@ -158,7 +158,7 @@ class _BodyInput:
                 return data
 
     def readlines(self, hint: int = -1) -> list[bytes]:
-        lines = []
+        lines: list[bytes] = []
         total = 0
         while True:
             line = self.readline()
@@ -193,7 +193,9 @@ class _Response:
         self.length: int | None = None
         self.sent = 0
 
-    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+    def start_response(
+        self, status: str, headers: list[tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[bytes], None]:
         if exc_info is not None:
             try:
                 if self.sent_headers:
@@ -410,7 +412,7 @@ class FrontDoorServer:
             keep = False
             try:
                 keep = self._serve(conn)
-            except Exception:  # the client went away, or a bug: the connection closes, the worker lives
+            except Exception:  # noqa: BLE001 - the client went away, or a bug: the connection closes, the worker lives
                 _log.debug("front door: connection dropped", exc_info=True)
             finally:
                 conn.finish(keep)
@@ -462,10 +464,8 @@ class FrontDoorServer:
         environ = self._environ(conn)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
         try:
-            result = run_admitted(
-                self.app, environ, response.start_response, deadline, _nothing, conn.queue_wait_ns
-            )
-        except Exception:
+            result = run_admitted(self.app, environ, response.start_response, deadline, _nothing, conn.queue_wait_ns)
+        except Exception:  # noqa: BLE001 - any app error is a 500, as in every WSGI server
             self._app_errors += 1
             _log.exception("front door: the app raised")
             conn.write(_INTERNAL_ERROR)
@@ -474,7 +474,7 @@ class FrontDoorServer:
             self._write_body(response, result)
         except OSError:
             return False
-        except Exception:
+        except Exception:  # noqa: BLE001 - the body raised: 500 if nothing was sent, else the connection closes
             self._app_errors += 1
             _log.exception("front door: the response body raised")
             if not response.sent_headers:

@@ -19,10 +19,10 @@ from .settings import checked_count
 from .sockets import SocketWatcher, WatchedSocket, hard_close, send_all
 
 __all__ = [
+    "BAD_REQUEST_ANSWER",
     "DEFAULT_LINGER_S",
     "DEFAULT_MAX_DRAIN_BYTES",
     "DEFAULT_MAX_LINGERING",
-    "BAD_REQUEST_ANSWER",
     "HEADER_TIMEOUT_ANSWER",
     "HEAD_TOO_LARGE_ANSWER",
     "REASON_BAD_REQUEST",
