@@ -1108,12 +1108,19 @@ static void fd_return(struct fd_server *srv, struct fd_conn *c, int keep)
     fd_wake(srv);
 }
 
-/* The next admitted connection, holding one of the `threads` places; NULL once stopping.
+/* The next admitted connection, holding one of the `threads` places; NULL once
+ * stopping, or at once when the line is empty and `block` is 0 (*empty is then set).
  * A connection whose deadline passed while it waited is answered 504 here, never started. */
-static struct fd_conn *fd_server_next(struct fd_server *srv)
+static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *empty)
 {
+    *empty = 0;
     for (;;) {
         pthread_mutex_lock(&srv->mutex);
+        if (!block && !srv->stopping && srv->line.head == NULL) {
+            pthread_mutex_unlock(&srv->mutex);
+            *empty = 1;
+            return NULL;
+        }
         while (!srv->stopping && srv->line.head == NULL)
             pthread_cond_wait(&srv->ready, &srv->mutex);
         if (srv->stopping) {
@@ -1168,6 +1175,35 @@ static int fd_wait_fd(int fd, short events, int64_t until_ns)
         if (r < 0 && errno != EINTR)
             return 0;
     }
+}
+
+/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
+static ssize_t fd_conn_try_write(struct fd_conn *c, const char *p, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = send(c->fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        return -1;
+    }
+    return (ssize_t)done;
+}
+
+/* 1 when a body read can be served from bytes already received (no wait). */
+static int fd_conn_body_buffered(const struct fd_conn *c)
+{
+    if (c->body_error || c->body_done)
+        return 1;
+    if (c->chunked)
+        return c->cbuf_pos < c->cbuf_len;
+    return c->pos < c->len;
 }
 
 /* Write everything; 0 on success, -1 when the client is gone or stalled past io_timeout. */
