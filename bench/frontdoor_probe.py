@@ -204,10 +204,10 @@ def run(servers: list[str], loads: list[float], seconds: float, port: int) -> No
     print(f"load average before: {os.getloadavg()}", flush=True)
     for server in servers:
         process = _start_server(server, port)
-        capacity = _load("closed", port, 8, 3.0)["goodput_per_s"]
+        capacity = _load("closed", port, 16, 4.0)["goodput_per_s"]
         before = _stop_server(process)
         print(
-            f"{server}: capacity {capacity:.1f}/s (closed loop, 8 clients, 3 s; app runs {before['runs']})", flush=True
+            f"{server}: capacity {capacity:.1f}/s (closed loop, 16 clients, 4 s; app runs {before['runs']})", flush=True
         )
         for x in loads:
             process = _start_server(server, port)
