@@ -169,9 +169,9 @@ def load(mode: str, port: int, value: float, seconds: float) -> None:
     print(json.dumps(result), flush=True)
 
 
-def _start_server(server: str, port: int) -> subprocess.Popen[str]:
+def _start_server(server: str, port: int, threads: int = THREADS) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "prazo.bench.frontdoor_probe", "serve", server, str(port)],
+        [sys.executable, "-m", "prazo.bench.frontdoor_probe", "serve", server, str(port), str(threads)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -200,22 +200,23 @@ def _load(mode: str, port: int, value: float, seconds: float) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def run(servers: list[str], loads: list[float], seconds: float, port: int) -> None:
+def run(servers: list[str], loads: list[float], seconds: float, port: int, threads: int) -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     for server in servers:
-        process = _start_server(server, port)
+        process = _start_server(server, port, threads)
         capacity = _load("closed", port, 16, 4.0)["goodput_per_s"]
         before = _stop_server(process)
         print(
             f"{server}: capacity {capacity:.1f}/s (closed loop, 16 clients, 4 s; app runs {before['runs']})", flush=True
         )
         for x in loads:
-            process = _start_server(server, port)
+            process = _start_server(server, port, threads)
             result = _load("open", port, x * capacity, seconds)
             runs = _stop_server(process)
             late_pct = 100.0 * runs["late"] / runs["runs"] if runs["runs"] else 0.0
             row = {
                 "server": server,
+                "threads": threads,
                 "offered_x": x,
                 "capacity_per_s": round(capacity, 1),
                 "goodput_per_s": round(result["goodput_per_s"], 1),
@@ -234,7 +235,7 @@ def run(servers: list[str], loads: list[float], seconds: float, port: int) -> No
 def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     if args and args[0] == "serve":
-        serve(args[1], int(args[2]), THREADS, QUEUE)
+        serve(args[1], int(args[2]), int(args[3]) if len(args) > 3 else THREADS, QUEUE)
         return
     if args and args[0] == "load":
         load(args[1], int(args[2]), float(args[3]), float(args[4]))
@@ -244,8 +245,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loads", default="0.5,3")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--port", type=int, default=18431)
+    parser.add_argument("--threads", type=int, default=THREADS)
     options = parser.parse_args(args)
-    run(options.servers.split(","), [float(x) for x in options.loads.split(",")], options.seconds, options.port)
+    run(
+        options.servers.split(","),
+        [float(x) for x in options.loads.split(",")],
+        options.seconds,
+        options.port,
+        options.threads,
+    )
 
 
 if __name__ == "__main__":
