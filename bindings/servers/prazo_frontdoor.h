@@ -141,6 +141,7 @@ struct fd_server {
     atomic_int listeners_closed;
     /* owned by the I/O thread */
     struct fd_list heads, lingering;
+    int64_t accept_paused_until;   /* out of descriptors: listeners out of epoll until then (0: not paused) */
     /* counters (written under mutex or by the I/O thread only; read via atomics) */
     _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
     _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
@@ -727,8 +728,16 @@ static void fd_io_accept(struct fd_server *srv, int lfd, int64_t now)
         c->peer_len = sizeof c->peer;
         int fd = accept4(lfd, (struct sockaddr *)&c->peer, &c->peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
+            int err = errno;
             free(c);
-            return;   /* EAGAIN, or EMFILE & co: epoll tells us again */
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                /* The listener stays readable: without a pause epoll would spin on it. */
+                for (int i = 0; i < srv->n_listen; i++)
+                    if (srv->listen_fds[i] >= 0)
+                        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->listen_fds[i], NULL);
+                srv->accept_paused_until = now + 100000000LL;
+            }
+            return;   /* EAGAIN & co: epoll tells us again */
         }
         c->fd = fd;
         c->local_len = sizeof c->local;
@@ -887,6 +896,14 @@ static void *fd_io_main(void *arg)
             return NULL;
         }
         fd_io_take_returned(srv, now);
+        if (srv->accept_paused_until && now >= srv->accept_paused_until && !draining) {
+            srv->accept_paused_until = 0;
+            for (int i = 0; i < srv->n_listen; i++) {
+                struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &srv->listen_fds[i]};
+                if (srv->listen_fds[i] >= 0)
+                    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->listen_fds[i], &lev);
+            }
+        }
         while (srv->heads.head && srv->heads.head->timer_ns <= now) {
             struct fd_conn *c = srv->heads.head;
             if (c->len == 0) {
@@ -904,6 +921,8 @@ static void *fd_io_main(void *arg)
             next = srv->heads.head->timer_ns;
         if (srv->lingering.head && srv->lingering.head->timer_ns < next)
             next = srv->lingering.head->timer_ns;
+        if (srv->accept_paused_until && srv->accept_paused_until < next)
+            next = srv->accept_paused_until;
         int timeout_ms = 1000;
         if (next != INT64_MAX) {
             int64_t wait = next - fd_now_ns();
