@@ -341,9 +341,3 @@ def test_shutdown_timeout_answers_the_still_waiting_503(start: Any) -> None:
     counts = statuses(outcomes)
     assert counts.get(200, 0) >= 1 and counts.get(200, 0) + counts.get(503, 0) == 4, counts
     assert {o.reason for o in outcomes if o.status == 503} <= {"shutting-down"}
-
-
-def test_prazo_serve_knows_the_front_door() -> None:
-    from prazo.bindings.servers.serve import SERVERS
-
-    assert "prazo" in SERVERS
