@@ -341,3 +341,63 @@ def test_shutdown_timeout_answers_the_still_waiting_503(start: Any) -> None:
     counts = statuses(outcomes)
     assert counts.get(200, 0) >= 1 and counts.get(200, 0) + counts.get(503, 0) == 4, counts
     assert {o.reason for o in outcomes if o.status == 503} <= {"shutting-down"}
+
+
+@pytest.mark.parametrize("failure", ["call", "iterate", "close", "no-start-response", "deadline"])
+def test_every_slot_comes_back_exactly_once_whatever_the_app_does(start: Any, failure: str) -> None:
+    from prazo.core import DeadlineExceeded
+
+    class Body:
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"a"
+            if failure == "iterate":
+                raise RuntimeError("iterate")
+            yield b"b"
+
+        def close(self) -> None:
+            if failure == "close":
+                raise RuntimeError("close")
+
+    def misbehaving(environ: dict[str, Any], start_response: Any) -> Any:
+        if failure == "call":
+            raise RuntimeError("call")
+        if failure == "deadline":
+            raise DeadlineExceeded()
+        if failure != "no-start-response":
+            start_response("200 OK", [])
+        return Body()
+
+    server = start(misbehaving, threads=2, max_queue=2)
+    for _ in range(4):
+        try:
+            request(server.port, "/")
+        except (http.client.HTTPException, OSError):
+            pass  # a response cut short is what a failing body gives
+    wait_until(lambda: server.stats()["in_flight"] == 0, "every slot to come back")
+    stats = server.stats()
+    assert stats["started"] == stats["completed"] == 4, stats
+    if failure == "deadline":
+        assert request(server.port, "/").status == 504
+
+
+def test_expect_100_continue_and_pipelined_requests(start: Any) -> None:
+    server = start(_echo)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(b"hello")
+        answer = b""
+        while not answer.endswith(b"POST hello"):
+            answer += sock.recv(1000)
+        # Ten requests in one write, the last one closing: ten answers, in order.
+        heads = b"".join(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n%s\r\n%d"
+            % (b"Connection: close\r\n" if i == 9 else b"", i)
+            for i in range(10)
+        )
+        sock.sendall(heads)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in answer.split(b"HTTP/1.1 ")[1:]]
+    assert bodies == [b"POST %d" % i for i in range(10)]
