@@ -167,6 +167,7 @@ def test_header_timeout_answers_408_and_holds_no_worker(start: Any) -> None:
     lorises = [Trickler(server.port, interval_s=0.2) for _ in range(3)]
     for loris in lorises:
         assert loris.started.wait(CLIENT_TIMEOUT_S)
+    wait_until(lambda: server.stats()["pending_heads"] == 3, "the three slow heads to be read")
     # The only worker is free for a real request while the heads trickle.
     assert request(server.port, "/work").status == 200
     for loris in lorises:

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -134,10 +135,14 @@ class _BodyInput:
 
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
-            while self._fill(_READ_CHUNK):
-                pass
-            data, self._buffer = self._buffer, b""
-            return data
+            parts = [self._buffer]
+            while not self._eof:
+                data = self._conn.read_body(_READ_CHUNK)
+                if not data:
+                    self._eof = True
+                parts.append(data)
+            self._buffer = b""
+            return b"".join(parts)
         while len(self._buffer) < size and self._fill(size - len(self._buffer)):
             pass
         data, self._buffer = self._buffer[:size], self._buffer[size:]
@@ -218,13 +223,16 @@ class _Response:
     def _head(self, whole_body: int | None) -> bytes:
         """The response head; ``whole_body`` is the body's length when all of it is known now."""
         assert self.status is not None
-        lines = [f"HTTP/1.1 {self.status}"]
+        lines = [f"HTTP/1.1 {self.status}", _date_line()]
         no_body = self.head_only or self.status.startswith(_NO_BODY_STATUS)
         for name, value in self.headers:
             lower = name.lower()
             if lower in _HOP_BY_HOP:
                 if lower == "connection" and "close" in value.lower():
                     self.keep_alive = False
+                continue
+            if lower == "date":
+                lines[1] = f"{name}: {value}"
                 continue
             if lower == "content-length":
                 try:
@@ -502,6 +510,18 @@ class FrontDoorServer:
         if response.status is None:
             raise AssertionError("the app returned without calling start_response")
         response.finish_body(pending)
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _date_line() -> str:
+    """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, "Date: " + formatdate(now, usegmt=True))
+    return _date_cache[1]
 
 
 def _nothing() -> None:

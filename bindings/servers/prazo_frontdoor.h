@@ -119,7 +119,7 @@ struct fd_stats {
     int64_t accepted, open_connections, offered, admitted, started, completed;
     int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
-    int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total;
+    int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total, pending_heads, lingering;
 };
 
 struct fd_server {
@@ -147,6 +147,7 @@ struct fd_server {
     _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
     _Atomic int64_t peak_queued, queue_wait_ns_total;
+    _Atomic int64_t pending_heads, lingering_now;   /* published by the I/O thread each turn */
 };
 
 static inline int64_t fd_now_ns(void)
@@ -917,6 +918,8 @@ static void *fd_io_main(void *arg)
         while (srv->lingering.head && srv->lingering.head->timer_ns <= now)
             fd_io_close(srv, srv->lingering.head);
         int64_t next = fd_io_expire_line(srv, now);
+        atomic_store_explicit(&srv->pending_heads, srv->heads.count, memory_order_relaxed);
+        atomic_store_explicit(&srv->lingering_now, srv->lingering.count, memory_order_relaxed);
         if (srv->heads.head && srv->heads.head->timer_ns < next)
             next = srv->heads.head->timer_ns;
         if (srv->lingering.head && srv->lingering.head->timer_ns < next)
@@ -1107,6 +1110,8 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->kernel_stamps = fd_read_counter(&srv->kernel_stamps);
     s->peak_queued = fd_read_counter(&srv->peak_queued);
     s->queue_wait_ns_total = fd_read_counter(&srv->queue_wait_ns_total);
+    s->pending_heads = fd_read_counter(&srv->pending_heads);
+    s->lingering = fd_read_counter(&srv->lingering_now);
 }
 
 /* ------------------------------------------------------------- workers */
