@@ -10,6 +10,7 @@
     prazo bench wsgi [flags]   the WSGI middleware's cost per request against a semaphore limiter
     prazo bench pool [flags]   AdmissionPool throughput against ThreadPoolExecutor
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
+    prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
     prazo bench soak [--minutes N]  mixed load with faults at 1.5x capacity; checks every queue at rest
     prazo serve MODULE:APP [--server waitress|gunicorn|werkzeug|wsgiref|cheroot] [limits]
     prazo --version
@@ -450,6 +451,18 @@ def _add_bench(commands: _Commands) -> _Commands:
         run_bench_servers,
     )
     add_bench_servers_arguments(servers)
+    from prazo.bench.goodput import add_bench_goodput_arguments, run_bench_goodput
+
+    goodput = _add_topic(
+        topics,
+        "goodput",
+        "goodput under open-loop overload, CPU- and I/O-bound apps, every server (not part of bare `prazo bench`)",
+        "Stock and prazo servers (and granian, HAProxy in front of waitress, the front door, when there) "
+        "with a CPU-bound and an I/O-bound app, open-loop Poisson load from 0.5x to 10x of each one's measured "
+        "capacity, 1 s client budgets: goodput, share of app runs finished late, p99, refusals by reason.",
+        run_bench_goodput,
+    )
+    add_bench_goodput_arguments(goodput)
     from prazo.bench.soak import add_bench_soak_arguments
 
     soak = _add_topic(
@@ -513,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA_OF_PACKAGE = {
     **dict.fromkeys(("werkzeug", "waitress", "gunicorn", "cheroot"), "servers"),
     **dict.fromkeys(("requests", "httpx", "urllib3"), "clients"),
+    "matplotlib": "plot",
 }
 
 
