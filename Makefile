@@ -110,4 +110,4 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c bindings/_wsgi_c.c bindings/servers/_frontdoor_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
