@@ -281,6 +281,8 @@ def test_environ_is_pep_3333(start: Any) -> None:
     assert 0 < seen["prazo.deadline"].remaining_ms() < 900
     assert seen["prazo.queue_wait_ms"] >= 0
     assert callable(seen["prazo.server_stats"])
+    # The arrival is the kernel's receive stamp of the first bytes (SO_TIMESTAMPNS, inherited from the listener).
+    assert server.stats()["kernel_arrival_stamps"] >= 1
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,9 @@ cdef extern from "<sys/socket.h>" nogil:
     ctypedef unsigned int socklen_t
     struct sockaddr_storage:
         pass
+    struct sockaddr:
+        pass
+    int getsockname(int fd, sockaddr *addr, socklen_t *len)
 
 
 cdef extern from "picohttpparser.h" nogil:
@@ -71,7 +74,6 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int budget_invalid
         int arrival_from_kernel
         sockaddr_storage peer
-        sockaddr_storage local
 
     struct fd_stats:
         int64_t accepted, open_connections, offered, admitted, started, completed
@@ -349,7 +351,9 @@ cdef class Connection:
             for i in range(c.num_headers)
         ]
         self.peer = _address(&c.peer)
-        self.local = _address(&c.local)
+        cdef sockaddr_storage local
+        cdef socklen_t local_len = sizeof(local)
+        self.local = _address(&local) if getsockname(c.fd, <sockaddr *>&local, &local_len) == 0 else None
         self.arrival_ns = c.arrival_ns
         self.deadline_ns = c.deadline_ns
         self.queue_wait_ns = c.started_ns - c.arrival_ns

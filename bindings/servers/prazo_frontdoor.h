@@ -111,8 +111,8 @@ struct fd_conn {
     struct phr_chunked_decoder decoder;
     char *cbuf;                     /* chunked: decoded bytes not yet given out */
     size_t cbuf_pos, cbuf_len, cbuf_cap;
-    struct sockaddr_storage peer, local;
-    socklen_t peer_len, local_len;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
 };
 
 struct fd_stats {
@@ -741,11 +741,8 @@ static void fd_io_accept(struct fd_server *srv, int lfd, int64_t now)
             return;   /* EAGAIN & co: epoll tells us again */
         }
         c->fd = fd;
-        c->local_len = sizeof c->local;
-        getsockname(fd, (struct sockaddr *)&c->local, &c->local_len);
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+        /* TCP_NODELAY and SO_TIMESTAMPNS come from the listener (Linux copies them on
+         * accept): no system call here for them, the refusal path is the hot one. */
         fd_count(&srv->accepted, 1);
         fd_count(&srv->open_connections, 1);
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
@@ -1003,8 +1000,9 @@ static struct fd_server *fd_server_new(const struct fd_config *cfg, const int *l
         int one = 1;
         srv->listen_fds[i] = listen_fds[i];
         fcntl(listen_fds[i], F_SETFL, fcntl(listen_fds[i], F_GETFL) | O_NONBLOCK);
-        /* Inherited by accepted sockets on Linux; set again on each, to be sure. */
+        /* Inherited by every accepted socket on Linux. */
         setsockopt(listen_fds[i], SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+        setsockopt(listen_fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &srv->listen_fds[i]};
         epoll_ctl(srv->epfd, EPOLL_CTL_ADD, listen_fds[i], &lev);
     }
