@@ -103,6 +103,7 @@ struct fd_conn {
     int budget_source;
     int budget_invalid;
     int arrival_from_kernel;        /* 1: arrival is the kernel's receive stamp of the first bytes */
+    int64_t last_read_ns;           /* when bytes were last read: the arrival of pipelined ones */
     /* Body reading by the worker */
     size_t pos;                     /* next unread byte of buf */
     int64_t body_left;              /* Content-Length bytes still to read */
@@ -486,8 +487,12 @@ static void fd_wake(struct fd_server *srv)
 /* Forget the head just answered, keeping any pipelined bytes after it. */
 static void fd_conn_reset_for_next(struct fd_conn *c, size_t consumed)
 {
-    if (consumed < c->len)
+    if (consumed < c->len) {
         memmove(c->buf, c->buf + consumed, c->len - consumed);
+        /* The next request is here already: it arrived with the read that brought it. */
+        c->arrival_ns = c->last_read_ns;
+        c->arrival_from_kernel = 0;
+    }
     c->len -= consumed;
     c->head_len = 0;
     c->pos = 0;
@@ -696,6 +701,7 @@ static void fd_io_read_head(struct fd_server *srv, struct fd_conn *c, int64_t no
         }
         size_t last = c->len;
         c->len += (size_t)n;
+        c->last_read_ns = now;
         if (!fd_io_try_head(srv, c, now, last))
             return;
         if ((size_t)n < c->cap - last)
@@ -1269,8 +1275,10 @@ static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, 
     int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
     for (;;) {
         ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
-        if (r > 0)
+        if (r > 0) {
+            c->last_read_ns = fd_now_ns();
             return r;
+        }
         if (r == 0)
             return -1;   /* the client closed before the body ended */
         if (errno == EINTR)
