@@ -404,3 +404,19 @@ def test_expect_100_continue_and_pipelined_requests(start: Any) -> None:
             answer += chunk
     bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in answer.split(b"HTTP/1.1 ")[1:]]
     assert bodies == [b"POST %d" % i for i in range(10)]
+
+
+def test_head_and_204_carry_no_body_and_keep_the_connection(start: Any) -> None:
+    def app204(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("204 No Content" if environ["PATH_INFO"] == "/204" else "200 OK", [])
+        return [b"body"]
+
+    server = start(app204)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=CLIENT_TIMEOUT_S)
+    for method, path in [("GET", "/204"), ("HEAD", "/"), ("GET", "/")]:
+        conn.request(method, path)
+        response = conn.getresponse()
+        assert response.read() == (b"body" if method == "GET" and path == "/" else b"")
+        assert response.getheader("Connection") == "keep-alive"
+        assert response.getheader("Date")
+    conn.close()

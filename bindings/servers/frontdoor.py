@@ -224,7 +224,9 @@ class _Response:
         """The response head; ``whole_body`` is the body's length when all of it is known now."""
         assert self.status is not None
         lines = [f"HTTP/1.1 {self.status}", _date_line()]
-        no_body = self.head_only or self.status.startswith(_NO_BODY_STATUS)
+        if self.status.startswith(_NO_BODY_STATUS):
+            self.head_only = True  # 1xx, 204 and 304 never carry a body, whatever the app returns
+        no_body = self.head_only
         for name, value in self.headers:
             lower = name.lower()
             if lower in _HOP_BY_HOP:

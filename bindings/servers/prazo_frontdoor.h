@@ -1018,6 +1018,11 @@ static struct fd_server *fd_server_new(const struct fd_config *cfg, const int *l
         /* Inherited by every accepted socket on Linux. */
         setsockopt(listen_fds[i], SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
         setsockopt(listen_fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* Wake accept only once the first bytes are in: no empty read and no extra
+         * epoll round per connection, and a connection that never sends costs the
+         * kernel, not us (after this many seconds it is accepted anyway). */
+        int defer_s = (int)((cfg->header_timeout_ns + 999999999LL) / 1000000000LL);
+        setsockopt(listen_fds[i], IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s);
         struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &srv->listen_fds[i]};
         epoll_ctl(srv->epfd, EPOLL_CTL_ADD, listen_fds[i], &lev);
     }
