@@ -39,6 +39,15 @@ def start() -> Iterator[Any]:
         server.shutdown(5.0)
 
 
+def _balanced(stats: dict[str, int]) -> None:
+    """Every head had one outcome, every admitted request one fate (no shutdown in between)."""
+    assert stats["offered"] == stats["admitted"] + stats["rejected_full"] + stats["expired_on_arrival"], stats
+    assert stats["admitted"] == (stats["started"] + stats["expired_in_queue"] + stats["queued"] + stats["assigned"]), (
+        stats
+    )
+    assert stats["started"] - stats["completed"] == stats["in_flight"], stats
+
+
 def _raw(port: int, data: bytes, *, read_all: bool = True) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S) as sock:
         sock.sendall(data)
@@ -64,6 +73,8 @@ def test_seed_scenario_24_served_16_refused_at_once(start: Any) -> None:
     assert max(outcome.elapsed_s for outcome in refused) < 0.25 + 1.0
     stats = server.stats()
     assert stats["rejected_full"] == 16 and stats["started"] == 24 and stats["peak_queued"] <= 20
+    wait_until(lambda: server.stats()["in_flight"] == 0, "every slot to be free")
+    _balanced(server.stats())
 
 
 def test_the_tail_expires_in_queue_and_never_starts(start: Any) -> None:
@@ -81,6 +92,8 @@ def test_the_tail_expires_in_queue_and_never_starts(start: Any) -> None:
     assert counts[504] >= 4 and counts[200] + counts[504] == 8, counts
     assert {o.reason for o in outcomes if o.status == 504} == {"expired-in-queue"}
     assert len(calls) == counts[200]
+    wait_until(lambda: server.stats()["in_flight"] == 0, "every slot to be free")
+    _balanced(server.stats())
 
 
 def test_expired_on_arrival_and_keep_alive_after_a_refusal(start: Any) -> None:
