@@ -433,3 +433,19 @@ def test_head_and_204_carry_no_body_and_keep_the_connection(start: Any) -> None:
         assert response.getheader("Connection") == "keep-alive"
         assert response.getheader("Date")
     conn.close()
+
+
+def test_a_thousand_pipelined_refusals_are_all_answered_in_order(start: Any) -> None:
+    server = start()
+    count = 1000
+    heads = b"GET /%d HTTP/1.1\r\nHost: x\r\nX-Request-Budget-Ms: 0\r\n\r\n"
+    data = b"".join(heads % i for i in range(count)) + b"GET /last HTTP/1.1\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+        sender.start()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        sender.join(CLIENT_TIMEOUT_S)
+    assert answer.count(b"X-Prazo-Reason: expired-on-arrival") == count
+    assert answer.count(b"HTTP/1.1 504 ") == count and answer.count(b"HTTP/1.1 404 ") == 1

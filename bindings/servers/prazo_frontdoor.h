@@ -1033,7 +1033,14 @@ static int fd_server_start(struct fd_server *srv)
 {
     if (srv->thread_started)
         return 0;
-    int rc = pthread_create(&srv->thread, NULL, fd_io_main, srv);
+    /* A fixed stack: pipelined refusals answered from one read recurse, at most one
+     * level per request in a buffer of max_head bytes (< 1.5 MiB); glibc's default
+     * follows RLIMIT_STACK, which may be far smaller or "unlimited" (then 2 MiB). */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8u << 20);
+    int rc = pthread_create(&srv->thread, &attr, fd_io_main, srv);
+    pthread_attr_destroy(&attr);
     if (rc == 0)
         srv->thread_started = 1;
     return rc;
