@@ -85,6 +85,7 @@ struct fd_conn {
     enum fd_state state;
     struct fd_conn *prev, *next;    /* timer list or admission line */
     int64_t timer_ns;               /* head timer / linger end */
+    int verdict;                    /* handed back by a worker: 1 next head, 0 polite close, -1 close now */
     int64_t drained;
     char *buf;
     size_t len, cap;
@@ -809,8 +810,7 @@ static void fd_io_take_returned(struct fd_server *srv, int64_t now)
     while (c) {
         struct fd_conn *next = c->next;
         c->next = c->prev = NULL;
-        /* timer_ns carries the worker's verdict: 1 keep alive, 0 close, -1 closed politely */
-        int64_t verdict = c->timer_ns;
+        int verdict = c->verdict;
         if (verdict == 1 && !srv->draining && !srv->stopping) {
             fd_io_arm_head(srv, c, now);
         } else if (verdict == 0 && !srv->stopping) {
@@ -1144,7 +1144,7 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
 /* Hand a connection back to the I/O thread (keep: 1 next head, 0 polite close, -1 close now). */
 static void fd_return(struct fd_server *srv, struct fd_conn *c, int keep)
 {
-    c->timer_ns = keep;
+    c->verdict = keep;
     pthread_mutex_lock(&srv->mutex);
     if (srv->io_done) {
         pthread_mutex_unlock(&srv->mutex);
