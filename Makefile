@@ -53,12 +53,13 @@ check: build
 ASAN_DIR := build/asan
 # The server embeddings' suites are left out: their real-time assertions (a seed
 # scenario at 300 ms per request) do not hold at ASan's speed on a loaded machine, and
-# the queue and middleware code they run is covered here already.
+# the queue and middleware code they run is covered here already. The front door's are
+# in: its engine is C of its own, and its timings are generous enough for ASan.
 ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py \
 	tests/test_queue_waiters.py tests/test_queue_stats_gc.py tests/test_queue_concurrent.py \
 	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py \
 	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
-	tests/test_histogram.py
+	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)
@@ -67,8 +68,9 @@ sanitize: $(STAMP)
 	PRAZO_SANITIZE=1 PRAZO_DEBUG_BUILD=1 $(PY) setup.py -q build_ext -b $(ASAN_DIR) -t $(ASAN_DIR)-tmp --force
 	# The Python modules beside the ASan-built extensions, subpackages (bindings/servers, ...) included.
 	for pkg in core bindings; do (cd $$pkg && find . -name '*.py' -exec cp --parents {} $(CURDIR)/$(ASAN_DIR)/prazo/$$pkg/ \;); done
-	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w; \
-		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w)), (q.__file__, h.__file__, w.__file__)"
+	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
+		prazo.bindings.servers._frontdoor_c as f; \
+		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f)), (q.__file__, h.__file__, w.__file__, f.__file__)"
 	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
@@ -109,4 +111,5 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c core/*.so bindings/*.so .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/servers/_frontdoor_c.c \
+		core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks

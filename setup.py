@@ -29,6 +29,7 @@ PACKAGES = [
 ]
 PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
 BANNER = "!" * 72
+PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 
 
 def _flag(name):
@@ -113,6 +114,13 @@ def _extensions():
         Extension("prazo.core._histogram_c", ["core/_histogram_c.pyx"], include_dirs=["core"], **options),
         # The compiled common path of the WSGI middleware; it cimports the C twin's .pxd.
         Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
+        # The front door (--server prazo): its engine and the vendored, unmodified picohttpparser.
+        Extension(
+            "prazo.bindings.servers._frontdoor_c",
+            ["bindings/servers/_frontdoor_c.pyx", PICOHTTPPARSER + ".c"],
+            include_dirs=["bindings/servers", os.path.dirname(PICOHTTPPARSER)],
+            **options,
+        ),
     ]
     try:
         return cythonize(
@@ -137,6 +145,7 @@ setup(
     package_data={
         "prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"],
         "prazo.bindings": ["py.typed", "*.pyi"],
+        "prazo.bindings.servers": ["*.pyi"],
         "prazo.bench": ["py.typed", "RESULTS.md", "*.png"],
     },
     ext_modules=_extensions(),

@@ -61,6 +61,11 @@ SDIST_REQUIRED = [
     "bindings/_wsgi_c.pyx",
     "bindings/_wsgi_c.pyi",
     "bindings/py.typed",
+    "bindings/servers/_frontdoor_c.pyx",
+    "bindings/servers/_frontdoor_c.pyi",
+    "bindings/servers/prazo_frontdoor.h",
+    "bindings/vendor/picohttpparser/picohttpparser.c",
+    "bindings/vendor/picohttpparser/picohttpparser.h",
     "bench/RESULTS.md",
     "bench/py.typed",
     "tests/conftest.py",
@@ -75,6 +80,7 @@ WHEEL_REQUIRED = [
     "prazo/core/py.typed",
     "prazo/bindings/_wsgi_c.pyi",
     "prazo/bindings/py.typed",
+    "prazo/bindings/servers/_frontdoor_c.pyi",
     # One module of each subpackage, so a package left out of setup.py shows here;
     # prazo.bench holds the `prazo` command itself.
     "prazo/bindings/servers/dispatcher.py",
@@ -84,13 +90,21 @@ WHEEL_REQUIRED = [
     "prazo/bench/RESULTS.md",
     "prazo/bench/py.typed",
 ]
-WHEEL_EXTENSIONS = ["prazo/core/_queue_c.", "prazo/core/_histogram_c.", "prazo/bindings/_wsgi_c."]
+WHEEL_EXTENSIONS = [
+    "prazo/core/_queue_c.",
+    "prazo/core/_histogram_c.",
+    "prazo/bindings/_wsgi_c.",
+    "prazo/bindings/servers/_frontdoor_c.",
+]
+# C that is a source, not generated: the front door's vendored parser.
+VENDORED_C = "bindings/vendor/"
 
 # prazo comes from the virtualenv, both compiled modules load, the C twin is the one
 # prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
 CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
 CHECK_COMPILED = CHECK_INSTALLED + (
-    "import prazo.core._histogram_c, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool;"
+    "import prazo.core._histogram_c, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool,"
+    " prazo.bindings.servers._frontdoor_c;"
     "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION"
 )
 CHECK_PYTHON_TWIN = CHECK_INSTALLED + "import prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
@@ -113,7 +127,11 @@ def check_contents(dist: Path) -> tuple[Path, Path]:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     problems = [f"sdist lacks {name}" for name in SDIST_REQUIRED if name not in names]
     # Generated C is rebuilt from the .pyx; a shipped copy could be stale.
-    problems += [f"sdist ships generated {name}" for name in sorted(names) if name.endswith((".c", ".so"))]
+    problems += [
+        f"sdist ships generated {name}"
+        for name in sorted(names)
+        if name.endswith((".c", ".so")) and not name.startswith(VENDORED_C)
+    ]
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
     problems += [f"wheel lacks {name}" for name in WHEEL_REQUIRED if name not in names]

@@ -29,7 +29,8 @@ def processes() -> Iterator[list[subprocess.Popen]]:
             process.wait(CLIENT_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("kind", SERVER_KINDS)
+# "prazo": the front door, which is no embedding of another server but serves the same way.
+@pytest.mark.parametrize("kind", [*SERVER_KINDS, "prazo"])
 def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
     kind: str, processes: list[subprocess.Popen]
 ) -> None:

@@ -19,18 +19,26 @@ from .settings import checked_count
 from .sockets import SocketWatcher, WatchedSocket, hard_close, send_all
 
 __all__ = [
+    "BAD_REQUEST_ANSWER",
     "DEFAULT_LINGER_S",
     "DEFAULT_MAX_DRAIN_BYTES",
     "DEFAULT_MAX_LINGERING",
     "HEADER_TIMEOUT_ANSWER",
+    "HEAD_TOO_LARGE_ANSWER",
+    "REASON_BAD_REQUEST",
     "REASON_HEADER_TIMEOUT",
+    "REASON_HEAD_TOO_LARGE",
     "LingeringCloser",
     "rejection_bytes",
     "send_rejection_bytes",
+    "status_answer",
 ]
 
 # X-Prazo-Reason of the 408 answering a head not complete within the header timeout.
 REASON_HEADER_TIMEOUT = "header-timeout"
+# ... of the 400 answering a malformed or ambiguous head, and the 431 of one too large.
+REASON_BAD_REQUEST = "bad-request"
+REASON_HEAD_TOO_LARGE = "head-too-large"
 
 # Polite close: after a refusal the write side is shut and the client's bytes
 # are read and dropped for up to DEFAULT_LINGER_S or DEFAULT_MAX_DRAIN_BYTES,
@@ -53,19 +61,27 @@ def rejection_bytes(exc: BaseException, *, keep_alive: bool = False) -> bytes:
     return _response_bytes(*rejection_response(exc), keep_alive)
 
 
-_HEADER_TIMEOUT_BODY = f"408 Request Timeout: {REASON_HEADER_TIMEOUT}\n".encode("ascii")
-# Shaped like the 503/504 refusals, so clients and logs read the reason alike.
-HEADER_TIMEOUT_ANSWER = _response_bytes(
-    "408 Request Timeout",
-    [
+def status_answer(status: str, reason: str, *, keep_alive: bool = False) -> bytes:
+    """A complete HTTP/1.1 answer of ``status`` shaped like the refusals (text body, ``X-Prazo-Reason: reason``).
+
+    >>> status_answer("400 Bad Request", "bad-request").split(b"\\r\\n")[0]
+    b'HTTP/1.1 400 Bad Request'
+    """
+    body = f"{status}: {reason}\n".encode("ascii")
+    headers = [
         ("Content-Type", "text/plain; charset=utf-8"),
-        ("Content-Length", str(len(_HEADER_TIMEOUT_BODY))),
+        ("Content-Length", str(len(body))),
         ("Cache-Control", "no-store"),
-        (REASON_HEADER, REASON_HEADER_TIMEOUT),
-    ],
-    _HEADER_TIMEOUT_BODY,
-    False,
-)
+        (REASON_HEADER, reason),
+    ]
+    return _response_bytes(status, headers, body, keep_alive)
+
+
+# Shaped like the 503/504 refusals, so clients and logs read the reason alike.
+HEADER_TIMEOUT_ANSWER = status_answer("408 Request Timeout", REASON_HEADER_TIMEOUT)
+# The front door's answers to a head it cannot take (malformed or ambiguous; too large).
+BAD_REQUEST_ANSWER = status_answer("400 Bad Request", REASON_BAD_REQUEST)
+HEAD_TOO_LARGE_ANSWER = status_answer("431 Request Header Fields Too Large", REASON_HEAD_TOO_LARGE)
 
 
 def send_rejection_bytes(sock: socket.socket, exc: BaseException, *, keep_alive: bool = False) -> bool:

@@ -14,7 +14,9 @@ until SIGTERM or Ctrl-C, then shuts down gracefully: new requests are refused
 
 Servers: ``waitress`` (the default: production-grade, pure Python),
 ``gunicorn`` (``--workers`` processes of ``AdmissionWorker``; POSIX only),
-``cheroot``, ``werkzeug`` and ``wsgiref`` (development servers).
+``cheroot``, ``werkzeug`` and ``wsgiref`` (development servers), and ``prazo``
+(the front door: accept, head parsing and admission in a C thread that never
+waits for the GIL; Linux).
 
 For the ``prazo`` command line: ``add_serve_arguments(parser)`` declares the
 options on a (sub)parser and ``run_serve(args, out)`` runs them;
@@ -52,7 +54,7 @@ from .settings import (
 
 __all__ = ["SERVERS", "add_serve_arguments", "build_serve_parser", "load_app", "main_serve", "run_serve"]
 
-SERVERS = ("waitress", "gunicorn", "cheroot", "werkzeug", "wsgiref")
+SERVERS = ("waitress", "gunicorn", "cheroot", "werkzeug", "wsgiref", "prazo")
 DEFAULT_SERVER = "waitress"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -150,6 +152,12 @@ def load_app(spec: str) -> WSGIApp:
 
 
 def _server_version(server: str) -> str:
+    if server == "prazo":
+        server = "prazo front door"
+        try:
+            return f"{server} {metadata.version('prazo')}"
+        except metadata.PackageNotFoundError:
+            return server
     try:
         return f"{server} {metadata.version(server)}"
     except metadata.PackageNotFoundError:
@@ -231,6 +239,18 @@ def _serve_cheroot(app: WSGIApp, args: argparse.Namespace, settings: ServerSetti
     return 0
 
 
+def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    from .frontdoor import create_server
+
+    server = create_server(
+        app, host=args.host, port=args.port, settings=settings, shutdown_timeout=args.shutdown_timeout
+    )
+    print(_startup_line(args, settings, server.port), file=out, flush=True)
+    _on_sigterm(_in_background(lambda: server.shutdown(args.shutdown_timeout)))
+    server.serve_forever()
+    return 0
+
+
 def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     from gunicorn.app.base import BaseApplication
 
@@ -288,6 +308,7 @@ _RUNNERS: dict[str, Callable[[WSGIApp, argparse.Namespace, ServerSettings, TextI
     "cheroot": _serve_cheroot,
     "werkzeug": _serve_socketserver,
     "wsgiref": _serve_socketserver,
+    "prazo": _serve_frontdoor,
 }
 
 

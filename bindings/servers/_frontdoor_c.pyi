@@ -1,0 +1,62 @@
+"""Type stubs for the front door's compiled engine (bindings/servers/_frontdoor_c.pyx)."""
+
+from collections.abc import Iterable
+
+BUDGET_SOURCES: tuple[str, str, str]
+ANSWERS: dict[str, int]
+KEEPABLE: frozenset[str]
+
+def parse_budget_ms(value: bytes) -> float | None: ...
+def parse_grpc_timeout(value: bytes) -> float | None: ...
+def parse_envoy_timeout_ms(value: bytes) -> float | None: ...
+def incoming_budget(headers: Iterable[tuple[bytes, bytes]]) -> tuple[float | None, int, str | None]: ...
+def deadline_ns_for(
+    headers: Iterable[tuple[bytes, bytes]], arrival_ns: int, default_budget_ms: float, max_budget_ms: float
+) -> int: ...
+def check_head(data: bytes) -> str: ...
+
+class Connection:
+    finished: bool
+    method: bytes
+    target: bytes
+    minor_version: int
+    headers: list[tuple[bytes, bytes]]
+    peer: tuple[str, int] | None
+    local: tuple[str, int] | None
+    arrival_ns: int
+    deadline_ns: int
+    queue_wait_ns: int
+    budget_source: str | None
+    budget_invalid: int
+    client_keep_alive: bool
+    content_length: int
+    chunked: bool
+    arrival_from_kernel: bool
+    def read_body(self, size: int) -> bytes: ...
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+    def finish(self, keep_alive: bool) -> None: ...
+
+class Engine:
+    threads: int
+    draining: bool
+    def __init__(
+        self,
+        listen_fds: Iterable[int],
+        *,
+        threads: int,
+        max_queue: int,
+        default_budget_ms: float,
+        max_budget_ms: float,
+        header_timeout_ms: float,
+        io_timeout_ms: float,
+        linger_ms: float,
+        max_drain_bytes: int,
+        max_head: int,
+        answers: dict[str, tuple[bytes, bytes | None]],
+    ) -> None: ...
+    def start(self) -> None: ...
+    def next_connection(self) -> Connection | None: ...
+    def drain(self) -> None: ...
+    def wait_idle(self, timeout_s: float) -> bool: ...
+    def stop(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...

@@ -1,0 +1,418 @@
+# The front door's compiled half: a thin Cython face over prazo_frontdoor.h.
+# Everything that decides (accept, head read and parse, budget, admission,
+# canned refusals) runs in the engine's own pthread, which never holds the
+# GIL; the calls below release the GIL around every wait and every socket call.
+from libc.stdint cimport int64_t
+from libc.string cimport memset
+from libc.stdlib cimport malloc, free
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    ctypedef unsigned int socklen_t
+    struct sockaddr_storage:
+        pass
+    struct sockaddr:
+        pass
+    int getsockname(int fd, sockaddr *addr, socklen_t *len)
+
+
+cdef extern from "picohttpparser.h" nogil:
+    struct phr_header:
+        const char *name
+        size_t name_len
+        const char *value
+        size_t value_len
+
+
+cdef extern from "prazo_frontdoor.h" nogil:
+    enum:
+        FD_A_QUEUE_FULL
+        FD_A_EXPIRED_ON_ARRIVAL
+        FD_A_EXPIRED_IN_QUEUE
+        FD_A_SHUTTING_DOWN
+        FD_A_COUNT_KEEPABLE
+        FD_A_HEADER_TIMEOUT
+        FD_A_BAD_REQUEST
+        FD_A_HEAD_TOO_LARGE
+        FD_A_COUNT
+        FD_MAX_HEADERS
+
+    struct fd_config:
+        int threads
+        int max_queue
+        double default_budget_ms
+        double max_budget_ms
+        int64_t header_timeout_ns
+        int64_t io_timeout_ns
+        int64_t linger_ns
+        int64_t max_drain_bytes
+        size_t max_head
+        const char *answer[8][2]
+        size_t answer_len[8][2]
+
+    struct fd_conn:
+        int fd
+        size_t len
+        char *buf
+        size_t head_len
+        const char *method
+        const char *path
+        size_t method_len
+        size_t path_len
+        int minor_version
+        phr_header headers[100]
+        size_t num_headers
+        int64_t content_length
+        int chunked
+        int client_keep_alive
+        int64_t arrival_ns
+        int64_t deadline_ns
+        int64_t queued_ns
+        int64_t started_ns
+        int budget_source
+        int budget_invalid
+        int arrival_from_kernel
+        sockaddr_storage peer
+
+    struct fd_stats:
+        int64_t accepted, open_connections, offered, admitted, started, completed
+        int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down
+        int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
+        int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total, pending_heads, lingering
+
+    struct fd_server:
+        int draining
+
+    fd_server *fd_server_new(const fd_config *cfg, const int *listen_fds, int n_listen)
+    int fd_server_start(fd_server *srv)
+    void fd_server_drain(fd_server *srv)
+    int fd_server_wait_idle(fd_server *srv, int64_t until_ns)
+    void fd_server_stop(fd_server *srv)
+    int fd_server_free(fd_server *srv)
+    void fd_server_stats(fd_server *srv, fd_stats *s)
+    fd_conn *fd_server_next(fd_server *srv, int block, int *empty)
+    ssize_t fd_conn_try_write(fd_conn *c, const char *p, size_t n)
+    int fd_conn_body_buffered(const fd_conn *c)
+    int fd_conn_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
+    ssize_t fd_conn_read_body(fd_server *srv, fd_conn *c, char *dst, size_t n)
+    void fd_conn_finish(fd_server *srv, fd_conn *c, int keep)
+    int64_t fd_now_ns()
+    int fd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
+    int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns)
+    int fd_parse_budget_ms(const char *p, size_t n, double *ms)
+    int fd_parse_envoy_ms(const char *p, size_t n, double *ms)
+    int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
+    int fd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
+    int fd_parse_head(fd_conn *c, size_t last_len)
+
+
+BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
+ANSWERS = {
+    "queue-full": FD_A_QUEUE_FULL,
+    "expired-on-arrival": FD_A_EXPIRED_ON_ARRIVAL,
+    "expired-in-queue": FD_A_EXPIRED_IN_QUEUE,
+    "shutting-down": FD_A_SHUTTING_DOWN,
+    "header-timeout": FD_A_HEADER_TIMEOUT,
+    "bad-request": FD_A_BAD_REQUEST,
+    "head-too-large": FD_A_HEAD_TOO_LARGE,
+}
+KEEPABLE = frozenset(name for name, index in ANSWERS.items() if index < FD_A_COUNT_KEEPABLE)
+
+
+cdef object _address(const sockaddr_storage *ss):
+    cdef char host[64]
+    cdef int port = 0
+    if fd_addr_text(ss, host, sizeof(host), &port):
+        return (host.decode("ascii"), port)
+    return None
+
+
+# ------------------------------------------------------------ budget parsers
+
+cdef object _parsed(int ok, double ms):
+    return ms if ok else None
+
+
+def parse_budget_ms(bytes value):
+    """The C parser of ``X-Request-Budget-Ms`` (the rules of ``prazo.bindings.headers``)."""
+    cdef double ms = 0
+    cdef int ok = fd_parse_budget_ms(value, len(value), &ms)
+    return _parsed(ok, ms)
+
+
+def parse_grpc_timeout(bytes value):
+    """The C parser of ``grpc-timeout``."""
+    cdef double ms = 0
+    cdef int ok = fd_parse_grpc_timeout(value, len(value), &ms)
+    return _parsed(ok, ms)
+
+
+def parse_envoy_timeout_ms(bytes value):
+    """The C parser of ``x-envoy-expected-rq-timeout-ms``."""
+    cdef double ms = 0
+    cdef int ok = fd_parse_envoy_ms(value, len(value), &ms)
+    return _parsed(ok, ms)
+
+
+def incoming_budget(headers):
+    """``(budget_ms or None, invalid, source or None)`` of ``[(name, value), ...]`` (bytes), as the front door reads them."""
+    cdef list items = [(bytes(name), bytes(value)) for name, value in headers]
+    cdef Py_ssize_t n = len(items)
+    if n > FD_MAX_HEADERS:
+        raise ValueError("too many headers")
+    cdef phr_header raw[100]
+    cdef Py_ssize_t i
+    for i in range(n):
+        name, value = items[i]
+        raw[i].name = PyBytes_AS_STRING(name)
+        raw[i].name_len = PyBytes_GET_SIZE(name)
+        raw[i].value = PyBytes_AS_STRING(value)
+        raw[i].value_len = PyBytes_GET_SIZE(value)
+    cdef double ms = 0
+    cdef int invalid = 0, source = -1
+    cdef int have = fd_incoming_budget(raw, n, &ms, &invalid, &source)
+    return (ms if have else None, invalid, BUDGET_SOURCES[source] if source >= 0 else None)
+
+
+def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, double max_budget_ms):
+    """The deadline the front door gives a head with ``headers`` arriving at ``arrival_ns``."""
+    budget, _invalid, _source = incoming_budget(headers)
+    return fd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns)
+
+
+def check_head(bytes data):
+    """How the front door judges ``data`` as a request head: ``"complete"``, ``"partial"`` or ``"bad"``."""
+    cdef fd_conn *c = <fd_conn *>malloc(sizeof(fd_conn))
+    if c == NULL:
+        raise MemoryError()
+    memset(c, 0, sizeof(fd_conn))
+    c.buf = PyBytes_AS_STRING(data)
+    c.len = PyBytes_GET_SIZE(data)
+    cdef int r = fd_parse_head(c, 0)
+    free(c)
+    return "complete" if r == 1 else ("partial" if r == 0 else "bad")
+
+
+# ----------------------------------------------------------------- the engine
+
+cdef class Engine:
+    """One front door: its I/O thread, the admission line and the canned answers.
+
+    ``listen_fds`` are listening sockets the engine takes over (it closes
+    them when it stops accepting). ``answers`` maps each reason of ``ANSWERS``
+    to ``(close_bytes, keep_alive_bytes or None)``.
+    """
+
+    cdef fd_server *srv
+    cdef bint stopped
+    cdef readonly int threads
+
+    def __cinit__(self, listen_fds, *, int threads, int max_queue, double default_budget_ms, double max_budget_ms,
+                  double header_timeout_ms, double io_timeout_ms, double linger_ms, long long max_drain_bytes,
+                  Py_ssize_t max_head, dict answers):
+        cdef fd_config cfg
+        memset(&cfg, 0, sizeof(cfg))
+        cfg.threads = threads
+        cfg.max_queue = max_queue
+        cfg.default_budget_ms = default_budget_ms
+        cfg.max_budget_ms = max_budget_ms
+        cfg.header_timeout_ns = <int64_t>(header_timeout_ms * 1e6)
+        cfg.io_timeout_ns = <int64_t>(io_timeout_ms * 1e6)
+        cfg.linger_ns = <int64_t>(linger_ms * 1e6)
+        cfg.max_drain_bytes = max_drain_bytes
+        cfg.max_head = max_head
+        missing = set(ANSWERS) - set(answers)
+        if missing:
+            raise ValueError(f"answers missing for {sorted(missing)}")
+        for reason, index in ANSWERS.items():
+            close_bytes, keep_bytes = answers[reason]
+            cfg.answer[index][0] = PyBytes_AS_STRING(close_bytes)
+            cfg.answer_len[index][0] = PyBytes_GET_SIZE(close_bytes)
+            if keep_bytes is not None:
+                cfg.answer[index][1] = PyBytes_AS_STRING(keep_bytes)
+                cfg.answer_len[index][1] = PyBytes_GET_SIZE(keep_bytes)
+        cdef int fds[8]
+        fd_list = list(listen_fds)
+        if not 1 <= len(fd_list) <= 8:
+            raise ValueError("between 1 and 8 listening sockets")
+        for i, fd in enumerate(fd_list):
+            fds[i] = fd
+        self.srv = fd_server_new(&cfg, fds, len(fd_list))   # copies the answers
+        if self.srv == NULL:
+            raise MemoryError("cannot create the front door")
+        self.threads = threads
+
+    def start(self):
+        """Start the I/O thread: from now on connections are accepted."""
+        if fd_server_start(self.srv) != 0:
+            raise OSError("cannot start the front door's I/O thread")
+
+    def next_connection(self):
+        """Wait (without the GIL) for the next admitted connection; None once the engine stops."""
+        cdef fd_conn *c
+        cdef int empty = 0
+        # Releasing the GIL costs a CPU-bound app a switch interval to get it
+        # back: take a connection already waiting with the GIL held.
+        c = fd_server_next(self.srv, 0, &empty)
+        if c == NULL and empty:
+            with nogil:
+                c = fd_server_next(self.srv, 1, &empty)
+        if c == NULL:
+            return None
+        conn = Connection.__new__(Connection)
+        (<Connection>conn)._init(self, c)
+        return conn
+
+    def drain(self):
+        """Stop accepting (the listeners close); heads completed from now on get 503 shutting-down."""
+        fd_server_drain(self.srv)
+
+    def wait_idle(self, double timeout_s):
+        """Wait up to ``timeout_s`` until nothing runs and nothing waits; True when so."""
+        cdef int64_t until = fd_now_ns() + <int64_t>(max(timeout_s, 0.0) * 1e9)
+        cdef int idle
+        with nogil:
+            idle = fd_server_wait_idle(self.srv, until)
+        return bool(idle)
+
+    def stop(self):
+        """Answer what still waits 503 shutting-down, release the workers, join the I/O thread."""
+        if self.stopped:
+            return
+        self.stopped = True
+        with nogil:
+            fd_server_stop(self.srv)
+
+    @property
+    def draining(self):
+        return bool(self.srv.draining)
+
+    def stats(self):
+        """The engine's counters, as a dict."""
+        cdef fd_stats s
+        fd_server_stats(self.srv, &s)
+        return {
+            "accepted": s.accepted, "open_connections": s.open_connections, "offered": s.offered,
+            "admitted": s.admitted, "started": s.started, "completed": s.completed,
+            "rejected_full": s.rejected_full, "expired_on_arrival": s.expired_on_arrival,
+            "expired_in_queue": s.expired_in_queue, "shutting_down": s.shutting_down,
+            "header_timeouts": s.header_timeouts, "bad_requests": s.bad_requests,
+            "heads_too_large": s.heads_too_large, "kernel_arrival_stamps": s.kernel_stamps,
+            "in_flight": s.in_flight, "assigned": s.assigned, "queued": s.queued, "peak_queued": s.peak_queued,
+            "queue_wait_ns_total": s.queue_wait_ns_total,
+            "pending_heads": s.pending_heads, "lingering": s.lingering,
+        }
+
+    def __dealloc__(self):
+        if self.srv != NULL:
+            if not self.stopped:
+                fd_server_stop(self.srv)
+            # A worker still holding a connection keeps the engine's memory alive (leaked, not freed under it).
+            fd_server_free(self.srv)
+
+
+cdef class Connection:
+    """One admitted request, held by one worker until ``finish()``.
+
+    The head is copied into Python objects at once (``method``, ``target``,
+    ``headers``, ...); ``read_body`` and ``write`` release the GIL while they
+    wait on the socket.
+    """
+
+    cdef fd_conn *c
+    cdef Engine engine
+    cdef readonly bint finished
+    cdef readonly bytes method
+    cdef readonly bytes target
+    cdef readonly int minor_version
+    cdef readonly list headers
+    cdef readonly object peer
+    cdef readonly object local
+    cdef readonly int64_t arrival_ns
+    cdef readonly int64_t deadline_ns
+    cdef readonly int64_t queue_wait_ns
+    cdef readonly object budget_source
+    cdef readonly int budget_invalid
+    cdef readonly bint client_keep_alive
+    cdef readonly long long content_length
+    cdef readonly bint chunked
+    cdef readonly bint arrival_from_kernel
+
+    cdef void _init(self, Engine engine, fd_conn *c):
+        self.engine = engine
+        self.c = c
+        self.method = PyBytes_FromStringAndSize(c.method, c.method_len)
+        self.target = PyBytes_FromStringAndSize(c.path, c.path_len)
+        self.minor_version = c.minor_version
+        self.headers = [
+            (PyBytes_FromStringAndSize(c.headers[i].name, c.headers[i].name_len),
+             PyBytes_FromStringAndSize(c.headers[i].value, c.headers[i].value_len))
+            for i in range(c.num_headers)
+        ]
+        self.peer = _address(&c.peer)
+        cdef sockaddr_storage local
+        cdef socklen_t local_len = sizeof(local)
+        self.local = _address(&local) if getsockname(c.fd, <sockaddr *>&local, &local_len) == 0 else None
+        self.arrival_ns = c.arrival_ns
+        self.deadline_ns = c.deadline_ns
+        self.queue_wait_ns = c.started_ns - c.arrival_ns
+        self.budget_source = BUDGET_SOURCES[c.budget_source] if c.budget_source >= 0 else None
+        self.budget_invalid = c.budget_invalid
+        self.client_keep_alive = c.client_keep_alive
+        self.content_length = c.content_length
+        self.chunked = c.chunked
+        self.arrival_from_kernel = c.arrival_from_kernel
+
+    def read_body(self, Py_ssize_t size):
+        """Up to ``size`` bytes of the decoded body (``b""`` at its end); ``OSError`` on a broken or stalled body."""
+        if self.finished:
+            raise ValueError("the connection is finished")
+        if size <= 0:
+            return b""
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
+        cdef char *dst = PyBytes_AS_STRING(out)
+        cdef ssize_t n
+        if fd_conn_body_buffered(self.c):
+            n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
+        else:
+            with nogil:
+                n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
+        if n < 0:
+            raise OSError("the request body broke off or stalled")
+        if n == size:
+            return out
+        return out[:n]
+
+    def write(self, data):
+        """Send all of ``data``; ``OSError`` when the client is gone or stalls past the I/O timeout."""
+        if self.finished:
+            raise ValueError("the connection is finished")
+        cdef const unsigned char[:] view = memoryview(data).cast("B") if len(data) else None
+        if view is None:
+            return
+        cdef const char *p = <const char *>&view[0]
+        cdef size_t n = view.shape[0]
+        cdef int rc = 0
+        # Most responses fit the socket buffer: no reason to give the GIL away for them.
+        cdef ssize_t sent = fd_conn_try_write(self.c, p, n)
+        if sent < 0:
+            rc = -1
+        elif <size_t>sent < n:
+            with nogil:
+                rc = fd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
+        if rc != 0:
+            raise OSError("the client is gone or stopped reading")
+
+    def finish(self, bint keep_alive):
+        """Give the worker's place back (once) and the connection to the I/O thread: next head, or a polite close."""
+        if self.finished:
+            return
+        self.finished = True
+        # O(1) under the engine's mutex, never a wait: the GIL is kept.
+        fd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
+        self.c = NULL
+
+    def __dealloc__(self):
+        if not self.finished and self.c != NULL:
+            fd_conn_finish(self.engine.srv, self.c, 0)

@@ -1,0 +1,1422 @@
+/* The front door's engine: accept, head read, parse, admission and canned
+ * refusals in one C thread that never touches Python, and the GIL-free calls
+ * the Python workers make (wait for the next admitted connection, read its
+ * body, write the response, hand the connection back).
+ *
+ * Ownership of a connection (struct fd_conn) follows its state, and only the
+ * owner touches it:
+ *   FD_READING  the I/O thread: in epoll, reading a head under the head timer
+ *   FD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
+ *               a worker takes it)
+ *   FD_RUNNING  one worker, until fd_conn_finish() puts it on srv->returned
+ *   FD_DRAINING the I/O thread: lingering close after a refusal
+ * The listening sockets and the epoll/eventfd descriptors belong to the I/O
+ * thread; a connection's descriptor to whoever owns the connection.
+ */
+#ifndef PRAZO_FRONTDOOR_H
+#define PRAZO_FRONTDOOR_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "picohttpparser.h"
+
+#define FD_MAX_HEADERS 100
+#define FD_READ_CHUNK 16384
+
+enum fd_answer {
+    FD_A_QUEUE_FULL,         /* 503 queue-full */
+    FD_A_EXPIRED_ON_ARRIVAL, /* 504 expired-on-arrival */
+    FD_A_EXPIRED_IN_QUEUE,   /* 504 expired-in-queue */
+    FD_A_SHUTTING_DOWN,      /* 503 shutting-down */
+    FD_A_COUNT_KEEPABLE,     /* the ones above exist as keep-alive and close variants */
+    FD_A_HEADER_TIMEOUT = FD_A_COUNT_KEEPABLE, /* 408, closes */
+    FD_A_BAD_REQUEST,        /* 400, closes */
+    FD_A_HEAD_TOO_LARGE,     /* 431, closes */
+    FD_A_COUNT
+};
+
+enum fd_state { FD_READING, FD_QUEUED, FD_RUNNING, FD_DRAINING, FD_CLOSED };
+
+enum fd_source { FD_SRC_NONE = -1, FD_SRC_BUDGET = 0, FD_SRC_GRPC = 1, FD_SRC_ENVOY = 2 };
+
+struct fd_config {
+    int threads;
+    int max_queue;
+    double default_budget_ms;
+    double max_budget_ms;
+    int64_t header_timeout_ns;
+    int64_t io_timeout_ns;   /* a worker's body read or response write stalled this long fails */
+    int64_t linger_ns;
+    int64_t max_drain_bytes;
+    size_t max_head;
+    /* [answer][keep]: keep = 1 for the keep-alive variant (only below FD_A_COUNT_KEEPABLE) */
+    const char *answer[FD_A_COUNT][2];
+    size_t answer_len[FD_A_COUNT][2];
+};
+
+struct fd_conn;
+
+struct fd_list {           /* intrusive doubly linked list of connections */
+    struct fd_conn *head, *tail;
+    int64_t count;
+};
+
+struct fd_conn {
+    int fd;
+    enum fd_state state;
+    struct fd_conn *prev, *next;    /* timer list or admission line */
+    int64_t timer_ns;               /* head timer / linger end */
+    int verdict;                    /* handed back by a worker: 1 next head, 0 polite close, -1 close now */
+    int64_t drained;
+    char *buf;
+    size_t len, cap;
+    size_t head_len;                /* 0 until a head is parsed */
+    /* The parsed head; pointers into buf, valid while FD_QUEUED/FD_RUNNING. */
+    const char *method, *path;
+    size_t method_len, path_len;
+    int minor_version;
+    struct phr_header headers[FD_MAX_HEADERS];
+    size_t num_headers;
+    int64_t content_length;         /* -1: none */
+    int chunked;
+    int client_keep_alive;
+    int expect_continue;
+    int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
+    int budget_source;
+    int budget_invalid;
+    int arrival_from_kernel;        /* 1: arrival is the kernel's receive stamp of the first bytes */
+    int64_t last_read_ns;           /* when bytes were last read: the arrival of pipelined ones */
+    /* Body reading by the worker */
+    size_t pos;                     /* next unread byte of buf */
+    int64_t body_left;              /* Content-Length bytes still to read */
+    int body_done;
+    int body_error;
+    struct phr_chunked_decoder decoder;
+    char *cbuf;                     /* chunked: decoded bytes not yet given out */
+    size_t cbuf_pos, cbuf_len, cbuf_cap;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+};
+
+struct fd_stats {
+    int64_t accepted, open_connections, offered, admitted, started, completed;
+    int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
+    int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
+    int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total, pending_heads, lingering;
+};
+
+struct fd_server {
+    struct fd_config cfg;
+    int listen_fds[8];
+    int n_listen;
+    int epfd, evfd;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mutex;
+    pthread_cond_t ready;       /* a connection entered the line, or stopping */
+    pthread_cond_t idle;        /* in_flight or queued went down */
+    struct fd_list line;        /* FD_QUEUED, FIFO */
+    struct fd_conn *returned;   /* finished by workers or refused at pickup, for the I/O thread */
+    int64_t in_flight;          /* held by workers */
+    int draining;               /* under mutex; also read by the I/O thread */
+    int stopping;
+    int io_done;                /* the I/O thread has exited: workers free what they finish */
+    atomic_int listeners_closed;
+    /* owned by the I/O thread */
+    struct fd_list heads, lingering;
+    int64_t accept_paused_until;   /* out of descriptors: listeners out of epoll until then (0: not paused) */
+    /* counters (written under mutex or by the I/O thread only; read via atomics) */
+    _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
+    _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
+    _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
+    _Atomic int64_t peak_queued, queue_wait_ns_total;
+    _Atomic int64_t pending_heads, lingering_now;   /* published by the I/O thread each turn */
+};
+
+static inline int64_t fd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void fd_count(_Atomic int64_t *c, int64_t d) { atomic_fetch_add_explicit(c, d, memory_order_relaxed); }
+static inline int64_t fd_read_counter(_Atomic int64_t *c) { return atomic_load_explicit(c, memory_order_relaxed); }
+
+/* ------------------------------------------------------------------ lists */
+
+static void fd_list_push(struct fd_list *l, struct fd_conn *c)
+{
+    c->next = NULL;
+    c->prev = l->tail;
+    if (l->tail)
+        l->tail->next = c;
+    else
+        l->head = c;
+    l->tail = c;
+    l->count++;
+}
+
+static void fd_list_remove(struct fd_list *l, struct fd_conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        l->tail = c->prev;
+    c->prev = c->next = NULL;
+    l->count--;
+}
+
+/* ------------------------------------------------------- budget headers */
+/* The same rules as prazo.bindings.headers (tests/test_frontdoor_budget.py runs
+ * that module's cases against these): a value is at most 40 characters, loses
+ * leading and trailing spaces/tabs, and is judged element by element when it
+ * holds commas; the smallest valid value of the three headers wins; an invalid
+ * one is ignored and counted; the policy caps the result at max_budget_ms. */
+
+#define FD_MAX_VALUE_CHARS 40
+#define FD_MAX_WIRE_MS 9223372036854.0   /* (2**63 - 1) // 10**6 */
+
+static int fd_strip(const char **p, size_t *n)
+{
+    if (*n > FD_MAX_VALUE_CHARS)
+        return 0;
+    while (*n && (**p == ' ' || **p == '\t')) {
+        (*p)++;
+        (*n)--;
+    }
+    while (*n && ((*p)[*n - 1] == ' ' || (*p)[*n - 1] == '\t'))
+        (*n)--;
+    return 1;
+}
+
+static int fd_all_digits(const char *p, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* X-Request-Budget-Ms: -?[0-9]+(\.[0-9]+)? ; 1 and *ms when valid. */
+static int fd_parse_budget_ms(const char *p, size_t n, double *ms)
+{
+    char tmp[FD_MAX_VALUE_CHARS + 1];
+    if (!fd_strip(&p, &n) || n == 0)
+        return 0;
+    size_t i = 0;
+    if (p[i] == '-')
+        i++;
+    size_t digits = i;
+    while (i < n && p[i] >= '0' && p[i] <= '9')
+        i++;
+    if (i == digits)
+        return 0;
+    if (i < n) {
+        if (p[i] != '.')
+            return 0;
+        i++;
+        size_t frac = i;
+        while (i < n && p[i] >= '0' && p[i] <= '9')
+            i++;
+        if (i == frac || i != n)
+            return 0;
+    }
+    memcpy(tmp, p, n);
+    tmp[n] = 0;
+    double v = strtod(tmp, NULL);   /* correctly rounded, like Python's float() */
+    if (!(v >= -FD_MAX_WIRE_MS && v <= FD_MAX_WIRE_MS))
+        return 0;
+    *ms = v;
+    return 1;
+}
+
+static int fd_parse_envoy_ms(const char *p, size_t n, double *ms)
+{
+    char tmp[FD_MAX_VALUE_CHARS + 1];
+    if (!fd_strip(&p, &n) || !fd_all_digits(p, n))
+        return 0;
+    memcpy(tmp, p, n);
+    tmp[n] = 0;
+    double v = strtod(tmp, NULL);
+    if (!(v <= FD_MAX_WIRE_MS))
+        return 0;
+    *ms = v;
+    return 1;
+}
+
+static int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
+{
+    if (!fd_strip(&p, &n) || n < 2 || n > 9 || !fd_all_digits(p, n - 1))
+        return 0;
+    int64_t count = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        count = count * 10 + (p[i] - '0');
+    int64_t num, den;
+    switch (p[n - 1]) {
+    case 'H': num = 3600000; den = 1; break;
+    case 'M': num = 60000; den = 1; break;
+    case 'S': num = 1000; den = 1; break;
+    case 'm': num = 1; den = 1; break;
+    case 'u': num = 1; den = 1000; break;
+    case 'n': num = 1; den = 1000000; break;
+    default: return 0;
+    }
+    /* count * num < 2**53: exact, then one correctly rounded division, as in Python. */
+    *ms = (double)(count * num) / (double)den;
+    return 1;
+}
+
+typedef int (*fd_parser)(const char *, size_t, double *);
+
+static const char *const fd_budget_names[3] = {"x-request-budget-ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms"};
+static const fd_parser fd_budget_parsers[3] = {fd_parse_budget_ms, fd_parse_grpc_timeout, fd_parse_envoy_ms};
+
+/* Which of the three budget headers `name` is, or -1. */
+static int fd_budget_header_index(const char *name, size_t len)
+{
+    for (int i = 0; i < 3; i++)
+        if (strlen(fd_budget_names[i]) == len && strncasecmp(name, fd_budget_names[i], len) == 0)
+            return i;
+    return -1;
+}
+
+/* The incoming budget of a head: returns 1 and *ms when some value was valid;
+ * *invalid counts the headers (not elements) with any invalid element; *source
+ * the winning header (the first in table order on a tie). */
+static int fd_incoming_budget(const struct phr_header *headers, size_t n, double *ms, int *invalid, int *source)
+{
+    double best[3];
+    int have[3] = {0, 0, 0}, present[3] = {0, 0, 0}, bad[3] = {0, 0, 0};
+    for (size_t h = 0; h < n; h++) {
+        if (headers[h].name == NULL)
+            continue;
+        int which = fd_budget_header_index(headers[h].name, headers[h].name_len);
+        if (which < 0)
+            continue;
+        present[which] = 1;
+        const char *v = headers[h].value, *end = v + headers[h].value_len;
+        for (;;) {   /* every comma-separated element, as a joined repeat would be split */
+            const char *comma = memchr(v, ',', (size_t)(end - v));
+            const char *stop = comma ? comma : end;
+            double value;
+            if (fd_budget_parsers[which](v, (size_t)(stop - v), &value)) {
+                if (!have[which] || value < best[which])
+                    best[which] = value;
+                have[which] = 1;
+            } else {
+                bad[which] = 1;
+            }
+            if (!comma)
+                break;
+            v = comma + 1;
+        }
+    }
+    int found = 0;
+    *invalid = 0;
+    *source = FD_SRC_NONE;
+    for (int i = 0; i < 3; i++) {
+        if (!present[i])
+            continue;
+        *invalid += bad[i];
+        if (have[i] && (!found || best[i] < *ms)) {
+            *ms = best[i];
+            *source = i;
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* BudgetPolicy.deadline_for: arrival + min(incoming or default, max), >= 0, saturating. */
+static int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns)
+{
+    double budget = have ? incoming_ms : default_ms;
+    if (budget > max_ms)
+        budget = max_ms;
+    if (budget < 0.0)
+        budget = 0.0;
+    int64_t budget_ns = (int64_t)(budget * 1000000.0);   /* truncation: never a nanosecond more */
+    int64_t deadline;
+    if (__builtin_add_overflow(arrival_ns, budget_ns, &deadline))
+        deadline = INT64_MAX;
+    return deadline;
+}
+
+/* ---------------------------------------------------------- head framing */
+
+static int fd_token_in(const char *v, size_t n, const char *token)
+{
+    size_t tl = strlen(token);
+    size_t i = 0;
+    while (i < n) {
+        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        size_t s = i;
+        while (i < n && v[i] != ',')
+            i++;
+        size_t e = i;
+        while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
+            e--;
+        if (e - s == tl && strncasecmp(v + s, token, tl) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int fd_name_is(const struct phr_header *h, const char *name)
+{
+    return h->name != NULL && h->name_len == strlen(name) && strncasecmp(h->name, name, h->name_len) == 0;
+}
+
+/* Parse the head in c->buf. Returns 1 complete, 0 incomplete, -1 malformed or ambiguous. */
+static int fd_parse_head(struct fd_conn *c, size_t last_len)
+{
+    c->num_headers = FD_MAX_HEADERS;
+    int r = phr_parse_request(c->buf, c->len, &c->method, &c->method_len, &c->path, &c->path_len, &c->minor_version,
+                              c->headers, &c->num_headers, last_len);
+    if (r == -2)
+        return 0;
+    if (r < 0)
+        return -1;
+    c->head_len = (size_t)r;
+    c->content_length = -1;
+    c->chunked = 0;
+    c->expect_continue = 0;
+    int seen_te = 0, connection_close = 0, connection_keep = 0;
+    for (size_t i = 0; i < c->num_headers; i++) {
+        const struct phr_header *h = &c->headers[i];
+        if (h->name == NULL || h->name_len == 0)
+            return -1;   /* obsolete line folding: refused, never guessed at */
+        if (fd_name_is(h, "content-length")) {
+            if (!fd_all_digits(h->value, h->value_len) || h->value_len > 18)
+                return -1;
+            int64_t v = 0;
+            for (size_t k = 0; k < h->value_len; k++)
+                v = v * 10 + (h->value[k] - '0');
+            if (c->content_length >= 0 && c->content_length != v)
+                return -1;
+            c->content_length = v;
+        } else if (fd_name_is(h, "transfer-encoding")) {
+            if (seen_te || h->value_len != 7 || strncasecmp(h->value, "chunked", 7) != 0)
+                return -1;
+            seen_te = 1;
+        } else if (fd_name_is(h, "connection")) {
+            connection_close |= fd_token_in(h->value, h->value_len, "close");
+            connection_keep |= fd_token_in(h->value, h->value_len, "keep-alive");
+        } else if (fd_name_is(h, "expect")) {
+            if (h->value_len == 12 && strncasecmp(h->value, "100-continue", 12) == 0)
+                c->expect_continue = 1;
+        }
+    }
+    if (seen_te) {
+        if (c->content_length >= 0 || c->minor_version == 0)
+            return -1;
+        c->chunked = 1;
+    }
+    if (c->minor_version >= 1)
+        c->client_keep_alive = !connection_close;
+    else
+        c->client_keep_alive = connection_keep && !connection_close;
+    return 1;
+}
+
+static int fd_has_body(const struct fd_conn *c)
+{
+    return c->chunked || c->content_length > 0;
+}
+
+/* ----------------------------------------------------------- connections */
+
+static void fd_conn_free(struct fd_server *srv, struct fd_conn *c)
+{
+    if (c->fd >= 0) {
+        close(c->fd);
+        fd_count(&srv->open_connections, -1);
+    }
+    free(c->buf);
+    free(c->cbuf);
+    free(c);
+}
+
+static int fd_send_all_nb(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void fd_wake(struct fd_server *srv)
+{
+    uint64_t one = 1;
+    ssize_t ignored = write(srv->evfd, &one, sizeof one);
+    (void)ignored;
+}
+
+/* Forget the head just answered, keeping any pipelined bytes after it. */
+static void fd_conn_reset_for_next(struct fd_conn *c, size_t consumed)
+{
+    if (consumed < c->len) {
+        memmove(c->buf, c->buf + consumed, c->len - consumed);
+        /* The next request is here already: it arrived with the read that brought it. */
+        c->arrival_ns = c->last_read_ns;
+        c->arrival_from_kernel = 0;
+    }
+    c->len -= consumed;
+    c->head_len = 0;
+    c->pos = 0;
+    c->num_headers = 0;
+    if (c->len == 0) {
+        /* An idle kept-alive connection holds no buffer: about 3.5 KiB each, not 20. */
+        free(c->buf);
+        c->buf = NULL;
+        c->cap = 0;
+    }
+    free(c->cbuf);
+    c->cbuf = NULL;
+    c->cbuf_cap = c->cbuf_pos = c->cbuf_len = 0;
+}
+
+/* ------------------------------------------------------ the I/O thread */
+
+static void fd_io_arm_head(struct fd_server *srv, struct fd_conn *c, int64_t now);
+static int fd_io_try_head(struct fd_server *srv, struct fd_conn *c, int64_t now, size_t last_len);
+
+static void fd_io_close(struct fd_server *srv, struct fd_conn *c)
+{
+    if (c->state == FD_READING)
+        fd_list_remove(&srv->heads, c);
+    else if (c->state == FD_DRAINING)
+        fd_list_remove(&srv->lingering, c);
+    c->state = FD_CLOSED;
+    fd_conn_free(srv, c);   /* close() also takes it out of epoll */
+}
+
+/* A polite close: shut the write side, read and drop what the client still sends. */
+static void fd_io_linger(struct fd_server *srv, struct fd_conn *c, int64_t now)
+{
+    if (c->state == FD_READING)
+        fd_list_remove(&srv->heads, c);
+    if (srv->stopping || shutdown(c->fd, SHUT_WR) != 0) {
+        c->state = FD_CLOSED;
+        fd_conn_free(srv, c);
+        return;
+    }
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &ev) != 0 && epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+        c->state = FD_CLOSED;
+        fd_conn_free(srv, c);
+        return;
+    }
+    c->state = FD_DRAINING;
+    c->drained = 0;
+    c->timer_ns = now + srv->cfg.linger_ns;
+    fd_list_push(&srv->lingering, c);
+}
+
+/* Write a canned answer; then keep the connection for its next head, or close it politely.
+ * The connection is out of every list (or FD_READING) when this is called. */
+static void fd_io_answer(struct fd_server *srv, struct fd_conn *c, int answer, int64_t now)
+{
+    int keep = answer < FD_A_COUNT_KEEPABLE && answer != FD_A_SHUTTING_DOWN && c->head_len && c->client_keep_alive &&
+               !fd_has_body(c) && !srv->draining;
+    const char *bytes = srv->cfg.answer[answer][keep];
+    size_t len = srv->cfg.answer_len[answer][keep];
+    if (fd_send_all_nb(c->fd, bytes, len) != 0) {
+        if (c->state == FD_READING)
+            fd_list_remove(&srv->heads, c);
+        c->state = FD_CLOSED;
+        fd_conn_free(srv, c);
+        return;
+    }
+    if (!keep) {
+        fd_io_linger(srv, c, now);
+        return;
+    }
+    size_t consumed = c->head_len;
+    fd_conn_reset_for_next(c, consumed);
+    if (c->state != FD_READING) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+            c->state = FD_CLOSED;
+            fd_conn_free(srv, c);
+            return;
+        }
+        c->state = FD_READING;
+        c->timer_ns = now + srv->cfg.header_timeout_ns;
+        fd_list_push(&srv->heads, c);
+    } else {
+        fd_list_remove(&srv->heads, c);
+        c->timer_ns = now + srv->cfg.header_timeout_ns;
+        fd_list_push(&srv->heads, c);
+    }
+    if (c->len)
+        (void)fd_io_try_head(srv, c, now, 0);
+}
+
+/* A complete head: decide. */
+static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
+{
+    double ms = 0.0;
+    int invalid, source;
+    int have = fd_incoming_budget(c->headers, c->num_headers, &ms, &invalid, &source);
+    c->budget_source = source;
+    c->budget_invalid = invalid;
+    c->deadline_ns = fd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns);
+    fd_count(&srv->offered, 1);
+    if (srv->draining) {
+        fd_count(&srv->shutting_down, 1);
+        fd_io_answer(srv, c, FD_A_SHUTTING_DOWN, now);
+        return;
+    }
+    if (now >= c->deadline_ns) {
+        fd_count(&srv->expired_on_arrival, 1);
+        fd_io_answer(srv, c, FD_A_EXPIRED_ON_ARRIVAL, now);
+        return;
+    }
+    pthread_mutex_lock(&srv->mutex);
+    if (srv->in_flight + srv->line.count >= (int64_t)srv->cfg.threads + srv->cfg.max_queue || srv->draining) {
+        pthread_mutex_unlock(&srv->mutex);
+        fd_count(&srv->rejected_full, 1);
+        fd_io_answer(srv, c, FD_A_QUEUE_FULL, now);
+        return;
+    }
+    fd_list_remove(&srv->heads, c);
+    epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    c->state = FD_QUEUED;
+    c->queued_ns = now;
+    fd_list_push(&srv->line, c);
+    /* Waiting means: in line beyond the workers that are free to take it at once. */
+    int64_t waiting = srv->line.count - ((int64_t)srv->cfg.threads - srv->in_flight);
+    if (waiting > fd_read_counter(&srv->peak_queued))
+        atomic_store_explicit(&srv->peak_queued, waiting, memory_order_relaxed);
+    fd_count(&srv->admitted, 1);
+    pthread_cond_signal(&srv->ready);
+    pthread_mutex_unlock(&srv->mutex);
+}
+
+/* 1 while the head is still incomplete (c stays with the caller), 0 once c was
+ * admitted, answered or closed (the caller must not touch it again). */
+static int fd_io_try_head(struct fd_server *srv, struct fd_conn *c, int64_t now, size_t last_len)
+{
+    int r = fd_parse_head(c, last_len);
+    if (r == 1) {
+        fd_io_admit(srv, c, now);
+        return 0;
+    }
+    if (r < 0) {
+        c->head_len = 0;
+        fd_count(&srv->bad_requests, 1);
+        fd_io_answer(srv, c, FD_A_BAD_REQUEST, now);
+        return 0;
+    }
+    if (c->len >= srv->cfg.max_head) {
+        c->head_len = 0;
+        fd_count(&srv->heads_too_large, 1);
+        fd_io_answer(srv, c, FD_A_HEAD_TOO_LARGE, now);
+        return 0;
+    }
+    return 1;
+}
+
+/* Read what arrived; the first bytes of a head take the kernel's receive stamp. */
+static void fd_io_read_head(struct fd_server *srv, struct fd_conn *c, int64_t now)
+{
+    for (;;) {
+        if (c->cap - c->len < 1024) {
+            size_t cap = c->cap ? c->cap * 2 : FD_READ_CHUNK;
+            if (cap > srv->cfg.max_head + FD_READ_CHUNK)
+                cap = srv->cfg.max_head + FD_READ_CHUNK;
+            if (cap <= c->len) {
+                (void)fd_io_try_head(srv, c, now, 0);
+                return;
+            }
+            char *nb = realloc(c->buf, cap);
+            if (!nb) {
+                fd_io_close(srv, c);
+                return;
+            }
+            c->buf = nb;
+            c->cap = cap;
+        }
+        ssize_t n;
+        int first = c->len == 0;
+        if (first) {
+            char control[CMSG_SPACE(sizeof(struct timespec))];
+            struct iovec iov = {.iov_base = c->buf, .iov_len = c->cap};
+            struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                                 .msg_controllen = sizeof control};
+            n = recvmsg(c->fd, &msg, MSG_DONTWAIT);
+            c->arrival_ns = now;
+            c->arrival_from_kernel = 0;
+            if (n > 0) {
+                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+                    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_TIMESTAMPNS) {
+                        struct timespec stamp, real;
+                        memcpy(&stamp, CMSG_DATA(cm), sizeof stamp);
+                        clock_gettime(CLOCK_REALTIME, &real);
+                        int64_t age = ((int64_t)real.tv_sec - stamp.tv_sec) * 1000000000LL +
+                                      (real.tv_nsec - stamp.tv_nsec);
+                        /* The wall clock may have stepped: believe only a sane age. */
+                        if (age >= 0 && age < 60LL * 1000000000LL) {
+                            c->arrival_ns = fd_now_ns() - age;
+                            c->arrival_from_kernel = 1;
+                            fd_count(&srv->kernel_stamps, 1);
+                        }
+                    }
+                }
+            }
+        } else {
+            n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            fd_io_close(srv, c);
+            return;
+        }
+        size_t last = c->len;
+        c->len += (size_t)n;
+        c->last_read_ns = now;
+        if (!fd_io_try_head(srv, c, now, last))
+            return;
+        if ((size_t)n < c->cap - last)
+            return;   /* all there was; epoll says when more comes */
+    }
+}
+
+static void fd_io_drain(struct fd_server *srv, struct fd_conn *c)
+{
+    char sink[FD_READ_CHUNK];
+    for (;;) {
+        ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        c->drained += n > 0 ? n : 0;
+        if (n <= 0 || c->drained >= srv->cfg.max_drain_bytes) {
+            fd_io_close(srv, c);
+            return;
+        }
+    }
+}
+
+static void fd_io_accept(struct fd_server *srv, int lfd, int64_t now)
+{
+    for (;;) {
+        struct fd_conn *c = calloc(1, sizeof *c);
+        if (!c)
+            return;
+        c->peer_len = sizeof c->peer;
+        int fd = accept4(lfd, (struct sockaddr *)&c->peer, &c->peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int err = errno;
+            free(c);
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                /* The listener stays readable: without a pause epoll would spin on it. */
+                for (int i = 0; i < srv->n_listen; i++)
+                    if (srv->listen_fds[i] >= 0)
+                        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->listen_fds[i], NULL);
+                srv->accept_paused_until = now + 100000000LL;
+            }
+            return;   /* EAGAIN & co: epoll tells us again */
+        }
+        c->fd = fd;
+        /* TCP_NODELAY and SO_TIMESTAMPNS come from the listener (Linux copies them on
+         * accept): no system call here for them, the refusal path is the hot one. */
+        fd_count(&srv->accepted, 1);
+        fd_count(&srv->open_connections, 1);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            fd_conn_free(srv, c);
+            continue;
+        }
+        c->state = FD_READING;
+        c->timer_ns = now + srv->cfg.header_timeout_ns;
+        fd_list_push(&srv->heads, c);
+        /* The head is often here already: read it now rather than after another epoll_wait. */
+        fd_io_read_head(srv, c, now);
+    }
+}
+
+static void fd_io_arm_head(struct fd_server *srv, struct fd_conn *c, int64_t now)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+        c->state = FD_CLOSED;
+        fd_conn_free(srv, c);
+        return;
+    }
+    c->state = FD_READING;
+    c->timer_ns = now + srv->cfg.header_timeout_ns;
+    fd_list_push(&srv->heads, c);
+    if (c->len)
+        (void)fd_io_try_head(srv, c, now, 0);
+}
+
+static void fd_io_close_listeners(struct fd_server *srv)
+{
+    if (atomic_exchange(&srv->listeners_closed, 1))
+        return;
+    for (int i = 0; i < srv->n_listen; i++) {
+        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->listen_fds[i], NULL);
+        close(srv->listen_fds[i]);
+        srv->listen_fds[i] = -1;
+    }
+}
+
+/* Connections back from the workers: the next head, a refusal to finish, or the end. */
+static void fd_io_take_returned(struct fd_server *srv, int64_t now)
+{
+    pthread_mutex_lock(&srv->mutex);
+    struct fd_conn *c = srv->returned;
+    srv->returned = NULL;
+    pthread_mutex_unlock(&srv->mutex);
+    while (c) {
+        struct fd_conn *next = c->next;
+        c->next = c->prev = NULL;
+        int verdict = c->verdict;
+        if (verdict == 1 && !srv->draining && !srv->stopping) {
+            fd_io_arm_head(srv, c, now);
+        } else if (verdict == 0 && !srv->stopping) {
+            c->state = FD_RUNNING;   /* in no list yet: fd_io_linger adds it to lingering */
+            fd_io_linger(srv, c, now);
+        } else {
+            c->state = FD_CLOSED;
+            fd_conn_free(srv, c);
+        }
+        c = next;
+    }
+}
+
+/* Waiting connections whose deadline passed: answered 504 now, without a worker.
+ * Returns the earliest deadline still ahead (INT64_MAX when none). */
+static int64_t fd_io_expire_line(struct fd_server *srv, int64_t now)
+{
+    struct fd_conn *expired = NULL, **tail = &expired;
+    int64_t next = INT64_MAX;
+    pthread_mutex_lock(&srv->mutex);
+    for (struct fd_conn *c = srv->line.head, *n; c; c = n) {
+        n = c->next;
+        if (now >= c->deadline_ns) {
+            fd_list_remove(&srv->line, c);
+            *tail = c;
+            tail = &c->next;
+        } else if (c->deadline_ns < next) {
+            next = c->deadline_ns;
+        }
+    }
+    if (expired)
+        pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mutex);
+    while (expired) {
+        struct fd_conn *c = expired;
+        expired = c->next;
+        c->next = NULL;
+        fd_count(&srv->expired_in_queue, 1);
+        fd_io_answer(srv, c, FD_A_EXPIRED_IN_QUEUE, now);
+    }
+    return next;
+}
+
+static void *fd_io_main(void *arg)
+{
+    struct fd_server *srv = arg;
+    struct epoll_event events[128];
+    int drained_seen = 0;
+    for (;;) {
+        int64_t now = fd_now_ns();
+        pthread_mutex_lock(&srv->mutex);
+        int draining = srv->draining, stopping = srv->stopping;
+        pthread_mutex_unlock(&srv->mutex);
+        if (draining && !drained_seen) {
+            drained_seen = 1;
+            fd_io_close_listeners(srv);
+            /* Connections that have sent nothing of a next request are done. */
+            for (struct fd_conn *c = srv->heads.head, *n; c; c = n) {
+                n = c->next;
+                if (c->len == 0)
+                    fd_io_close(srv, c);
+            }
+        }
+        if (stopping) {
+            fd_io_close_listeners(srv);
+            /* What still waits is answered 503 shutting-down; then every connection closes. */
+            pthread_mutex_lock(&srv->mutex);
+            struct fd_conn *waiting = srv->line.head;
+            srv->line.head = srv->line.tail = NULL;
+            srv->line.count = 0;
+            pthread_cond_broadcast(&srv->idle);
+            pthread_mutex_unlock(&srv->mutex);
+            while (waiting) {
+                struct fd_conn *c = waiting;
+                waiting = c->next;
+                fd_count(&srv->shutting_down, 1);
+                fd_send_all_nb(c->fd, srv->cfg.answer[FD_A_SHUTTING_DOWN][0], srv->cfg.answer_len[FD_A_SHUTTING_DOWN][0]);
+                c->state = FD_CLOSED;
+                fd_conn_free(srv, c);
+            }
+            fd_io_take_returned(srv, now);
+            pthread_mutex_lock(&srv->mutex);
+            srv->io_done = 1;   /* from here on workers free what they finish */
+            struct fd_conn *late = srv->returned;
+            srv->returned = NULL;
+            pthread_mutex_unlock(&srv->mutex);
+            while (late) {
+                struct fd_conn *c = late;
+                late = c->next;
+                fd_conn_free(srv, c);
+            }
+            while (srv->heads.head)
+                fd_io_close(srv, srv->heads.head);
+            while (srv->lingering.head)
+                fd_io_close(srv, srv->lingering.head);
+            return NULL;
+        }
+        fd_io_take_returned(srv, now);
+        if (srv->accept_paused_until && now >= srv->accept_paused_until && !draining) {
+            srv->accept_paused_until = 0;
+            for (int i = 0; i < srv->n_listen; i++) {
+                struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &srv->listen_fds[i]};
+                if (srv->listen_fds[i] >= 0)
+                    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->listen_fds[i], &lev);
+            }
+        }
+        while (srv->heads.head && srv->heads.head->timer_ns <= now) {
+            struct fd_conn *c = srv->heads.head;
+            if (c->len == 0) {
+                fd_io_close(srv, c);   /* silent or idle kept-alive: nothing to answer */
+            } else {
+                fd_count(&srv->header_timeouts, 1);
+                c->head_len = 0;
+                fd_io_answer(srv, c, FD_A_HEADER_TIMEOUT, now);
+            }
+        }
+        while (srv->lingering.head && srv->lingering.head->timer_ns <= now)
+            fd_io_close(srv, srv->lingering.head);
+        int64_t next = fd_io_expire_line(srv, now);
+        atomic_store_explicit(&srv->pending_heads, srv->heads.count, memory_order_relaxed);
+        atomic_store_explicit(&srv->lingering_now, srv->lingering.count, memory_order_relaxed);
+        if (srv->heads.head && srv->heads.head->timer_ns < next)
+            next = srv->heads.head->timer_ns;
+        if (srv->lingering.head && srv->lingering.head->timer_ns < next)
+            next = srv->lingering.head->timer_ns;
+        if (srv->accept_paused_until && srv->accept_paused_until < next)
+            next = srv->accept_paused_until;
+        int timeout_ms = 1000;
+        if (next != INT64_MAX) {
+            int64_t wait = next - fd_now_ns();
+            int64_t ms = wait <= 0 ? 0 : (wait + 999999) / 1000000;
+            if (ms < timeout_ms)
+                timeout_ms = (int)ms;
+        }
+        int n = epoll_wait(srv->epfd, events, 128, timeout_ms);
+        now = fd_now_ns();
+        for (int i = 0; i < n; i++) {
+            void *ptr = events[i].data.ptr;
+            if (ptr == (void *)&srv->evfd) {
+                uint64_t value;
+                ssize_t ignored = read(srv->evfd, &value, sizeof value);
+                (void)ignored;
+                continue;
+            }
+            int listener = -1;
+            for (int k = 0; k < srv->n_listen; k++)
+                if (ptr == (void *)&srv->listen_fds[k])
+                    listener = k;
+            if (listener >= 0) {
+                if (srv->listen_fds[listener] >= 0)
+                    fd_io_accept(srv, srv->listen_fds[listener], now);
+                continue;
+            }
+            struct fd_conn *c = ptr;
+            if (c->state == FD_READING)
+                fd_io_read_head(srv, c, now);
+            else if (c->state == FD_DRAINING)
+                fd_io_drain(srv, c);
+        }
+    }
+}
+
+/* ------------------------------------------------- the server's lifecycle */
+
+static struct fd_server *fd_server_new(const struct fd_config *cfg, const int *listen_fds, int n_listen)
+{
+    if (n_listen < 1 || n_listen > 8)
+        return NULL;
+    struct fd_server *srv = calloc(1, sizeof *srv);
+    if (!srv)
+        return NULL;
+    srv->cfg = *cfg;
+    for (int a = 0; a < FD_A_COUNT; a++) {
+        for (int k = 0; k < 2; k++) {
+            srv->cfg.answer[a][k] = NULL;
+            if (cfg->answer[a][k] == NULL)
+                continue;
+            char *copy = malloc(cfg->answer_len[a][k]);
+            if (!copy)
+                return NULL;
+            memcpy(copy, cfg->answer[a][k], cfg->answer_len[a][k]);
+            srv->cfg.answer[a][k] = copy;
+        }
+        if (srv->cfg.answer[a][1] == NULL) {   /* only the close variant given */
+            srv->cfg.answer[a][1] = srv->cfg.answer[a][0];
+            srv->cfg.answer_len[a][1] = srv->cfg.answer_len[a][0];
+        }
+    }
+    pthread_mutex_init(&srv->mutex, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&srv->ready, &attr);
+    pthread_cond_init(&srv->idle, &attr);
+    pthread_condattr_destroy(&attr);
+    srv->epfd = epoll_create1(EPOLL_CLOEXEC);
+    srv->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->evfd};
+    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->evfd, &ev);
+    srv->n_listen = n_listen;
+    for (int i = 0; i < n_listen; i++) {
+        int one = 1;
+        srv->listen_fds[i] = listen_fds[i];
+        fcntl(listen_fds[i], F_SETFL, fcntl(listen_fds[i], F_GETFL) | O_NONBLOCK);
+        /* Inherited by every accepted socket on Linux. */
+        setsockopt(listen_fds[i], SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+        setsockopt(listen_fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* Wake accept only once the first bytes are in: no empty read and no extra
+         * epoll round per connection, and a connection that never sends costs the
+         * kernel, not us (after this many seconds it is accepted anyway). */
+        int defer_s = (int)((cfg->header_timeout_ns + 999999999LL) / 1000000000LL);
+        setsockopt(listen_fds[i], IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s);
+        struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &srv->listen_fds[i]};
+        epoll_ctl(srv->epfd, EPOLL_CTL_ADD, listen_fds[i], &lev);
+    }
+    return srv;
+}
+
+static int fd_server_start(struct fd_server *srv)
+{
+    if (srv->thread_started)
+        return 0;
+    /* A fixed stack: pipelined refusals answered from one read recurse, at most one
+     * level per request in a buffer of max_head bytes (< 1.5 MiB); glibc's default
+     * follows RLIMIT_STACK, which may be far smaller or "unlimited" (then 2 MiB). */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8u << 20);
+    int rc = pthread_create(&srv->thread, &attr, fd_io_main, srv);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        srv->thread_started = 1;
+    return rc;
+}
+
+/* Stop accepting: the listeners close, heads completed from now on get 503 shutting-down. */
+static void fd_server_drain(struct fd_server *srv)
+{
+    pthread_mutex_lock(&srv->mutex);
+    srv->draining = 1;
+    pthread_mutex_unlock(&srv->mutex);
+    fd_wake(srv);
+}
+
+/* Wait until nothing runs and nothing waits, or until `until_ns`; 1 when idle. */
+static int fd_server_wait_idle(struct fd_server *srv, int64_t until_ns)
+{
+    pthread_mutex_lock(&srv->mutex);
+    while (srv->in_flight + srv->line.count > 0) {
+        struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
+        if (pthread_cond_timedwait(&srv->idle, &srv->mutex, &ts) == ETIMEDOUT)
+            break;
+    }
+    int idle = srv->in_flight + srv->line.count == 0;
+    pthread_mutex_unlock(&srv->mutex);
+    return idle;
+}
+
+/* The end: queued connections are answered 503, workers stop waiting, the I/O thread exits and is joined. */
+static void fd_server_stop(struct fd_server *srv)
+{
+    pthread_mutex_lock(&srv->mutex);
+    srv->draining = 1;
+    srv->stopping = 1;
+    pthread_cond_broadcast(&srv->ready);
+    pthread_mutex_unlock(&srv->mutex);
+    fd_wake(srv);
+    if (srv->thread_started) {
+        pthread_join(srv->thread, NULL);
+        srv->thread_started = 0;
+    }
+    fd_io_close_listeners(srv);
+}
+
+/* Only once the I/O thread is joined and no worker holds a connection. */
+static int fd_server_free(struct fd_server *srv)
+{
+    if (srv->thread_started || srv->in_flight)
+        return -1;
+    struct fd_conn *c = srv->returned;
+    while (c) {
+        struct fd_conn *n = c->next;
+        fd_conn_free(srv, c);
+        c = n;
+    }
+    fd_io_close_listeners(srv);
+    close(srv->epfd);
+    close(srv->evfd);
+    for (int a = 0; a < FD_A_COUNT; a++) {
+        if (srv->cfg.answer[a][1] != srv->cfg.answer[a][0])
+            free((void *)srv->cfg.answer[a][1]);
+        free((void *)srv->cfg.answer[a][0]);
+    }
+    pthread_mutex_destroy(&srv->mutex);
+    pthread_cond_destroy(&srv->ready);
+    pthread_cond_destroy(&srv->idle);
+    free(srv);
+    return 0;
+}
+
+static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
+{
+    pthread_mutex_lock(&srv->mutex);
+    int64_t free_workers = (int64_t)srv->cfg.threads - srv->in_flight;
+    s->in_flight = srv->in_flight;
+    s->assigned = srv->line.count < free_workers ? srv->line.count : free_workers;
+    s->queued = srv->line.count - s->assigned;
+    pthread_mutex_unlock(&srv->mutex);
+    s->accepted = fd_read_counter(&srv->accepted);
+    s->open_connections = fd_read_counter(&srv->open_connections);
+    s->offered = fd_read_counter(&srv->offered);
+    s->admitted = fd_read_counter(&srv->admitted);
+    s->started = fd_read_counter(&srv->started);
+    s->completed = fd_read_counter(&srv->completed);
+    s->rejected_full = fd_read_counter(&srv->rejected_full);
+    s->expired_on_arrival = fd_read_counter(&srv->expired_on_arrival);
+    s->expired_in_queue = fd_read_counter(&srv->expired_in_queue);
+    s->shutting_down = fd_read_counter(&srv->shutting_down);
+    s->header_timeouts = fd_read_counter(&srv->header_timeouts);
+    s->bad_requests = fd_read_counter(&srv->bad_requests);
+    s->heads_too_large = fd_read_counter(&srv->heads_too_large);
+    s->kernel_stamps = fd_read_counter(&srv->kernel_stamps);
+    s->peak_queued = fd_read_counter(&srv->peak_queued);
+    s->queue_wait_ns_total = fd_read_counter(&srv->queue_wait_ns_total);
+    s->pending_heads = fd_read_counter(&srv->pending_heads);
+    s->lingering = fd_read_counter(&srv->lingering_now);
+}
+
+/* ------------------------------------------------------------- workers */
+
+/* Hand a connection back to the I/O thread (keep: 1 next head, 0 polite close, -1 close now). */
+static void fd_return(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    c->verdict = keep;
+    pthread_mutex_lock(&srv->mutex);
+    if (srv->io_done) {
+        pthread_mutex_unlock(&srv->mutex);
+        fd_conn_free(srv, c);
+        return;
+    }
+    c->next = srv->returned;
+    srv->returned = c;
+    pthread_mutex_unlock(&srv->mutex);
+    fd_wake(srv);
+}
+
+/* The next admitted connection, holding one of the `threads` places; NULL once
+ * stopping, or at once when the line is empty and `block` is 0 (*empty is then set).
+ * A connection whose deadline passed while it waited is answered 504 here, never started. */
+static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *empty)
+{
+    *empty = 0;
+    for (;;) {
+        pthread_mutex_lock(&srv->mutex);
+        if (!block && !srv->stopping && srv->line.head == NULL) {
+            pthread_mutex_unlock(&srv->mutex);
+            *empty = 1;
+            return NULL;
+        }
+        while (!srv->stopping && srv->line.head == NULL)
+            pthread_cond_wait(&srv->ready, &srv->mutex);
+        if (srv->stopping) {
+            pthread_mutex_unlock(&srv->mutex);
+            return NULL;
+        }
+        struct fd_conn *c = srv->line.head;
+        fd_list_remove(&srv->line, c);
+        int64_t now = fd_now_ns();
+        if (now >= c->deadline_ns) {
+            pthread_cond_broadcast(&srv->idle);
+            pthread_mutex_unlock(&srv->mutex);
+            fd_count(&srv->expired_in_queue, 1);
+            int keep = c->client_keep_alive && !fd_has_body(c) && !srv->draining;
+            const char *bytes = srv->cfg.answer[FD_A_EXPIRED_IN_QUEUE][keep];
+            size_t len = srv->cfg.answer_len[FD_A_EXPIRED_IN_QUEUE][keep];
+            int ok = fd_send_all_nb(c->fd, bytes, len) == 0;
+            if (ok && keep)
+                fd_conn_reset_for_next(c, c->head_len);
+            fd_return(srv, c, ok ? keep : -1);
+            continue;
+        }
+        srv->in_flight++;
+        c->state = FD_RUNNING;
+        c->started_ns = now;
+        fd_count(&srv->started, 1);
+        fd_count(&srv->queue_wait_ns_total, now - c->queued_ns);
+        pthread_mutex_unlock(&srv->mutex);
+        c->pos = c->head_len;
+        c->body_left = c->chunked ? 0 : (c->content_length > 0 ? c->content_length : 0);
+        c->body_done = !fd_has_body(c);
+        c->body_error = 0;
+        memset(&c->decoder, 0, sizeof c->decoder);
+        c->decoder.consume_trailer = 1;
+        c->cbuf_pos = c->cbuf_len = 0;
+        return c;
+    }
+}
+
+/* Wait until `fd` is ready for `events` or `until_ns`; 1 ready, 0 timed out or failed. */
+static int fd_wait_fd(int fd, short events, int64_t until_ns)
+{
+    for (;;) {
+        int64_t left = until_ns - fd_now_ns();
+        if (left <= 0)
+            return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int ms = (int)((left + 999999) / 1000000);
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return 1;
+        if (r < 0 && errno != EINTR)
+            return 0;
+    }
+}
+
+/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
+static ssize_t fd_conn_try_write(struct fd_conn *c, const char *p, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = send(c->fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        return -1;
+    }
+    return (ssize_t)done;
+}
+
+/* 1 when a body read can be served from bytes already received (no wait). */
+static int fd_conn_body_buffered(const struct fd_conn *c)
+{
+    if (c->body_error || c->body_done)
+        return 1;
+    if (c->chunked)
+        return c->cbuf_pos < c->cbuf_len;
+    return c->pos < c->len;
+}
+
+/* Write everything; 0 on success, -1 when the client is gone or stalled past io_timeout. */
+static int fd_conn_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+{
+    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    while (n) {
+        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            until = fd_now_ns() + srv->cfg.io_timeout_ns;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLOUT, until))
+            continue;
+        return -1;
+    }
+    return 0;
+}
+
+/* Raw bytes of the body: first what came with the head, then the socket. */
+static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+{
+    if (c->pos < c->len) {
+        size_t have = c->len - c->pos;
+        if (have > n)
+            have = n;
+        memcpy(dst, c->buf + c->pos, have);
+        c->pos += have;
+        return (ssize_t)have;
+    }
+    if (c->expect_continue) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        c->expect_continue = 0;
+        if (fd_conn_write(srv, c, cont, sizeof cont - 1) != 0)
+            return -1;
+    }
+    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    for (;;) {
+        ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
+        if (r > 0) {
+            c->last_read_ns = fd_now_ns();
+            return r;
+        }
+        if (r == 0)
+            return -1;   /* the client closed before the body ended */
+        if (errno == EINTR)
+            continue;
+        if ((errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLIN, until))
+            continue;
+        return -1;
+    }
+}
+
+/* Up to n bytes of the decoded request body; 0 at its end, -1 on a broken or stalled body. */
+static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+{
+    if (c->body_error)
+        return -1;
+    if (n == 0)
+        return 0;
+    if (!c->chunked) {
+        if (c->body_left == 0)
+            return 0;
+        if ((int64_t)n > c->body_left)
+            n = (size_t)c->body_left;
+        ssize_t r = fd_conn_raw(srv, c, dst, n);
+        if (r < 0) {
+            c->body_error = 1;
+            return -1;
+        }
+        c->body_left -= r;
+        if (c->body_left == 0)
+            c->body_done = 1;
+        return r;
+    }
+    while (c->cbuf_pos == c->cbuf_len) {
+        if (c->body_done)
+            return 0;
+        if (c->cbuf_cap == 0) {
+            c->cbuf = malloc(FD_READ_CHUNK);
+            if (!c->cbuf) {
+                c->body_error = 1;
+                return -1;
+            }
+            c->cbuf_cap = FD_READ_CHUNK;
+        }
+        ssize_t r = fd_conn_raw(srv, c, c->cbuf, c->cbuf_cap);
+        if (r < 0) {
+            c->body_error = 1;
+            return -1;
+        }
+        size_t size = (size_t)r;
+        ssize_t rest = phr_decode_chunked(&c->decoder, c->cbuf, &size);
+        if (rest == -1) {
+            c->body_error = 1;
+            return -1;
+        }
+        c->cbuf_pos = 0;
+        c->cbuf_len = size;
+        if (rest >= 0) {
+            /* The body ended; what follows belongs to the next request: put it back. */
+            c->body_done = 1;
+            if (rest > 0) {
+                size_t keep_from = size;
+                size_t tail = c->len - c->pos;
+                size_t need = (size_t)rest + tail;
+                char *nb = malloc(need > 0 ? need : 1);
+                if (!nb) {
+                    c->body_error = 1;
+                    return -1;
+                }
+                memcpy(nb, c->cbuf + keep_from, (size_t)rest);
+                memcpy(nb + rest, c->buf + c->pos, tail);
+                free(c->buf);
+                c->buf = nb;
+                c->cap = need > 0 ? need : 1;
+                c->len = need;
+                c->pos = 0;
+                c->head_len = 0;
+            }
+        }
+    }
+    size_t have = c->cbuf_len - c->cbuf_pos;
+    if (have > n)
+        have = n;
+    memcpy(dst, c->cbuf + c->cbuf_pos, have);
+    c->cbuf_pos += have;
+    return (ssize_t)have;
+}
+
+/* The worker is done with c: its place is freed exactly once here, and the
+ * connection goes back for its next head (keep) or is closed politely. */
+static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    if (keep && (!c->body_done || c->body_error || c->cbuf_pos != c->cbuf_len))
+        keep = 0;   /* the rest of an unread body would be taken for the next head */
+    if (keep)
+        fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
+    pthread_mutex_lock(&srv->mutex);
+    srv->in_flight--;
+    fd_count(&srv->completed, 1);
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mutex);
+    fd_return(srv, c, keep ? 1 : 0);
+}
+
+/* An address as text and port, for REMOTE_ADDR / SERVER_NAME; 0 when not IP. */
+static int fd_addr_text(const struct sockaddr_storage *ss, char *host, size_t hostlen, int *port)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        *port = ntohs(a->sin_port);
+        return inet_ntop(AF_INET, &a->sin_addr, host, (socklen_t)hostlen) != NULL;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        *port = ntohs(a->sin6_port);
+        return inet_ntop(AF_INET6, &a->sin6_addr, host, (socklen_t)hostlen) != NULL;
+    }
+    return 0;
+}
+
+#endif /* PRAZO_FRONTDOOR_H */

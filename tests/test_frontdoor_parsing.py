@@ -1,0 +1,192 @@
+"""The front door's C parsers agree with ``prazo.bindings.headers``, and no head makes it answer 500.
+
+The budget cases are ``tests/test_headers.py``'s own, run against the C
+parser; Hypothesis then compares the two on arbitrary values. Raw heads go to
+the C head parser directly and, for a sample, to a live server.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import test_headers as cases
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prazo.bindings.headers import (
+    BUDGET_HEADER,
+    ENVOY_TIMEOUT_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    BudgetPolicy,
+    budget_from_headers,
+    parse_budget_ms,
+    parse_envoy_timeout_ms,
+    parse_grpc_timeout,
+)
+from prazo.bindings.servers.frontdoor import compiled_engine, create_server
+
+engine = compiled_engine()
+PAIRS = [
+    (parse_budget_ms, engine.parse_budget_ms),
+    (parse_grpc_timeout, engine.parse_grpc_timeout),
+    (parse_envoy_timeout_ms, engine.parse_envoy_timeout_ms),
+]
+NAMES = (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER)
+
+
+def _wire(value: str) -> bytes | None:
+    """``value`` as it can arrive on the wire (latin-1 bytes), or None when it cannot."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+
+
+@pytest.mark.parametrize(("python", "c"), PAIRS)
+@pytest.mark.parametrize("value", cases.INVALID_EVERYWHERE)
+def test_invalid_everywhere(python: Any, c: Any, value: str) -> None:
+    wire = _wire(value)
+    if wire is not None:
+        assert c(wire) is None
+
+
+def _param_values(test: Any) -> list[tuple[str, Any]]:
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "parametrize" and mark.args[0] == ("value", "expected"):
+            return list(mark.args[1])
+    raise AssertionError(f"no cases on {test.__name__}")
+
+
+@pytest.mark.parametrize(
+    ("case_test", "c"),
+    [
+        (cases.test_parse_budget_ms, engine.parse_budget_ms),
+        (cases.test_parse_envoy_timeout_ms, engine.parse_envoy_timeout_ms),
+        (cases.test_parse_grpc_timeout, engine.parse_grpc_timeout),
+    ],
+)
+def test_the_header_cases_of_test_headers(case_test: Any, c: Any) -> None:
+    for value, expected in _param_values(case_test):
+        wire = _wire(value)
+        if wire is None:
+            continue
+        got = c(wire)
+        if expected is None:
+            assert got is None, value
+        else:
+            assert got == pytest.approx(float(expected), rel=0, abs=0) or got == float(expected), value
+
+
+@pytest.mark.parametrize(("values", "expected"), cases.INCOMING_CASES)
+def test_incoming_cases(values: tuple[str | None, ...], expected: Any) -> None:
+    headers = [(name.lower().encode(), value.encode()) for name, value in zip(NAMES, values) if value is not None]
+    assert engine.incoming_budget(headers) == tuple(expected)
+
+
+@given(st.text(max_size=50), st.sampled_from(range(3)))
+@settings(max_examples=500)
+def test_each_parser_agrees_on_arbitrary_text(value: str, which: int) -> None:
+    wire = _wire(value)
+    if wire is None:
+        return
+    python, c = PAIRS[which]
+    assert c(wire) == python(value)
+
+
+NEAR_MISS = st.text(alphabet="0123456789.-+ \t,eHMSmunx", max_size=45)
+
+
+@given(st.lists(st.tuples(st.sampled_from(range(3)), NEAR_MISS), max_size=4))
+@settings(max_examples=500)
+def test_incoming_budget_agrees_with_budget_from_headers(fields: list[tuple[int, str]]) -> None:
+    headers = [(NAMES[which], value) for which, value in fields]
+    joined: dict[str, str] = {}
+    for name, value in headers:
+        # budget_from_headers takes a mapping: repeats arrive joined, as a server joins them.
+        joined[name] = f"{joined[name]}, {value}" if name in joined else value
+    expected = budget_from_headers(joined)
+    got = engine.incoming_budget([(name.encode(), value.encode()) for name, value in headers])
+    if expected.budget_ms is not None and any(len(v) > 40 for _, v in headers):
+        return  # a repeat of a value over 40 characters: joined it is judged whole, element-wise it may pass
+    assert got == tuple(expected), (headers, joined)
+
+
+@given(st.lists(st.tuples(st.sampled_from(range(3)), NEAR_MISS), max_size=3), st.integers(0, 2**62))
+@settings(max_examples=300)
+def test_deadline_agrees_with_the_policy(fields: list[tuple[int, str]], arrival_ns: int) -> None:
+    joined: dict[str, str] = {}
+    for which, value in fields:
+        name = cases.environ_key(NAMES[which])
+        joined[name] = f"{joined[name]},{value}" if name in joined else value
+    headers = [(NAMES[which].encode(), value.encode()) for which, value in fields]
+    policy = BudgetPolicy(default_budget_ms=1000, max_budget_ms=30000)
+    deadline, _incoming = policy.deadline_for(joined, arrival_ns)
+    # Joined with "," as a WSGI server (and the front door's environ) joins repeats: exact agreement.
+    assert engine.deadline_ns_for(headers, arrival_ns, 1000.0, 30000.0) == deadline.ns
+
+
+@pytest.mark.parametrize(
+    ("head", "verdict"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", "complete"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n", "partial"),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", "complete"),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "bad"),
+        (b"GET / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n", "complete"),
+        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
+    ],
+)
+def test_check_head(head: bytes, verdict: str) -> None:
+    assert engine.check_head(head) == verdict
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=2000)
+def test_the_head_parser_takes_any_bytes(data: bytes) -> None:
+    assert engine.check_head(data) in ("complete", "partial", "bad")
+
+
+HEADISH = st.lists(
+    st.sampled_from(
+        [b"GET ", b"POST ", b"/", b"?a", b" HTTP/1.1", b" HTTP/1.0", b"\r\n", b"\n", b": ", b"Content-Length",
+         b"Transfer-Encoding", b"chunked", b"5", b"-1", b"X-Request-Budget-Ms", b"grpc-timeout", b"1S", b" ", b"\t",
+         b"\x00", b"\xff", b"Connection", b"close", b"abc"]
+    ),
+    max_size=30,
+).map(b"".join)  # fmt: skip
+
+
+def test_no_head_is_answered_500() -> None:
+    def ok(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    server = create_server(ok, port=0, threads=2, max_queue=4, header_timeout_ms=300)
+    server.start()
+    seen: set[bytes] = set()
+    try:
+
+        @given(HEADISH)
+        @settings(max_examples=150, deadline=None)
+        def feed(data: bytes) -> None:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(data + b"\r\n\r\n")
+                sock.shutdown(socket.SHUT_WR)
+                received = b""
+                try:
+                    while chunk := sock.recv(65536):
+                        received += chunk
+                except ConnectionResetError:
+                    pass
+            for line in received.split(b"\r\n"):
+                if line.startswith(b"HTTP/1.1 "):
+                    seen.add(line[9:12])
+                    assert not line.startswith(b"HTTP/1.1 5") or line[9:12] in (b"503", b"504"), received
+
+        feed()
+    finally:
+        server.shutdown(5.0)
+    assert b"400" in seen
