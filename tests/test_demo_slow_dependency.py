@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from prazo.bench.cli import main
+from prazo.bench.demo_loadgen import LoadPlan, Record, schedule
 from prazo.bench.demo_slow_dependency import (
     ENDPOINTS,
     MIX,
@@ -39,7 +40,6 @@ from prazo.bench.demo_slow_dependency import (
     plot_timeline,
     render_report,
 )
-from prazo.bench.demo_loadgen import LoadPlan, Record, schedule
 
 
 @pytest.fixture(scope="module")
