@@ -1,4 +1,4 @@
-"""The load generator of ``prazo bench goodput``: open-loop Poisson arrivals from a process of its own.
+"""The load generator of ``prazo bench goodput`` and ``prazo demo slow-dependency``: open-loop Poisson arrivals from a process of its own.
 
 ::
 
