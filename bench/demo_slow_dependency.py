@@ -17,10 +17,11 @@ Three processes on 127.0.0.1, over real sockets:
   worker threads and four endpoints — ``/product`` (local work),
   ``/cart`` (calls cart), ``/recommendations`` (calls recommendations)
   and ``/health`` (calls nothing);
-* **the clients** (``prazo.bench.demo_loadgen``): open-loop Poisson arrivals at
-  a fixed total rate, the same seeded schedule for both setups, each
-  request on its own connection with a client timeout (1 s for the health
-  probe, like a Kubernetes probe's default, 5 s otherwise).
+* **the clients** (``prazo.bench.loadgen``, the load generator of ``prazo
+  bench goodput``, with ``--mix``): open-loop Poisson arrivals at a fixed
+  total rate, the same seeded schedule for both setups, each request on its
+  own connection with a client timeout (1 s for the health probe, like a
+  Kubernetes probe's default, 5 s otherwise) sent as its budget.
 
 The same app runs twice, one setup after the other:
 
@@ -62,7 +63,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prazo.bench.demo_loadgen import STALE_HEADER, LoadGenerator, LoadPlan, Record
+from prazo.bench.loadgen import LoadGenerator, LoadResult
 from prazo.bench.slow_remote import SlowRemote
 
 __all__ = [
@@ -73,13 +74,16 @@ __all__ = [
     "SETUPS",
     "DemoResult",
     "PhaseStats",
+    "Record",
     "SetupResult",
     "SlowDependencyParams",
+    "load_argv",
     "make_api",
     "plot_timeline",
     "render_report",
     "run_demo",
     "run_setup",
+    "to_records",
 ]
 
 ENDPOINTS = ("/product", "/cart", "/recommendations", "/health")
@@ -93,6 +97,9 @@ _SAMPLE_INTERVAL_S = 0.25
 _DEPENDENCY_STATS_SHOWN = ("outcomes", "rejected", "stale_served", "p99_ms")
 _STOP_TIMEOUT_S = 10.0
 _STARTUP_TIMEOUT_S = 20.0
+# Set by the API when it answered from last-known-good: how old that answer is.
+STALE_HEADER = "X-Stale-Age-S"
+_LOADGEN_WAIT_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -402,6 +409,58 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))]
 
 
+@dataclass
+class Record:
+    """One request as the demo counts it: times are ``time.monotonic_ns()`` values (shared by all processes on Linux)."""
+
+    endpoint: str
+    scheduled_ns: int
+    sent_ns: int
+    done_ns: int
+    status: int  # 0 when no answer came (timeout or connection error)
+    error: str | None = None
+    stale_age_s: float | None = None
+
+    @property
+    def latency_ms(self) -> float:
+        """From the scheduled send time to the answer (or to giving up)."""
+        return (self.done_ns - self.scheduled_ns) / 1e6
+
+    @property
+    def lag_ms(self) -> float:
+        """How late the generator sent it."""
+        return (self.sent_ns - self.scheduled_ns) / 1e6
+
+
+def to_records(load: LoadResult, start_ns: int) -> list[Record]:
+    """The load generator's records as the demo's, in schedule order (``start_ns``: the schedule's time zero)."""
+    records = []
+    for scheduled, sent, status, reason, latency, outcome, target, stale in sorted(load.records, key=lambda r: r[0]):
+        answered = outcome in ("ok", "refused", "status")
+        records.append(
+            Record(
+                endpoint=target.partition("?")[0],
+                scheduled_ns=start_ns + scheduled,
+                sent_ns=start_ns + sent,
+                done_ns=start_ns + sent + latency,
+                status=status if answered else 0,
+                error=None if answered else reason or outcome,
+                stale_age_s=None if stale is None else float(stale),
+            )
+        )
+    return records
+
+
+def load_argv(params: SlowDependencyParams, port: int) -> list[str]:
+    """The load generator's command line for ``params`` against the API on ``port``."""
+    return [
+        "--port", str(port), "--rate", repr(params.rate_per_s), "--seconds", repr(params.duration_s),
+        "--seed", str(params.seed), "--mix", ",".join(f"{path}={weight!r}" for path, weight in MIX.items()),
+        "--keys", str(params.keys), "--budget-ms", repr(params.client_timeout_s * 1000),
+        "--path-budget", f"/health={params.health_timeout_s * 1000!r}", "--capture", STALE_HEADER,
+    ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class PhaseStats:
     """One endpoint in one phase, as its clients saw it."""
@@ -535,17 +594,7 @@ def run_setup(params: SlowDependencyParams, setup: str) -> SetupResult:
         try:
             with _quiet_waitress(), _api_server(setup, app, params) as api:
                 _wait_until_up(api.port)
-                plan = LoadPlan(
-                    port=api.port,
-                    rate_per_s=params.rate_per_s,
-                    duration_s=params.duration_s,
-                    mix=MIX,
-                    timeout_s={"/health": params.health_timeout_s},
-                    default_timeout_s=params.client_timeout_s,
-                    keys=params.keys,
-                    seed=params.seed,
-                )
-                generator = LoadGenerator(plan).start()
+                generator = LoadGenerator(load_argv(params, api.port)).start()
                 try:
                     start_ns = generator.begin()
                     stop_sampling = threading.Event()
@@ -561,7 +610,9 @@ def run_setup(params: SlowDependencyParams, setup: str) -> SetupResult:
                     slow_at_ns = remote.set_latency("recommendations", params.slow_ms)
                     _sleep_until(start_ns + int((params.before_s + params.during_s) * 1e9))
                     normal_at_ns = remote.set_latency("recommendations", params.normal_ms)
-                    records = generator.wait()
+                    longest_s = max(params.client_timeout_s, params.health_timeout_s)
+                    load = generator.wait(params.duration_s + longest_s + _LOADGEN_WAIT_SLACK_S)
+                    records = to_records(load, start_ns)
                     stop_sampling.set()
                     sampling.join()
                 finally:

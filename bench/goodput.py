@@ -80,6 +80,7 @@ __all__ = [
     "DRAIN_S",
     "SERVERS",
     "GoodputSettings",
+    "NoCapacity",
     "PointResult",
     "ServerSpec",
     "add_bench_goodput_arguments",
@@ -486,6 +487,10 @@ def _loadgen_timeout(seconds: float, budget_ms: float) -> float:
     return seconds + budget_ms / 1000 + 60
 
 
+class NoCapacity(RuntimeError):
+    """The capacity run got no good answer: there is nothing to offer a multiple of."""
+
+
 def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
     """Answers per second of a closed loop of ``3 x threads`` clients with generous budgets, best of three.
 
@@ -499,10 +504,18 @@ def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
         "--seconds", repr(settings.capacity_seconds), "--budget-ms", repr(settings.capacity_budget_ms),
     ]  # fmt: skip
     best = 0.0
+    outcomes: Counter[str] = Counter()
     for _run in range(CAPACITY_RUNS):
         load = run_in_subprocess(argv, _loadgen_timeout(settings.capacity_seconds, settings.capacity_budget_ms))
         good = sum(1 for r in load.records if r[5] == "ok")
         best = max(best, good / load.wall_s if load.wall_s > 0 else 0.0)
+        outcomes.update(f"{r[5]} ({r[3] or r[2]})" if r[5] != "ok" else "ok" for r in load.records)
+    if best <= 0:
+        seen = ", ".join(f"{count} {outcome}" for outcome, count in outcomes.most_common(3)) or "no request ended"
+        raise NoCapacity(
+            f"{target.host}:{target.port} gave no 200 in {CAPACITY_RUNS} capacity runs ({seen}): "
+            "is the server up, and serving the app the bench was told?"
+        )
     return best
 
 
@@ -801,15 +814,19 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     print(TABLE_HEADER, file=sys.stderr)
     results: list[PointResult] = []
     labels: dict[str, str] = {}
-    if target is not None:
-        labels[args.name] = f"{args.name} at {args.target} (started outside the bench)"
-        running = _Target(target[0], target[1], args.stats_dir)
-        results.extend(run_target(running, args.name, args.app, settings, progress))
-    else:
-        for name in settings.servers:
-            labels[name] = SERVERS[name].label()
-            for app in settings.apps:
-                results.extend(run_server_app(SERVERS[name], app, settings, progress))
+    try:
+        if target is not None:
+            labels[args.name] = f"{args.name} at {args.target} (started outside the bench)"
+            running = _Target(target[0], target[1], args.stats_dir)
+            results.extend(run_target(running, args.name, args.app, settings, progress))
+        else:
+            for name in settings.servers:
+                labels[name] = SERVERS[name].label()
+                for app in settings.apps:
+                    results.extend(run_server_app(SERVERS[name], app, settings, progress))
+    except NoCapacity as exc:
+        print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
+        return 1
     if not args.json:
         print(render_table(results, settings, labels), file=out)
     if args.plot:

@@ -1,13 +1,28 @@
-"""The load generator of ``prazo bench goodput``: open-loop Poisson arrivals from a process of its own.
+"""The load generator of ``prazo bench goodput`` and ``prazo demo slow-dependency``: open-loop Poisson arrivals from a process of its own.
 
 ::
 
     python -m prazo.bench.loadgen --port 8000 --rate 500 --seconds 4 [--budget-ms 1000] [--seed 1]
     python -m prazo.bench.loadgen --port 8000 --closed 8 --seconds 3 --budget-ms 10000
+    python -m prazo.bench.loadgen --port 8000 --rate 100 --seconds 13 --budget-ms 5000 \
+        --mix /product=0.3,/health=0.05 --keys 50 --path-budget /health=1000 --capture X-Stale-Age-S
 
 prints one JSON object: per request ``[scheduled_ns, sent_ns, status,
-reason, latency_ns, outcome]`` (times relative to the start of the
-schedule), its own CPU time and wall time.
+reason, latency_ns, outcome, target, captured]`` (times relative to the
+start of the schedule; ``target`` is the request's path and query,
+``captured`` the value of the ``--capture`` response header or None), its
+own CPU time and wall time.
+
+Both load commands use it: ``prazo bench goodput`` (one path, one budget)
+and ``prazo demo slow-dependency`` (``--mix``: each arrival asks for one of
+several paths, weighted, as ``PATH?id=K`` with ``K`` uniform in
+``[1, --keys]``; ``--path-budget``: a path's own budget, as a client with a
+shorter timeout for it would send). ``LoadGenerator`` runs it in a process of
+its own and lets the caller choose the schedule's time zero::
+
+    generator = LoadGenerator(argv).start()   # spawned, imports done, waiting
+    start_ns = generator.begin()              # time zero, time.monotonic_ns()
+    result = generator.wait(timeout_s)        # a LoadResult
 
 **The model.** One new TCP connection per request (``Connection: close``):
 the simplest honest open-loop client, since a request never waits for
@@ -42,6 +57,7 @@ from __future__ import annotations
 import argparse
 import errno
 import gc
+import heapq
 import json
 import os
 import random
@@ -51,17 +67,25 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only
 
 __all__ = [
     "OUTCOMES",
     "REFUSAL_STATUSES",
+    "Arrival",
+    "LoadGenerator",
     "LoadResult",
+    "build_parser",
+    "build_schedule",
+    "mixed_schedule",
     "parse_head",
+    "parse_response_head",
     "poisson_schedule",
     "run_closed",
     "run_in_subprocess",
@@ -73,25 +97,63 @@ OUTCOMES = ("ok", "refused", "status", "timeout", "error")
 REFUSAL_STATUSES = frozenset({503, 504, 408, 429})
 GIVE_UP_HEADER = "X-Bench-Give-Up-At-Ns"
 _RECV = 65536
+_START_SLACK_S = 0.2  # LoadGenerator.begin: time zero is this far ahead, for the word to reach the process
+
+
+class Arrival(NamedTuple):
+    """One request of an open-loop schedule: when (ns from time zero), what (path and query), with which budget."""
+
+    offset_ns: int
+    target: str
+    budget_ms: float
+
+
+def _poisson(rng: random.Random, rate: float, seconds: float, max_requests: int) -> Iterator[int]:
+    if not rate > 0 or not seconds > 0:
+        raise ValueError(f"rate and seconds must be > 0, got {rate!r}, {seconds!r}")
+    t = 0.0
+    for _ in range(max_requests):
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return
+        yield int(t * 1e9)
 
 
 def poisson_schedule(rate: float, seconds: float, max_requests: int, seed: int) -> list[int]:
     """Send times in ns from the start: exponential gaps of mean ``1/rate``, within ``seconds``, at most ``max_requests``."""
-    if not rate > 0 or not seconds > 0:
-        raise ValueError(f"rate and seconds must be > 0, got {rate!r}, {seconds!r}")
+    return list(_poisson(random.Random(seed), rate, seconds, max_requests))
+
+
+def mixed_schedule(
+    rate: float,
+    seconds: float,
+    max_requests: int,
+    seed: int,
+    mix: Mapping[str, float],
+    keys: int,
+    budget_ms: float,
+    path_budget_ms: Mapping[str, float] | None = None,
+) -> list[Arrival]:
+    """Poisson arrivals, each for a path of ``mix`` (by weight) as ``PATH?id=K``, ``K`` uniform in ``[1, keys]``.
+
+    A path's budget is ``path_budget_ms[path]``, else ``budget_ms``.
+    """
+    if not mix or keys < 1:
+        raise ValueError(f"a mix needs paths and keys >= 1, got {dict(mix)!r}, {keys!r}")
     rng = random.Random(seed)
-    times: list[int] = []
-    t = 0.0
-    while len(times) < max_requests:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            break
-        times.append(int(t * 1e9))
-    return times
+    paths = list(mix)
+    weights = [mix[path] for path in paths]
+    budgets = path_budget_ms or {}
+    arrivals = []
+    for offset_ns in _poisson(rng, rate, seconds, max_requests):
+        path = rng.choices(paths, weights)[0]
+        key = rng.randint(1, keys)
+        arrivals.append(Arrival(offset_ns, f"{path}?id={key}", budgets.get(path, budget_ms)))
+    return arrivals
 
 
-def parse_head(buffer: bytes | bytearray) -> tuple[int, str, int | None, int] | None:
-    """``(status, X-Prazo-Reason, Content-Length or None, end of head)`` once the head is complete, else None.
+def parse_response_head(buffer: bytes | bytearray) -> tuple[int, dict[str, str], int] | None:
+    """``(status, headers by lower-case name, end of head)`` once the head is complete, else None.
 
     Raises ValueError for a head that is not HTTP/1.x.
     """
@@ -102,16 +164,24 @@ def parse_head(buffer: bytes | bytearray) -> tuple[int, str, int | None, int] | 
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise ValueError(f"not an HTTP/1.x status line: {lines[0]!r}")
-    reason = ""
-    length = None
+    headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "x-prazo-reason":
-            reason = value.strip()
-        elif name == "content-length" and value.strip().isdigit():
-            length = int(value.strip())
-    return int(parts[1]), reason, length, end + 4
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers, end + 4
+
+
+def parse_head(buffer: bytes | bytearray) -> tuple[int, str, int | None, int] | None:
+    """``(status, X-Prazo-Reason, Content-Length or None, end of head)`` once the head is complete, else None.
+
+    Raises ValueError for a head that is not HTTP/1.x.
+    """
+    head = parse_response_head(buffer)
+    if head is None:
+        return None
+    status, headers, end = head
+    length = headers.get("content-length", "")
+    return status, headers.get("x-prazo-reason", ""), int(length) if length.isdigit() else None, end
 
 
 @dataclass
@@ -120,7 +190,7 @@ class LoadResult:
 
     records: list[list[Any]] = field(
         default_factory=list
-    )  # [scheduled_ns, sent_ns, status, reason, latency_ns, outcome]
+    )  # [scheduled_ns, sent_ns, status, reason, latency_ns, outcome, target, captured]
     wall_s: float = 0.0
     cpu_s: float = 0.0
     schedule_s: float = 0.0
@@ -145,44 +215,50 @@ class LoadResult:
 
 
 class _Request:
-    __slots__ = ("buffer", "done", "give_up_ns", "head", "index", "out", "scheduled_ns", "sent_ns", "sock")
+    __slots__ = (
+        "buffer", "done", "give_up_ns", "head", "index", "out", "scheduled_ns", "sent_ns", "sock", "target"
+    )  # fmt: skip
 
-    def __init__(self, index: int, scheduled_ns: int, sent_ns: int, give_up_ns: int) -> None:
+    def __init__(self, index: int, scheduled_ns: int, sent_ns: int, give_up_ns: int, target: str) -> None:
         self.index = index
         self.scheduled_ns = scheduled_ns
         self.sent_ns = sent_ns
         self.give_up_ns = give_up_ns
+        self.target = target
         self.sock: socket.socket | None = None
         self.out = b""
         self.buffer = bytearray()
-        self.head: tuple[int, str, int | None, int] | None = None
+        self.head: tuple[int, dict[str, str], int] | None = None
         self.done = False
 
 
 class _Engine:
     """The event loop shared by both modes: connections in flight, and the give-up clock."""
 
-    def __init__(self, host: str, port: int, budget_ms: float, path: str) -> None:
+    def __init__(self, host: str, port: int, capture: str | None = None) -> None:
         self.address = (host, port)
-        self.budget_ns = int(budget_ms * 1e6)
-        self.budget_header = f"{budget_ms:g}"
-        self.prefix = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nX-Request-Budget-Ms: {self.budget_header}\r\n"
+        self.host_header = f"Host: {host}:{port}\r\n"
+        self.capture = capture.lower() if capture else None
         self.selector = selectors.DefaultSelector()
-        # Every request has the same budget, so give-up times are in send order.
-        self.in_flight: deque[_Request] = deque()
+        # Give-up times, earliest first (budgets may differ from one request to the next).
+        self.in_flight: list[tuple[int, int, _Request]] = []
         self.open = 0
         self.result = LoadResult()
         self.origin_ns = 0
         self.on_done: Any = None
 
-    def send(self, index: int, scheduled_ns: int) -> None:
+    def next_give_up_ns(self) -> int | None:
+        return self.in_flight[0][0] if self.in_flight else None
+
+    def send(self, index: int, scheduled_ns: int, target: str, budget_ms: float) -> None:
         sent_ns = time.monotonic_ns()
-        request = _Request(index, scheduled_ns, sent_ns, sent_ns + self.budget_ns)
-        request.out = (f"{self.prefix}{GIVE_UP_HEADER}: {request.give_up_ns}\r\nConnection: close\r\n\r\n").encode(
-            "ascii"
-        )
+        request = _Request(index, scheduled_ns, sent_ns, sent_ns + int(budget_ms * 1e6), target)
+        request.out = (
+            f"GET {target} HTTP/1.1\r\n{self.host_header}X-Request-Budget-Ms: {budget_ms:g}\r\n"
+            f"{GIVE_UP_HEADER}: {request.give_up_ns}\r\nConnection: close\r\n\r\n"
+        ).encode("ascii")
         self.open += 1
-        self.in_flight.append(request)
+        heapq.heappush(self.in_flight, (request.give_up_ns, index, request))
         try:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         except OSError as exc:  # out of descriptors: this request fails, the schedule goes on
@@ -196,7 +272,7 @@ class _Engine:
             return
         self.selector.register(sock, selectors.EVENT_WRITE, request)
 
-    def finish(self, request: _Request, status: int, reason: str, outcome: str) -> None:
+    def finish(self, request: _Request, status: int, reason: str, outcome: str, captured: str | None = None) -> None:
         if request.done:
             return
         request.done = True
@@ -218,14 +294,16 @@ class _Engine:
                 reason,
                 now - request.sent_ns,
                 outcome,
+                request.target,
+                captured,
             ]
         )
         if self.on_done is not None:
             self.on_done(now)
 
     def expire(self, now: int) -> None:
-        while self.in_flight and (self.in_flight[0].done or self.in_flight[0].give_up_ns <= now):
-            request = self.in_flight.popleft()
+        while self.in_flight and (self.in_flight[0][2].done or self.in_flight[0][0] <= now):
+            request = heapq.heappop(self.in_flight)[2]
             if not request.done:
                 status = request.head[0] if request.head is not None else 0
                 self.finish(request, status, "gave up at the budget", "timeout")
@@ -271,19 +349,22 @@ class _Engine:
         request.buffer += data
         if request.head is None:
             try:
-                request.head = parse_head(request.buffer)
+                request.head = parse_response_head(request.buffer)
             except ValueError:
                 self.finish(request, 0, "malformed answer", "error")
                 return
         head = request.head
         if head is not None:
-            status, reason, length, body_start = head
+            status, headers, body_start = head
+            declared = headers.get("content-length", "")
+            length = int(declared) if declared.isdigit() else None
             complete = (length is not None and len(request.buffer) - body_start >= length) or (
                 length is None and not data
             )
             if complete:
                 outcome = "ok" if status == 200 else "refused" if status in REFUSAL_STATUSES else "status"
-                self.finish(request, status, reason, outcome)
+                captured = headers.get(self.capture) if self.capture else None
+                self.finish(request, status, headers.get("x-prazo-reason", ""), outcome, captured)
                 return
         if not data:
             self.finish(request, 0, "closed before a complete answer", "error")
@@ -294,35 +375,62 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_open(host: str, port: int, schedule_ns: list[int], budget_ms: float = 1000.0, path: str = "/") -> LoadResult:
-    """Send one request at each time of ``schedule_ns`` (from now), open loop; wait for every outcome."""
-    engine = _Engine(host, port, budget_ms, path)
+def _until(origin_ns: int | None) -> int:
+    """Sleep until ``origin_ns`` (now when None); returns it."""
+    if origin_ns is None:
+        return time.monotonic_ns()
+    time.sleep(max(0.0, (origin_ns - time.monotonic_ns()) / 1e9))
+    return origin_ns
+
+
+def run_open(
+    host: str,
+    port: int,
+    schedule: Sequence[Arrival],
+    capture: str | None = None,
+    origin_ns: int | None = None,
+) -> LoadResult:
+    """Send each arrival of ``schedule`` at its time from ``origin_ns`` (default now), open loop; wait for every outcome.
+
+    ``capture`` names a response header whose value each record keeps.
+    """
+    engine = _Engine(host, port, capture)
+    origin = engine.origin_ns = _until(origin_ns)
     cpu0, wall0 = _cpu_s(), time.monotonic()
-    origin = engine.origin_ns = time.monotonic_ns()
     following = 0
-    while following < len(schedule_ns) or engine.open:
+    while following < len(schedule) or engine.open:
         now = time.monotonic_ns()
-        while following < len(schedule_ns) and origin + schedule_ns[following] <= now:
-            engine.send(following, origin + schedule_ns[following])
+        while following < len(schedule) and origin + schedule[following].offset_ns <= now:
+            arrival = schedule[following]
+            engine.send(following, origin + arrival.offset_ns, arrival.target, arrival.budget_ms)
             following += 1
             now = time.monotonic_ns()
         engine.expire(now)
-        wake = [origin + schedule_ns[following]] if following < len(schedule_ns) else []
-        if engine.in_flight:
-            wake.append(engine.in_flight[0].give_up_ns)
+        wake = [origin + schedule[following].offset_ns] if following < len(schedule) else []
+        give_up = engine.next_give_up_ns()
+        if give_up is not None:
+            wake.append(give_up)
         timeout = max(0.0, (min(wake) - now) / 1e9) if wake else 0.05
         engine.poll(timeout)
     engine.result.wall_s = time.monotonic() - wall0
     engine.result.cpu_s = _cpu_s() - cpu0
-    engine.result.schedule_s = (schedule_ns[-1] / 1e9) if schedule_ns else 0.0
+    engine.result.schedule_s = (schedule[-1].offset_ns / 1e9) if schedule else 0.0
     return engine.result
 
 
-def run_closed(host: str, port: int, clients: int, seconds: float, budget_ms: float, path: str = "/") -> LoadResult:
+def run_closed(
+    host: str,
+    port: int,
+    clients: int,
+    seconds: float,
+    budget_ms: float,
+    path: str = "/",
+    origin_ns: int | None = None,
+) -> LoadResult:
     """``clients`` closed-loop clients for ``seconds``: each sends its next request when its last one ended."""
-    engine = _Engine(host, port, budget_ms, path)
+    engine = _Engine(host, port)
+    origin = engine.origin_ns = _until(origin_ns)
     cpu0, wall0 = _cpu_s(), time.monotonic()
-    origin = engine.origin_ns = time.monotonic_ns()
     stop_ns = origin + int(seconds * 1e9)
     pending = [0]
     count = [0]
@@ -333,16 +441,17 @@ def run_closed(host: str, port: int, clients: int, seconds: float, budget_ms: fl
 
     engine.on_done = on_done
     for _ in range(clients):
-        engine.send(count[0], time.monotonic_ns())
+        engine.send(count[0], time.monotonic_ns(), path, budget_ms)
         count[0] += 1
     while engine.open or pending[0]:
         while pending[0]:
             pending[0] -= 1
-            engine.send(count[0], time.monotonic_ns())
+            engine.send(count[0], time.monotonic_ns(), path, budget_ms)
             count[0] += 1
         now = time.monotonic_ns()
         engine.expire(now)
-        timeout = max(0.0, (engine.in_flight[0].give_up_ns - now) / 1e9) if engine.in_flight else 0.0
+        give_up = engine.next_give_up_ns()
+        timeout = max(0.0, (give_up - now) / 1e9) if give_up is not None else 0.0
         engine.poll(min(timeout, 0.05))
     engine.result.wall_s = time.monotonic() - wall0
     engine.result.cpu_s = _cpu_s() - cpu0
@@ -350,12 +459,37 @@ def run_closed(host: str, port: int, clients: int, seconds: float, budget_ms: fl
     return engine.result
 
 
-def run_load(args: argparse.Namespace) -> LoadResult:
-    """A run as the command-line ``args`` say."""
+def build_schedule(args: argparse.Namespace) -> list[Arrival]:
+    """The open-loop schedule the command-line ``args`` describe (the same for every run of the same ``args``)."""
+    if args.mix:
+        return mixed_schedule(
+            args.rate, args.seconds, args.max_requests, args.seed, args.mix, args.keys, args.budget_ms,
+            args.path_budget,
+        )  # fmt: skip
+    times = poisson_schedule(args.rate, args.seconds, args.max_requests, args.seed)
+    return [Arrival(offset_ns, args.path, args.budget_ms) for offset_ns in times]
+
+
+def run_load(args: argparse.Namespace, origin_ns: int | None = None) -> LoadResult:
+    """A run as the command-line ``args`` say, from ``origin_ns`` (default now)."""
     if args.closed:
-        return run_closed(args.host, args.port, args.closed, args.seconds, args.budget_ms, args.path)
-    schedule = poisson_schedule(args.rate, args.seconds, args.max_requests, args.seed)
-    return run_open(args.host, args.port, schedule, args.budget_ms, args.path)
+        return run_closed(args.host, args.port, args.closed, args.seconds, args.budget_ms, args.path, origin_ns)
+    return run_open(args.host, args.port, build_schedule(args), args.capture, origin_ns)
+
+
+def _weights(text: str) -> dict[str, float]:
+    """``PATH=NUMBER,...`` as a dict (for ``--mix``)."""
+    pairs: dict[str, float] = {}
+    for item in text.split(","):
+        path, sep, number = item.strip().rpartition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            value = -1.0
+        if not sep or not path.startswith("/") or not value >= 0:
+            raise argparse.ArgumentTypeError(f"must be PATH=NUMBER,... with numbers >= 0, got {text!r}")
+        pairs[path] = value
+    return pairs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,7 +504,73 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--closed", type=int, default=0, metavar="N", help="closed loop with N clients instead")
     parser.add_argument("--nice", type=int, default=-10, help="scheduling priority to take when allowed (default -10)")
+    parser.add_argument(
+        "--mix", type=_weights, default=None, metavar="PATH=W,...", help="open loop: paths by weight, as PATH?id=K"
+    )
+    parser.add_argument("--keys", type=int, default=50, help="with --mix: K is uniform in [1, KEYS]")
+    parser.add_argument(
+        "--path-budget", type=_weights, default=None, metavar="PATH=MS,...", help="with --mix: a path's own budget"
+    )
+    parser.add_argument("--capture", default=None, metavar="HEADER", help="keep this response header's value")
+    parser.add_argument(
+        "--wait-for-start", action="store_true", help="after 'started', read time zero (monotonic ns) from stdin"
+    )
     return parser
+
+
+class LoadGenerator:
+    """The generator in a process of its own, from the caller's side: ``start()``, ``begin()``, ``wait()``.
+
+    ``argv`` is as on its command line. Between ``start`` (the process is
+    up and waiting) and ``begin`` (the schedule's time zero) the caller can
+    prepare whatever must line up with the schedule.
+    """
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.start_ns = 0
+        self._process: subprocess.Popen[str] | None = None
+
+    def start(self) -> Self:
+        """Spawn the process and wait until it is ready to send."""
+        command = [sys.executable, "-m", "prazo.bench.loadgen", *self.argv, "--wait-for-start"]
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self._process.stderr is not None
+        line = self._process.stderr.readline().strip()
+        if line != "started":
+            self.kill()
+            raise RuntimeError(f"the load generator did not start (said {line!r})")
+        return self
+
+    def begin(self, slack_s: float = _START_SLACK_S) -> int:
+        """Start the schedule ``slack_s`` from now; returns its time zero (``time.monotonic_ns()``)."""
+        assert self._process is not None and self._process.stdin is not None
+        self.start_ns = time.monotonic_ns() + int(slack_s * 1e9)
+        try:
+            self._process.stdin.write(f"{self.start_ns}\n")
+            self._process.stdin.flush()  # wait() closes it
+        except BrokenPipeError:
+            pass  # it died: wait() says how
+        return self.start_ns
+
+    def wait(self, timeout_s: float) -> LoadResult:
+        """Every request's record, once the last one was answered or given up on."""
+        assert self._process is not None
+        try:
+            stdout, stderr = self._process.communicate(timeout=timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        if self._process.returncode != 0:
+            raise RuntimeError(f"the load generator failed ({self._process.returncode}): {stderr.strip()[-2000:]}")
+        return LoadResult.from_json(json.loads(stdout))
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
 
 
 def run_in_subprocess(
@@ -379,27 +579,18 @@ def run_in_subprocess(
     """Run the generator in its own process with ``argv`` (as on its command line) and read its result.
 
     Each ``(seconds, callback)`` of ``at`` is called that long after the
-    generator started its schedule, in order (e.g. to read a server's
-    counters when the measured window opens and when it closes).
+    schedule's time zero, in order (e.g. to read a server's counters when
+    the measured window opens and when it closes).
     """
-    command = [sys.executable, "-m", "prazo.bench.loadgen", *argv]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    generator = LoadGenerator(argv).start()
     try:
-        if at:
-            assert process.stderr is not None
-            process.stderr.readline()  # "started", or "" if it died first
-            origin = time.monotonic()
-            for seconds, callback in sorted(at, key=lambda pair: pair[0]):
-                time.sleep(max(0.0, origin + seconds - time.monotonic()))
-                callback()
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    if process.returncode != 0:
-        raise RuntimeError(f"the load generator failed ({process.returncode}): {stderr.strip()[-2000:]}")
-    return LoadResult.from_json(json.loads(stdout))
+        origin_ns = generator.begin()
+        for seconds, callback in sorted(at, key=lambda pair: pair[0]):
+            time.sleep(max(0.0, (origin_ns + int(seconds * 1e9) - time.monotonic_ns()) / 1e9))
+            callback()
+        return generator.wait(timeout_s)
+    finally:
+        generator.kill()
 
 
 def _take_priority(niceness: int) -> int:
@@ -432,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     # The records hold no cycles: a collection would only pause the schedule.
     gc.disable()
     print("started", file=sys.stderr, flush=True)
-    result = run_load(args)
+    origin_ns = int(sys.stdin.readline()) if args.wait_for_start else None
+    result = run_load(args, origin_ns)
     result.niceness = niceness
     json.dump(result.to_json(), sys.stdout, separators=(",", ":"))
     return 0

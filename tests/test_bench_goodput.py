@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +25,15 @@ from prazo.bench.goodput import (
     summarize,
 )
 from prazo.bench.goodput_apps import ENV_STATS_DIR, GIVE_UP_HEADER, AppStats, cpu, read_stats
-from prazo.bench.loadgen import OUTCOMES, LoadResult, parse_head, poisson_schedule, run_in_subprocess
+from prazo.bench.loadgen import (
+    OUTCOMES,
+    LoadResult,
+    mixed_schedule,
+    parse_head,
+    parse_response_head,
+    poisson_schedule,
+    run_in_subprocess,
+)
 from prazo.core import Deadline
 
 MS = 1_000_000
@@ -60,6 +69,25 @@ def test_answer_heads_are_parsed() -> None:
     assert parse_head(b"HTTP/1.0 200 OK\r\n\r\n") == (200, "", None, 19)
     with pytest.raises(ValueError):
         parse_head(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+
+def test_a_mixed_schedule_keeps_the_poisson_times_and_spreads_paths_keys_and_budgets() -> None:
+    mix = {"/a": 0.75, "/b": 0.25}
+    arrivals = mixed_schedule(1000, 20, 10**6, 7, mix, keys=5, budget_ms=5000, path_budget_ms={"/b": 1000})
+    assert arrivals == mixed_schedule(1000, 20, 10**6, 7, mix, keys=5, budget_ms=5000, path_budget_ms={"/b": 1000})
+    assert all(0 <= a.offset_ns < 20 * 10**9 for a in arrivals)
+    assert [a.offset_ns for a in arrivals] == sorted(a.offset_ns for a in arrivals)
+    paths = [a.target.partition("?")[0] for a in arrivals]
+    assert paths.count("/a") / len(paths) == pytest.approx(0.75, abs=0.02)
+    assert {a.target.partition("?id=")[2] for a in arrivals} == {"1", "2", "3", "4", "5"}
+    assert {(path, a.budget_ms) for path, a in zip(paths, arrivals, strict=True)} == {("/a", 5000), ("/b", 1000)}
+    with pytest.raises(ValueError):
+        mixed_schedule(10, 1, 10, 1, {}, keys=5, budget_ms=1000)
+
+
+def test_the_response_head_gives_every_header() -> None:
+    head = b"HTTP/1.1 200 OK\r\nX-Stale-Age-S: 12.500\r\nContent-Length: 0\r\n\r\n"
+    assert parse_response_head(head) == (200, {"x-stale-age-s": "12.500", "content-length": "0"}, len(head))
 
 
 # -- the statistics ---------------------------------------------------------------
@@ -168,6 +196,17 @@ def test_the_cpu_app_reads_prazos_deadline(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 # -- the command line and one real run ----------------------------------------------
+
+
+def test_a_target_that_does_not_answer_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as bound:  # bound, never listening: every connection is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        argv = ["--target", f"127.0.0.1:{port}", "--app", "io", "--quick"]
+        assert bench_goodput(argv, io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert f"error: 127.0.0.1:{port} gave no 200" in err and "ECONNREFUSED" in err
+    assert "Traceback" not in err
 
 
 def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

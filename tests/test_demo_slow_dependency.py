@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from prazo.bench.cli import main
-from prazo.bench.demo_loadgen import LoadPlan, Record, schedule
 from prazo.bench.demo_slow_dependency import (
     ENDPOINTS,
     MIX,
@@ -35,11 +34,14 @@ from prazo.bench.demo_slow_dependency import (
     QUICK_PARAMS,
     DemoResult,
     PhaseStats,
+    Record,
     SetupResult,
     SlowDependencyParams,
+    load_argv,
     plot_timeline,
     render_report,
 )
+from prazo.bench.loadgen import build_parser, build_schedule
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +98,10 @@ def test_without_prazo_the_shared_pool_fills_and_takes_health_down(quick_run: di
 def test_both_setups_got_the_same_traffic_and_the_generator_reports_its_lag(quick_run: dict[str, Any]) -> None:
     sent = {name: setup["requests"] for name, setup in quick_run["setups"].items()}
     p = QUICK_PARAMS
-    plan = LoadPlan(port=1, rate_per_s=p.rate_per_s, duration_s=p.duration_s, mix=MIX, keys=p.keys, seed=p.seed)
-    assert sent == {"without": len(schedule(plan)), "with": len(schedule(plan))}
+    planned = build_schedule(build_parser().parse_args(load_argv(p, port=1)))
+    assert sent == {"without": len(planned), "with": len(planned)}
+    assert {arrival.target.partition("?")[0] for arrival in planned} == set(MIX)
+    assert {a.budget_ms for a in planned if a.target.startswith("/health?")} == {p.health_timeout_s * 1000}
     for setup in quick_run["setups"].values():
         assert set(setup["generator_lag_ms"]) == {"p50", "p99", "max"}
         assert set(setup["table"]) == set(ENDPOINTS)
