@@ -223,18 +223,9 @@ class LatencyHistogram:
     def record(self, ns: int) -> None:
         """Count one latency of ``ns`` nanoseconds (an int >= 0)."""
         ns = checked_ns(ns, "ns")
-        over = ns > MAX_NS
-        index = _index(MAX_NS if over else ns)
         with self._lock:
-            self._counts[index] += 1
+            self._count_locked(ns)
             self._count += 1
-            self._sum = min(self._sum + ns, _INT64_MAX)
-            if self._min is None or ns < self._min:
-                self._min = ns
-            if self._max is None or ns > self._max:
-                self._max = ns
-            if over:
-                self._overflow += 1
 
     def record_many(self, values: Iterable[int]) -> None:
         """Count every value of ``values`` (all are checked before any is counted)."""
@@ -243,16 +234,20 @@ class LatencyHistogram:
         checked = [checked_ns(ns, "values") for ns in values]
         with self._lock:
             for ns in checked:
-                over = ns > MAX_NS
-                self._counts[_index(MAX_NS if over else ns)] += 1
-                self._sum = min(self._sum + ns, _INT64_MAX)
-                if self._min is None or ns < self._min:
-                    self._min = ns
-                if self._max is None or ns > self._max:
-                    self._max = ns
-                if over:
-                    self._overflow += 1
+                self._count_locked(ns)
             self._count += len(checked)
+
+    def _count_locked(self, ns: int) -> None:
+        """Count one checked value into its bucket, sum, min, max and overflow; the caller holds the lock."""
+        over = ns > MAX_NS
+        self._counts[_index(MAX_NS if over else ns)] += 1
+        self._sum = min(self._sum + ns, _INT64_MAX)
+        if self._min is None or ns < self._min:
+            self._min = ns
+        if self._max is None or ns > self._max:
+            self._max = ns
+        if over:
+            self._overflow += 1
 
     @property
     def count(self) -> int:
