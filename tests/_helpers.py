@@ -124,6 +124,22 @@ class FakeClock:
         return Deadline.after_ms(ms, now_ns=self.ns)
 
 
+class SecondsClock:
+    """A callable fake monotonic clock (ns) for ``clock=`` parameters, moved in seconds; safe across threads."""
+
+    def __init__(self, start_ns: int = 1_000_000 * NS_PER_MS) -> None:
+        self.ns = start_ns
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self.ns
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.ns += round(seconds * 1e9)
+
+
 class ConcurrencyMeter:
     """Counts the bodies running at once, under a lock, and keeps the peak.
 

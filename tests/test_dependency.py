@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, SecondsClock, spawn, wait_until
 from prazo.bindings.dependency import (
     OUTCOMES,
     REASON_BULKHEAD_FULL,
@@ -63,20 +63,6 @@ STATS_KEYS = {
 }
 
 
-class Clock:
-    """A callable fake monotonic clock (ns) that moves only when told to; safe across threads."""
-
-    def __init__(self, start_ns: int = 1_000_000 * NS_PER_MS) -> None:
-        self.ns = start_ns
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int:
-        with self._lock:
-            return self.ns
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.ns += round(seconds * 1e9)
 
 
 class Hang:
@@ -460,7 +446,7 @@ def failing() -> None:
 
 
 def test_stale_values_are_served_only_while_younger_than_stale_for_s() -> None:
-    clock = Clock()
+    clock = SecondsClock()
     dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, stale_for_s=10, clock=clock)
     assert dep.call(lambda: ["a", "b"], key=("recs", 1)) == ["a", "b"]
     clock.advance(4)
@@ -482,7 +468,7 @@ def test_stale_values_are_served_only_while_younger_than_stale_for_s() -> None:
 
 
 def test_stale_values_cover_timeouts_and_rejections(hang: Hang) -> None:
-    clock = Clock()
+    clock = SecondsClock()
     dep = Dependency("recs", max_concurrent=1, timeout_ms=50, stale_for_s=600, clock=clock)
     dep.call(lambda: "good", key="k")
     clock.advance(30)
@@ -502,7 +488,7 @@ def test_stale_values_cover_timeouts_and_rejections(hang: Hang) -> None:
 
 
 def test_a_late_success_refreshes_last_known_good(hang: Hang) -> None:
-    clock = Clock()
+    clock = SecondsClock()
     dep = Dependency("recs", max_concurrent=1, timeout_ms=50, stale_for_s=600, clock=clock)
     dep.call(lambda: "old", key="k")
     assert dep.call_detailed(hang, "new", key="k").value == "old"
@@ -561,7 +547,7 @@ def test_last_known_good_is_a_bounded_lru() -> None:
 
 
 def test_adaptive_timeout_follows_the_live_quantile_within_floor_and_ceiling() -> None:
-    clock = Clock()
+    clock = SecondsClock()
     adaptive = AdaptiveTimeout(multiplier=3.0, quantile="p99", floor_ms=50, ceiling_ms=400, min_samples=10)
     dep = Dependency("adaptive", max_concurrent=1, timeout_ms=adaptive, clock=clock)
     assert dep.timeout_ms() == 400  # the ceiling until the window holds enough calls

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, SecondsClock, spawn, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.dependency import (
@@ -24,20 +24,6 @@ from prazo.bindings.dependency import (
     DependencyUnavailable,
 )
 from prazo.core import NS_PER_MS
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 1_000_000 * NS_PER_MS
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int:
-        with self._lock:
-            return self.ns
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.ns += round(seconds * 1e9)
 
 
 class CountingBreaker(Breaker):
@@ -79,7 +65,7 @@ class CountingBreaker(Breaker):
 
 
 def test_the_breaker_opens_on_slowness_alone() -> None:
-    clock = Clock()
+    clock = SecondsClock()
     breaker = CountingBreaker(window=10, min_calls=5, slow_call_ms=50, slow_rate=0.5, open_for_s=5, clock=clock)
     dep = Dependency("recs", max_concurrent=4, timeout_ms=5000, breaker=breaker, clock=clock, stale_for_s=600)
     dep.call(lambda: "good", key="k")
@@ -112,7 +98,7 @@ def test_the_breaker_opens_on_slowness_alone() -> None:
 
 
 def test_the_breaker_opens_on_errors_alone() -> None:
-    clock = Clock()
+    clock = SecondsClock()
     breaker = Breaker(window=10, min_calls=4, failure_rate=0.5, slow_call_ms=1000, clock=clock)
     dep = Dependency("recs", max_concurrent=4, timeout_ms=5000, breaker=breaker, clock=clock)
 
