@@ -372,7 +372,7 @@ class PrazoCollector:
 
         ``server`` is what the embedding's factory returned: waitress's server
         (read through its ``task_dispatcher``), cheroot's (through
-        ``server.requests``), werkzeug's or wsgiref's. gunicorn's workers are
+        ``server.requests``), werkzeug's, wsgiref's or the front door's. gunicorn's workers are
         other processes, which this collector cannot read.
         """
         self._add_admission(name, _stats_owner(server))

@@ -510,6 +510,32 @@ def test_server_embeddings_are_read_through_their_queue(registry: CollectorRegis
     assert ("prazo_server_pending_heads", frozenset({("queue", "waitress")})) not in samples
 
 
+def test_the_front_door_is_read_like_any_admission_point(registry: CollectorRegistry) -> None:
+    """``add_server`` takes the front door too: its stats carry every key of the queue's."""
+    from _server_harness import app, request
+    from prazo.bindings.servers.frontdoor import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=2, max_queue=3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    collector = PrazoCollector(registry)
+    try:
+        collector.add_server("front", server)
+        assert request(server.port, "/work").status == 200
+        wait_until(lambda: value(scrape(registry), "prazo_queue_completed_total", queue="front") == 1, "the request")
+        samples = scrape(registry)
+    finally:
+        server.shutdown(10.0)
+        thread.join(20)
+    assert value(samples, "prazo_queue_offered_total", queue="front") == 1
+    assert value(samples, "prazo_queue_peak_in_flight", queue="front") == 1
+    assert value(samples, "prazo_queue_max_concurrency", queue="front") == 2
+    assert value(samples, "prazo_queue_max_queue", queue="front") == 3
+    assert value(samples, "prazo_queue_cancelled_total", queue="front") == 0
+    # A kept-alive connection may be waiting for its next head: present, not necessarily 0.
+    assert ("prazo_server_pending_heads", frozenset({("queue", "front")})) in samples
+
+
 # -- concurrency ----------------------------------------------------------------------
 
 

@@ -79,7 +79,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t accepted, open_connections, offered, admitted, started, completed
         int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down
         int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
-        int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total, pending_heads, lingering
+        int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering
 
     struct fd_server:
         int draining
@@ -299,7 +299,8 @@ cdef class Engine:
             "expired_in_queue": s.expired_in_queue, "shutting_down": s.shutting_down,
             "header_timeouts": s.header_timeouts, "bad_requests": s.bad_requests,
             "heads_too_large": s.heads_too_large, "kernel_arrival_stamps": s.kernel_stamps,
-            "in_flight": s.in_flight, "assigned": s.assigned, "queued": s.queued, "peak_queued": s.peak_queued,
+            "in_flight": s.in_flight, "assigned": s.assigned, "queued": s.queued,
+            "peak_in_flight": s.peak_in_flight, "peak_queued": s.peak_queued,
             "queue_wait_ns_total": s.queue_wait_ns_total,
             "pending_heads": s.pending_heads, "lingering": s.lingering,
         }

@@ -405,8 +405,16 @@ class FrontDoorServer:
     server_close = shutdown
 
     def stats(self) -> dict[str, int]:
-        """The engine's counters (``offered``, ``rejected_full``, ``expired_in_queue``, ...) and the workers'."""
+        """The engine's counters (``offered``, ``rejected_full``, ``expired_in_queue``, ...) and the workers'.
+
+        Every key of ``AdmissionQueue.stats()`` is there too, so metrics and
+        tools read the front door like any admission point: ``cancelled`` is
+        ``shutting_down`` (answered 503 by a shutdown, never started).
+        """
         stats: dict[str, int] = self._engine.stats()
+        stats["cancelled"] = stats["shutting_down"]
+        stats["max_concurrency"] = self.settings.threads
+        stats["max_queue"] = self.settings.max_queue
         stats["expired_at_start"] = self._expired_at_start
         stats["app_errors"] = self._app_errors
         return stats

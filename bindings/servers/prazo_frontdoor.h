@@ -121,7 +121,7 @@ struct fd_stats {
     int64_t accepted, open_connections, offered, admitted, started, completed;
     int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
-    int64_t in_flight, assigned, queued, peak_queued, queue_wait_ns_total, pending_heads, lingering;
+    int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering;
 };
 
 struct fd_server {
@@ -148,7 +148,7 @@ struct fd_server {
     _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
     _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
-    _Atomic int64_t peak_queued, queue_wait_ns_total;
+    _Atomic int64_t peak_in_flight, peak_queued, queue_wait_ns_total;
     _Atomic int64_t pending_heads, lingering_now;   /* published by the I/O thread each turn */
 };
 
@@ -1133,6 +1133,7 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->bad_requests = fd_read_counter(&srv->bad_requests);
     s->heads_too_large = fd_read_counter(&srv->heads_too_large);
     s->kernel_stamps = fd_read_counter(&srv->kernel_stamps);
+    s->peak_in_flight = fd_read_counter(&srv->peak_in_flight);
     s->peak_queued = fd_read_counter(&srv->peak_queued);
     s->queue_wait_ns_total = fd_read_counter(&srv->queue_wait_ns_total);
     s->pending_heads = fd_read_counter(&srv->pending_heads);
@@ -1193,6 +1194,8 @@ static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *emp
             continue;
         }
         srv->in_flight++;
+        if (srv->in_flight > fd_read_counter(&srv->peak_in_flight))
+            atomic_store_explicit(&srv->peak_in_flight, srv->in_flight, memory_order_relaxed);
         c->state = FD_RUNNING;
         c->started_ns = now;
         fd_count(&srv->started, 1);
