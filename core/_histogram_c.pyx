@@ -469,7 +469,9 @@ cdef class WindowedHistogram:
 
     def reset(self):
         """Forget everything, the window and ``total`` alike."""
+        cdef int64_t slot
         self._ready()
+        # A C loop under the mutex: nothing that could run Python while it is held.
         pthread_mutex_lock(&self._rotate_mutex)
         for slot in range(self._slices):
             prazo_hist_clear(&self._ring[slot])
