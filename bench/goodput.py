@@ -108,6 +108,7 @@ __all__ = [
     "ServerSpec",
     "add_bench_goodput_arguments",
     "bench_goodput",
+    "load_points",
     "percentile",
     "plot",
     "plot_paths",
@@ -152,8 +153,13 @@ class GoodputSettings:
     seed: int = 1
     workloads: tuple[str, ...] = ("steady",)
     # The drop workload's measured window: a third at full speed, a third with
-    # the app DROP_FACTOR x slower, a third to recover.
+    # the app DROP_FACTOR x slower, a third to recover; and its loads (None: ``loads``).
     drop_seconds: float = 30.0
+    drop_loads: tuple[float, ...] | None = None
+
+    def loads_of(self, workload: str) -> tuple[float, ...]:
+        """The offered loads of ``workload`` (drop points are long: they may have loads of their own)."""
+        return self.drop_loads if workload == "drop" and self.drop_loads else self.loads
 
 
 QUICK = GoodputSettings(loads=QUICK_LOADS, seconds=2.5, capacity_seconds=1.0, drop_seconds=9.0)
@@ -786,7 +792,7 @@ def run_server_app(
         baseline = measure_baseline(target, settings)
     results = []
     for workload in settings.workloads:
-        for offered_x in settings.loads:
+        for offered_x in settings.loads_of(workload):
             for _attempt in range(ATTEMPTS):
                 with started(spec, app, settings) as target:
                     result = run_point(target, spec.name, app, offered_x, baseline, settings, workload)
@@ -805,7 +811,7 @@ def run_target(
     _drain(target)
     results = []
     for workload in settings.workloads:
-        for offered_x in settings.loads:
+        for offered_x in settings.loads_of(workload):
             for _attempt in range(ATTEMPTS):
                 result = run_point(target, name, app, offered_x, baseline, settings, workload)
                 _drain(target)
@@ -929,6 +935,7 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     results = [r for r in results if r.workload == workload]
     apps = list(dict.fromkeys(r.app for r in results))
@@ -966,23 +973,26 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
             ratios = [(r.offered_x, r.p99_ratio) for r in points if r.p99_ratio is not None]
             if ratios:
                 ratio_axis.plot(*zip(*ratios), marker="o", color=color)
-        axis.set_xscale("log")
-        axis.set_xticks(loads, [f"{x:g}x" for x in loads])
+        for each in (axis, ratio_axis):
+            each.set_xscale("log")
+            each.set_xticks(loads, [f"{x:g}x" for x in loads])
+            each.xaxis.set_minor_formatter(NullFormatter())
         axis.set_ylabel("goodput (% of capacity, answers within their budget)")
         axis.set_title(f"{APP_TITLES.get(app, app)}, {workload}" + (f"\n{PLOT_SLICE_TITLE[workload]}" if part else ""))
         axis.set_ylim(0, top)
         axis.grid(True, alpha=0.3)
         ratio_axis.axhline(1.5, linestyle="--", color="grey", linewidth=1)
         ratio_axis.set_yscale("log")
-        ratio_axis.set_xscale("log")
-        ratio_axis.set_xticks(loads, [f"{x:g}x" for x in loads])
+        ratio_axis.yaxis.set_major_formatter(ScalarFormatter())
+        ratio_axis.yaxis.set_minor_formatter(ScalarFormatter())
         ratio_axis.set_xlabel("offered load (x capacity measured in the same run)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
     # One legend under the panels: inside, it would hide the lines at 0 %.
     handles, names = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, names, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.03 + 0.02 * math.ceil(len(names) / 3), 1, 1))
+    columns = 1 if len(apps) == 1 else 3
+    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
@@ -1031,10 +1041,19 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds measured per drop point, the app slowed in the middle third (default 30)",
     )
     parser.add_argument(
+        "--drop-loads", type=_float_list, default=None, help="the drop workload's loads (default: --loads)"
+    )
+    parser.add_argument(
         "--loads", type=_float_list, default=None, help="multiples of capacity (default 0.5,1,2,3,5,10)"
     )
     parser.add_argument(
         "--seconds", type=float, default=None, help="seconds measured per point, after 1 s of warm-up (default 4)"
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="FILE,...",
+        default=None,
+        help="measure nothing: the table and --plot from the points of earlier --json runs (one JSON object a line)",
     )
     parser.add_argument("--target", metavar="HOST:PORT", default=None, help="measure a server already running")
     parser.add_argument("--app", choices=tuple(APPS), default=None, help="with --target: the app it serves")
@@ -1083,6 +1102,7 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
         seconds=args.seconds or settings.seconds,
         workloads=workloads,
         drop_seconds=args.drop_seconds or settings.drop_seconds,
+        drop_loads=args.drop_loads,
     )
     return settings, notes
 
@@ -1094,8 +1114,48 @@ def _parse_target(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def load_points(paths: Sequence[str]) -> list[PointResult]:
+    """The points of earlier ``--json`` runs (lines that are not a JSON object are skipped); ValueError when none."""
+    points = []
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                if line.lstrip().startswith("{"):
+                    points.append(PointResult(**json.loads(line)))
+    if not points:
+        raise ValueError(f"--from-json: no point in {', '.join(paths)}")
+    return points
+
+
+def _report(
+    results: list[PointResult], settings: GoodputSettings, labels: dict[str, str], args: argparse.Namespace, out: TextIO
+) -> None:
+    if not args.json:
+        print(render_table(results, settings, labels), file=out)
+    if args.plot:
+        workloads = [w for w in WORKLOADS if any(r.workload == w for r in results)]
+        for workload, path in plot_paths(args.plot, workloads).items():
+            plot(results, path, labels, workload)
+            print(f"plot written to {path}", file=sys.stderr)
+
+
 def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     """Run the benchmark as ``args`` (from ``add_bench_goodput_arguments``) say; print the table or JSON."""
+    if args.from_json:
+        try:
+            points = load_points([path for path in args.from_json.split(",") if path])
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
+            return 2
+        known = {name: SERVERS[name].label() if name in SERVERS else name for name in (r.server for r in points)}
+        seconds = {r.workload: r.seconds for r in points}
+        loaded = replace(
+            GoodputSettings(),
+            seconds=seconds.get("steady", seconds.get("mixed", GoodputSettings.seconds)),
+            drop_seconds=seconds.get("drop", GoodputSettings.drop_seconds),
+        )
+        _report(points, loaded, known, argparse.Namespace(json=False, plot=args.plot), out)
+        return 0
     try:
         settings, notes = _settings_from(args)
         target = None if args.target is None else _parse_target(args.target)
@@ -1132,12 +1192,7 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     except NoCapacity as exc:
         print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
         return 1
-    if not args.json:
-        print(render_table(results, settings, labels), file=out)
-    if args.plot:
-        for workload, path in plot_paths(args.plot, settings.workloads).items():
-            plot(results, path, labels, workload)
-            print(f"plot written to {path}", file=sys.stderr)
+    _report(results, settings, labels, args, out)
     return 0 if all(r.loadgen_kept_schedule for r in results) else 1
 
 
