@@ -94,6 +94,7 @@ from prazo.bench.goodput_workloads import (
     loadgen_arguments,
     percentile,
     slice_figures,
+    timeline,
 )
 from prazo.bench.loadgen import OUTCOMES, LoadResult, run_in_subprocess
 
@@ -503,6 +504,8 @@ class PointResult:
     slow_capacity_per_s: float | None = None
     # mixed: one entry per budget class; drop: one per phase (slice_figures).
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # drop: good answers per second and their p99 in 1 s bins of the window (``timeline``).
+    timeline: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -611,6 +614,7 @@ def summarize(
         late_runs=whole["late_runs"],
         slow_capacity_per_s=None if workload != "drop" else round(slow, 2),
         slices=slices,
+        timeline=timeline(records, start_ns, seconds, budget_ns_of) if workload == "drop" else {},
     )
 
 
@@ -935,9 +939,12 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import NullFormatter
 
     results = [r for r in results if r.workload == workload]
+    if workload == "drop" and all(r.timeline for r in results):
+        plot_timelines(results, path, labels)
+        return
     apps = list(dict.fromkeys(r.app for r in results))
     figure, axes = plt.subplots(2, len(apps), figsize=(6.5 * len(apps), 8.4), squeeze=False, sharex="col")
     top = max([110.0, *(r.goodput_pct + 5 for r in results if r.goodput_pct is not None)])
@@ -982,9 +989,7 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
         axis.set_ylim(0, top)
         axis.grid(True, alpha=0.3)
         ratio_axis.axhline(1.5, linestyle="--", color="grey", linewidth=1)
-        ratio_axis.set_yscale("log")
-        ratio_axis.yaxis.set_major_formatter(ScalarFormatter())
-        ratio_axis.yaxis.set_minor_formatter(ScalarFormatter())
+        _ratio_scale(ratio_axis)
         ratio_axis.set_xlabel("offered load (x capacity measured in the same run)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
@@ -993,6 +998,77 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
     columns = 1 if len(apps) == 1 else 3
     figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _ratio_scale(axis: Any) -> None:
+    # p99 ratios span 1-50: log scale, plain numbers at 1, 2, 5, 10, 20, 50.
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    axis.set_yscale("log")
+    axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.yaxis.set_major_formatter(ScalarFormatter())
+    axis.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_timelines(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> None:
+    """Drop points over time: goodput (% of each server's normal capacity) and p99 / unloaded p99, per second.
+
+    One column per app and load, a line per server; the drop third is
+    shaded, the dashed grey line is the ideal (the capacity, slowed in the
+    drop: the first server's measured ratio).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    columns = list(dict.fromkeys((r.app, r.offered_x) for r in results))
+    figure, axes = plt.subplots(2, len(columns), figsize=(6.5 * len(columns), 8.4), squeeze=False, sharex="col")
+    for column, (app, offered_x) in enumerate(columns):
+        axis, ratio_axis = axes[0][column], axes[1][column]
+        points = [r for r in results if r.app == app and r.offered_x == offered_x]
+        phases = drop_phases(points[0].seconds)
+        for each in (axis, ratio_axis):
+            for phase in phases:
+                if phase.slow:
+                    each.axvspan(phase.start_s, phase.end_s, color="grey", alpha=0.12)
+        first = points[0]
+        slowed = 100 * (first.slow_capacity_per_s or 0) / first.capacity_per_s if first.capacity_per_s else 0
+        axis.step(
+            [0.0, *(ph.start_s for ph in phases[1:]), first.seconds],
+            [100.0, *(slowed if ph.slow else 100.0 for ph in phases[1:]), 100.0],
+            where="post",
+            linestyle="--",
+            color="grey",
+            linewidth=1,
+            label="ideal",
+        )
+        for r in points:
+            width = r.timeline["bin_s"][0]
+            centres = [width * (i + 0.5) for i in range(len(r.timeline["good_per_s"]))]
+            share = [100 * g / r.capacity_per_s if r.capacity_per_s else 0 for g in r.timeline["good_per_s"]]
+            (line,) = axis.plot(centres, share, marker=".", label=labels.get(r.server, r.server))
+            ratios = [
+                (t, p / r.unloaded_p99_ms)
+                for t, p in zip(centres, r.timeline["p99_ms"])
+                if p is not None and r.unloaded_p99_ms
+            ]
+            if ratios:
+                ratio_axis.plot(*zip(*ratios), marker=".", color=line.get_color())
+        axis.set_ylabel("goodput (% of the normal capacity, answers within 1 s)")
+        axis.set_title(f"{APP_TITLES.get(app, app)}, drop at {offered_x:g}x\nshaded: the app {DROP_FACTOR:g}x slower")
+        axis.set_ylim(0, max(130.0, *(100 * max(r.timeline["good_per_s"]) / r.capacity_per_s + 5 for r in points)))
+        axis.grid(True, alpha=0.3)
+        ratio_axis.axhline(1.5, linestyle="--", color="grey", linewidth=1)
+        _ratio_scale(ratio_axis)
+        ratio_axis.set_xlabel("seconds into the measured window (scheduled time of the request)")
+        ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
+        ratio_axis.grid(True, alpha=0.3, which="both")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    ncol = 1 if len(columns) == 1 else 3
+    figure.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / ncol), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 

@@ -49,6 +49,7 @@ __all__ = [
     "loadgen_arguments",
     "percentile",
     "slice_figures",
+    "timeline",
 ]
 
 WORKLOADS = ("steady", "mixed", "drop")
@@ -157,4 +158,32 @@ def slice_figures(
         "app_runs": runs,
         "late_runs": None if app_stats is None else app_stats["late_client"],
         "slowed_runs": None if app_stats is None else app_stats.get("slowed", 0),
+    }
+
+
+def timeline(
+    records: Iterable[Sequence[Any]],
+    start_ns: int,
+    seconds: float,
+    budget_ns_of: Callable[[Sequence[Any]], float],
+    bin_s: float = 1.0,
+) -> dict[str, list[Any]]:
+    """Good answers per second and their p99 (ms, None when none) in ``bin_s`` bins of scheduled time from ``start_ns``.
+
+    The drop workload's plot: the goodput falling with the capacity and
+    coming back, which a figure per third cannot show.
+    """
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        raise ValueError(f"bin_s must be a finite number > 0, got {bin_s!r}")
+    count = max(1, math.ceil(seconds / bin_s - 1e-9))
+    good: list[list[float]] = [[] for _ in range(count)]
+    for r in records:
+        index = int((r[0] - start_ns) // int(bin_s * 1e9))
+        if 0 <= index < count and r[5] == "ok" and r[4] <= budget_ns_of(r):
+            good[index].append(r[4] / 1e6)
+    p99s = [percentile(latencies, 0.99) for latencies in good]
+    return {
+        "bin_s": [bin_s],
+        "good_per_s": [round(len(latencies) / bin_s, 2) for latencies in good],
+        "p99_ms": [None if value is None else round(value, 1) for value in p99s],
     }

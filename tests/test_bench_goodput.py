@@ -332,6 +332,8 @@ def test_the_drop_window_is_the_middle_third_and_each_phase_has_its_capacity() -
     # The whole window against the time-weighted capacity (9 + 3 + 9) / 3 = 7/s.
     assert point.goodput_pct == pytest.approx(100 * 18 / 3 / 7, abs=0.1)
     assert point.slow_capacity_per_s == 3
+    # Per second of the window: 9 good in the first, 3 (and a timeout) in the second, 6 in the third.
+    assert point.timeline["good_per_s"] == [9, 3, 6] and point.timeline["p99_ms"] == [10.0, 10.0, 10.0]
 
 
 def test_a_point_with_slices_survives_json() -> None:
