@@ -27,7 +27,8 @@
 
 ``p99_ratio`` is the p99 latency of the good answers divided by the
 *unloaded* p99: the p99 of one client sending one request at a time to the
-same server (no queueing at all), measured after the capacity.
+same server (no queueing at all), measured after the capacity: the lowest
+p99 of three runs, since other work on the machine only ever raises it.
 """
 
 from __future__ import annotations
