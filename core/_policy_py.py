@@ -1,0 +1,195 @@
+"""The arithmetic of the queue policies in pure Python: the readable twin of ``prazo_policy.h``.
+
+Every function and class here gives the same integers as its C counterpart
+for the same inputs; ``_queue_py.py`` uses these, the C twin of the queue
+(and the front door) the header. Sections follow the header's, one owner each.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from ._histogram_py import bucket_bounds, bucket_index
+from .deadline import NS_PER_MS
+
+__all__ = [
+    "LEARNED_QUANTILES",
+    "SERVICE_EVERY",
+    "SERVICE_GENERATION",
+    "SERVICE_MIN_SAMPLES",
+    "VERDICT_EXPIRED",
+    "VERDICT_INSUFFICIENT",
+    "VERDICT_LIVE",
+    "CoDel",
+    "ServiceEstimate",
+    "codel_option_ns",
+    "deadline_verdict",
+    "effective_deadline_ns",
+    "expected_service_option",
+]
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+def _positive_ms(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}")
+    ms = float(value)
+    if not (math.isfinite(ms) and ms > 0):
+        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {value!r}")
+    if ms * NS_PER_MS >= _INT64_MAX:
+        raise ValueError(f"{name} is too large, got {value!r}")
+    return ms
+
+
+def _ms_to_ns(ms: float) -> int:
+    # At least 1 ns: a positive setting must never read as "off" (0).
+    return max(1, round(ms * NS_PER_MS))
+
+
+# -- CoDel / adaptive LIFO (owner: core-dequeue) -----------------------------------
+
+DEFAULT_CODEL_TARGET_MS = 5.0
+DEFAULT_CODEL_INTERVAL_MS = 100.0
+
+
+def codel_option_ns(value: object, name: str, default: float, adaptive: bool) -> int:
+    """Validate ``codel_target_ms`` / ``codel_interval_ms``; return it in ns.
+
+    A value other than the default is only accepted with ``order="adaptive"``,
+    where it means something.
+    """
+    ms = _positive_ms(value, name)
+    if not adaptive and ms != default:
+        raise ValueError(f"{name} only applies to order='adaptive', got {name}={value!r}")
+    return _ms_to_ns(ms)
+
+
+class CoDel:
+    """``struct prazo_codel``: when the line is standing and how long an entry may wait.
+
+    The line is *standing* when it has not been empty for longer than
+    ``interval_ns``: then the newest entry is served first and an entry that
+    waited longer than ``target_ns`` is shed; otherwise FIFO, shedding only
+    beyond ``interval_ns``. ``last_empty_ns`` is noted at every arrival that
+    finds the line empty, which makes it exactly the start of the current
+    non-empty stretch whenever the line is non-empty.
+    """
+
+    __slots__ = ("interval_ns", "last_empty_ns", "target_ns")
+
+    def __init__(self, target_ns: int, interval_ns: int, now_ns: int) -> None:
+        self.target_ns = target_ns
+        self.interval_ns = interval_ns
+        self.last_empty_ns = now_ns
+
+    def note_empty(self, now_ns: int) -> None:
+        self.last_empty_ns = now_ns
+
+    def standing(self, now_ns: int) -> bool:
+        # Both are int64 in C: a difference beyond that range saturates there.
+        since = max(_INT64_MIN, min(_INT64_MAX, now_ns - self.last_empty_ns))
+        return since > self.interval_ns
+
+    def max_sojourn(self, now_ns: int) -> int:
+        return self.target_ns if self.standing(now_ns) else self.interval_ns
+
+
+# -- doomed-work skip: learned service-time estimate (owner: core-dequeue) -----------
+
+SERVICE_GENERATION = 256
+SERVICE_EVERY = 16
+SERVICE_MIN_SAMPLES = 32
+
+# The quantiles a learned estimate may use, by the name expected_service_ms takes.
+LEARNED_QUANTILES = {"p50": 500, "p90": 900, "p95": 950, "p99": 990}
+
+
+def expected_service_option(value: object) -> tuple[int, int]:
+    """Validate ``expected_service_ms``: ``(fixed_ns, quantile_permille)``; ``(0, 0)`` is off."""
+    if value is None:
+        return 0, 0
+    if isinstance(value, str):
+        permille = LEARNED_QUANTILES.get(value)
+        if permille is None:
+            raise ValueError(
+                f"expected_service_ms must be a number of ms > 0 or one of {', '.join(LEARNED_QUANTILES)}, got {value!r}"
+            )
+        return 0, permille
+    return _ms_to_ns(_positive_ms(value, "expected_service_ms")), 0
+
+
+class ServiceEstimate:
+    """``struct prazo_service_estimate``: the expected service time, fixed or learned.
+
+    Learned: two generations of ``SERVICE_GENERATION`` samples; every
+    ``SERVICE_EVERY`` samples, once ``SERVICE_MIN_SAMPLES`` exist, the
+    estimate becomes the nearest-rank quantile of both generations at the
+    histogram's bucket precision (rank 1: the exact minimum; rank n: the exact
+    maximum; otherwise the middle of the rank's bucket, moved into
+    [min, max]). The C twin counts per bucket; here each generation keeps its
+    samples' bucket indices and sorts them, which finds the same bucket.
+    """
+
+    __slots__ = ("_current", "_estimate_ns", "_fixed_ns", "_generations", "_permille", "_samples")
+
+    def __init__(self, fixed_ns: int, quantile_permille: int) -> None:
+        self._fixed_ns = max(0, fixed_ns)
+        self._permille = quantile_permille
+        # Per generation: (bucket indices, exact values) of its samples.
+        self._generations: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+        self._current = 0
+        self._samples = 0
+        self._estimate_ns = 0
+
+    @property
+    def ns(self) -> int:
+        """The expected service time; 0 = no skip (off, or not learned yet)."""
+        return self._fixed_ns if self._fixed_ns > 0 else self._estimate_ns
+
+    def sample(self, service_ns: int) -> None:
+        """One service time (a negative one counts as 0); ignored by a fixed estimate."""
+        if self._fixed_ns > 0:
+            return
+        service_ns = max(0, min(_INT64_MAX, service_ns))
+        generation = self._generations[self._current]
+        generation.append((bucket_index(service_ns), service_ns))
+        self._samples += 1
+        if self._samples % SERVICE_EVERY == 0 and self._samples >= SERVICE_MIN_SAMPLES:
+            self._estimate_ns = self._quantile()
+        if len(generation) == SERVICE_GENERATION:
+            self._current ^= 1
+            self._generations[self._current].clear()
+
+    def _quantile(self) -> int:
+        samples = sorted(self._generations[0] + self._generations[1])
+        n = len(samples)
+        low = min(value for _, value in samples)
+        high = max(value for _, value in samples)
+        rank = max(1, (self._permille * n + 999) // 1000)
+        if rank >= n:
+            return high
+        if rank == 1:
+            return low
+        lo, hi = bucket_bounds(samples[rank - 1][0])
+        return min(max(lo + (hi - lo) // 2, low), high)
+
+
+# The verdict of an entry's deadline at a moment (prazo_deadline_verdict).
+VERDICT_LIVE, VERDICT_EXPIRED, VERDICT_INSUFFICIENT = range(3)
+
+
+def effective_deadline_ns(deadline_ns: int, expected_ns: int) -> int:
+    """When an entry stops being worth starting: its deadline minus the expected service time."""
+    return max(_INT64_MIN, deadline_ns - expected_ns)
+
+
+def deadline_verdict(now_ns: int, deadline_ns: int, expected_ns: int) -> int:
+    """``VERDICT_LIVE``: start it; ``VERDICT_EXPIRED`` / ``VERDICT_INSUFFICIENT``: drop it."""
+    if now_ns >= deadline_ns:
+        return VERDICT_EXPIRED
+    if expected_ns > 0 and now_ns >= effective_deadline_ns(deadline_ns, expected_ns):
+        return VERDICT_INSUFFICIENT
+    return VERDICT_LIVE
