@@ -23,6 +23,7 @@ __all__ = [
     "VERDICT_LIVE",
     "CoDel",
     "ServiceEstimate",
+    "checked_started_ns",
     "codel_option_ns",
     "deadline_verdict",
     "effective_deadline_ns",
@@ -193,3 +194,15 @@ def deadline_verdict(now_ns: int, deadline_ns: int, expected_ns: int) -> int:
     if expected_ns > 0 and now_ns >= effective_deadline_ns(deadline_ns, expected_ns):
         return VERDICT_INSUFFICIENT
     return VERDICT_LIVE
+
+
+def checked_started_ns(started_ns: object) -> int | None:
+    """Validate ``release(started_ns=)``: None, or an int of monotonic ns in [0, 2**63)."""
+    if started_ns is None:
+        return None
+    if isinstance(started_ns, bool) or not isinstance(started_ns, int):
+        raise TypeError(f"started_ns must be an int of monotonic nanoseconds, not {type(started_ns).__name__}")
+    # Negative is refused (not just out of range): the C twin spells "no sample" as -1.
+    if not 0 <= started_ns <= _INT64_MAX:
+        raise ValueError(f"started_ns must be a monotonic clock reading in [0, 2**63), got {started_ns}")
+    return int(started_ns)

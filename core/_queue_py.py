@@ -59,12 +59,27 @@ if TYPE_CHECKING:
     # annotations Self is only ever read by type checkers, which ship typing_extensions.
     from typing_extensions import Self
 
+from ._policy_py import (
+    DEFAULT_CODEL_INTERVAL_MS,
+    DEFAULT_CODEL_TARGET_MS,
+    VERDICT_EXPIRED,
+    VERDICT_LIVE,
+    CoDel,
+    ServiceEstimate,
+    checked_started_ns,
+    codel_option_ns,
+    deadline_verdict,
+    effective_deadline_ns,
+    expected_service_option,
+)
 from .deadline import Deadline
 from .deadline import clock_ns as _clock
 from .errors import (
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
+    REASON_INSUFFICIENT_BUDGET,
     REASON_QUEUE_FULL,
+    REASON_SHED,
     DeadlineExceeded,
     QueueFull,
     ShutDown,
@@ -90,7 +105,11 @@ _UNBOUNDED_TIMEOUT_S = 1e9
 # runs bytecode, never during a wait on a lock.
 _WAIT_SLICE_S = 0.1
 
-_WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
+# Entry states. The last three are also the ways a waiting entry can leave
+# the line without a slot (a "drop"), each with its counter and its error.
+_WAITING, _GRANTED, _CANCELLED, _EXPIRED, _INSUFFICIENT, _SHED = range(6)
+
+_DROP_COUNTER = {_EXPIRED: "_expired_in_queue", _INSUFFICIENT: "_insufficient_budget", _SHED: "_shed"}
 
 _NOT_INITIALISED = (
     "the AdmissionQueue is not initialised: its __init__ did not complete (or the garbage collector has cleared it)"
@@ -110,6 +129,8 @@ _COUNTERS = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "insufficient_budget",
+    "shed",
 )
 
 
@@ -131,11 +152,14 @@ def _validate_size(value: object, name: str, minimum: int) -> int:
     return value
 
 
+_ORDERS = ("fifo", "lifo", "adaptive")
+
+
 def _validate_order(order: object) -> str:
     if not isinstance(order, str):
-        raise TypeError(f"order must be 'fifo' or 'lifo', not {type(order).__name__}")
-    if order not in ("fifo", "lifo"):
-        raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
+        raise TypeError(f"order must be 'fifo', 'lifo' or 'adaptive', not {type(order).__name__}")
+    if order not in _ORDERS:
+        raise ValueError(f"order must be 'fifo', 'lifo' or 'adaptive', got {order!r}")
     return order
 
 
@@ -144,9 +168,26 @@ def _saturate(value: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, value))
 
 
-def _validate_on_expired(on_expired: object) -> None:
+def _validate_callbacks(on_expired: object, on_dropped: object) -> None:
     if on_expired is not None and not callable(on_expired):
         raise TypeError("on_expired must be callable or None")
+    if on_dropped is not None and not callable(on_dropped):
+        raise TypeError("on_dropped must be callable or None")
+    if on_expired is not None and on_dropped is not None:
+        raise ValueError("pass on_expired or on_dropped, not both: on_dropped(item, error) sees every dropped item")
+
+
+def _drop_error(state: int) -> DeadlineExceeded | QueueFull:
+    """The exception that answers an entry dropped from the line in ``state``."""
+    if state == _INSUFFICIENT:
+        return DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
+    if state == _SHED:
+        return QueueFull(REASON_SHED)
+    return DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+
+
+def _drop_state(verdict: int) -> int:
+    return _EXPIRED if verdict == VERDICT_EXPIRED else _INSUFFICIENT
 
 
 class _Entry:
@@ -194,7 +235,9 @@ class Slot:
     def __exit__(self, *exc_info: object) -> None:
         if self._held:
             self._held = False
-            self._queue.release()
+            # A service-time sample only on the real clock: a slot entered on
+            # a fake clock has a start that the real release time cannot meet.
+            self._queue.release(started_ns=self.started_ns if self._now_ns is None else None)
 
 
 class AdmissionQueue:
@@ -213,11 +256,30 @@ class AdmissionQueue:
         ...
         q.task_done()                        # releases the slot
 
-    ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited, once
-    the hand-over that met it is complete, in line order. A callback's
-    Exception is logged; the first BaseException is raised once every item
-    has been reported.
+    ``on_dropped(item, error)`` is called (outside any lock, in whichever
+    thread noticed) for every work item that leaves the line without a slot
+    (expired, insufficient budget, shed), once the operation that met it is
+    complete, in the order met; ``error`` is the exception to answer it with.
+    ``on_expired(item)`` is the older form without the error (both at once
+    are refused). A callback's Exception is logged; the first BaseException
+    is raised once every item has been reported.
+
+    Policies (see ``_policy_py.py`` and POLICIES.md):
+
+    * ``expected_service_ms`` (doomed-work skip): an entry whose remaining
+      budget is shorter than the expected service time never starts; it is
+      answered ``DeadlineExceeded("insufficient-budget")`` on arrival, at the
+      hand-over, at the grant re-check or in ``get()``, and a gate waiter
+      leaves at its *effective deadline* (deadline - expected). A number is
+      a fixed time in ms; ``"p50"``/``"p90"``/``"p95"``/``"p99"`` learn that
+      quantile of the service times reported with ``release(started_ns=)``.
+    * ``order="adaptive"`` (adaptive LIFO with CoDel shedding): FIFO while the
+      line drains; once it has not been empty for ``codel_interval_ms`` it is
+      *standing*: the newest entry is served first and entries waiting longer
+      than ``codel_target_ms`` are shed (``QueueFull("shed-standing-queue")``),
+      swept from the oldest end at every hand-over and at every arrival that
+      finds the line full. While not standing, entries waiting longer than the
+      interval are shed the same way.
 
     A waiter interrupted by an exception (a signal handler's, or one raised
     into its thread) leaves the line counted ``cancelled`` and passes on a
@@ -235,6 +297,10 @@ class AdmissionQueue:
         *,
         order: str = "fifo",
         on_expired: Callable[[Any], object] | None = None,
+        on_dropped: Callable[[Any, BaseException], object] | None = None,
+        codel_target_ms: float = DEFAULT_CODEL_TARGET_MS,
+        codel_interval_ms: float = DEFAULT_CODEL_INTERVAL_MS,
+        expected_service_ms: float | str | None = None,
     ) -> None:
         # A second __init__ would reset the counters and the line under the
         # threads already using them.
@@ -244,12 +310,25 @@ class AdmissionQueue:
         # __init__ leaves the queue refusing every call, never half-built.
         concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
         waiting = _validate_size(max_queue, "max_queue", 0)
-        lifo = _validate_order(order) == "lifo"
-        _validate_on_expired(on_expired)
+        order = _validate_order(order)
+        _validate_callbacks(on_expired, on_dropped)
+        adaptive = order == "adaptive"
+        target_ns = codel_option_ns(codel_target_ms, "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive)
+        interval_ns = codel_option_ns(codel_interval_ms, "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive)
+        fixed_ns, permille = expected_service_option(expected_service_ms)
         self._max_concurrency = concurrency
         self._max_queue = waiting
-        self._lifo = lifo
+        self._order = order
+        self._lifo = order == "lifo"
         self._on_expired = on_expired
+        self._on_dropped = on_dropped
+        self._codel_target_ms = float(codel_target_ms)
+        self._codel_interval_ms = float(codel_interval_ms)
+        self._expected_service_ms = (
+            expected_service_ms if expected_service_ms is None or permille else float(expected_service_ms)
+        )
+        self._codel = CoDel(target_ns, interval_ns, time.monotonic_ns()) if adaptive else None
+        self._estimate = ServiceEstimate(fixed_ns, permille) if fixed_ns or permille else None
         # An RLock although nothing re-enters it: Condition.wait re-takes an
         # RLock in C, uninterruptibly, whereas it re-takes a Lock with an
         # acquire() that a signal handler's exception can break off, leaving
@@ -273,6 +352,8 @@ class AdmissionQueue:
         self._peak_in_flight = 0
         self._peak_queued = 0
         self._queue_wait_ns_total = 0
+        self._insufficient_budget = 0
+        self._shed = 0
         self._initialised = True
 
     def _check_initialised(self) -> None:
@@ -294,7 +375,30 @@ class AdmissionQueue:
     @property
     def order(self) -> str:
         self._check_initialised()
-        return "lifo" if self._lifo else "fifo"
+        return self._order
+
+    @property
+    def codel_target_ms(self) -> float:
+        self._check_initialised()
+        return self._codel_target_ms
+
+    @property
+    def codel_interval_ms(self) -> float:
+        self._check_initialised()
+        return self._codel_interval_ms
+
+    @property
+    def expected_service_ms(self) -> float | str | None:
+        """The constructor's value: None (off), a fixed time in ms, or a learned quantile's name."""
+        self._check_initialised()
+        return self._expected_service_ms
+
+    @property
+    def expected_service_ns(self) -> int:
+        """The expected service time in use now; 0 when off or not learned yet."""
+        self._check_initialised()
+        with self._lock:
+            return self._expected_ns()
 
     @property
     def is_shutdown(self) -> bool:
@@ -307,7 +411,7 @@ class AdmissionQueue:
         return self._queued
 
     def full(self) -> bool:
-        """True when an arrival now would get ``QueueFull``."""
+        """True when an arrival now would get ``QueueFull`` (``order="adaptive"`` may shed instead)."""
         self._check_initialised()
         return self._in_flight >= self._max_concurrency and self._queued >= self._max_queue
 
@@ -320,14 +424,51 @@ class AdmissionQueue:
         self._check_initialised()
         with self._lock:
             snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
+            snapshot["expected_service_ns"] = self._expected_ns()
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
         return snapshot
 
+    # -- the policies (lock held) -------------------------------------------------
+
+    def _expected_ns(self) -> int:
+        return 0 if self._estimate is None else self._estimate.ns
+
+    def _on_service_sample(self, service_ns: int, now: int) -> None:
+        """A finished slot's service time (lock held): feeds the learned estimate."""
+        if self._estimate is not None:
+            self._estimate.sample(service_ns)
+
+    def _drop_locked(self, entry: _Entry, state: int, dropped: list[tuple[Any, int]]) -> None:
+        """An entry out of the line leaves without a slot (``state``: why): counted,
+        its gate waiter woken, or its work item added to ``dropped``."""
+        counter = _DROP_COUNTER[state]
+        setattr(self, counter, getattr(self, counter) + 1)
+        if entry.cond is not None:
+            entry.state = state
+            entry.cond.notify()
+        else:
+            dropped.append((entry.item, state))
+
+    def _shed_stale_locked(self, now: int, dropped: list[tuple[Any, int]]) -> None:
+        """CoDel: drop the entries at the old end that waited longer than allowed now.
+
+        One whose deadline (or effective deadline) has passed is dropped as
+        that, not as shed: its caller is owed a 504, not a 503.
+        """
+        assert self._codel is not None
+        limit = self._codel.max_sojourn(now)
+        expected = self._expected_ns()
+        while self._waiting and _saturate(now - self._waiting[0].enqueued_ns) > limit:
+            entry = self._waiting.popleft()
+            self._queued -= 1
+            verdict = deadline_verdict(now, entry.deadline_ns, expected)
+            self._drop_locked(entry, _SHED if verdict == VERDICT_LIVE else _drop_state(verdict), dropped)
+
     # -- the shared admission decision (lock held) ------------------------------
 
-    def _admit_locked(self, deadline_ns: int, now: int) -> bool:
+    def _admit_locked(self, deadline_ns: int, now: int, dropped: list[tuple[Any, int]]) -> bool:
         """Decide an arrival; True when it gets a slot at once, False when it must wait.
 
         ``offered`` is counted together with the outcome, with no call in
@@ -337,10 +478,17 @@ class AdmissionQueue:
         """
         if self._shutdown:
             raise ShutDown("the admission queue is shut down")
-        if now >= deadline_ns:
+        if self._codel is not None and not self._waiting:
+            self._codel.note_empty(now)
+        verdict = deadline_verdict(now, deadline_ns, self._expected_ns())
+        if verdict == VERDICT_EXPIRED:
             self._offered += 1
             self._expired_on_arrival += 1
             raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
+        if verdict != VERDICT_LIVE:
+            self._offered += 1
+            self._insufficient_budget += 1
+            raise DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
         if self._in_flight < self._max_concurrency:
             # No call between taking the slot and returning (see _acquire).
             self._offered += 1
@@ -348,6 +496,9 @@ class AdmissionQueue:
             if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
                 self._peak_in_flight = self._in_flight
             return True
+        if self._queued >= self._max_queue and self._codel is not None:
+            # A full standing line makes room by shedding its stale entries first.
+            self._shed_stale_locked(now, dropped)
         if self._queued >= self._max_queue:
             self._offered += 1
             self._rejected_full += 1
@@ -364,36 +515,29 @@ class AdmissionQueue:
             self._peak_queued = self._queued
         self._waiting.append(entry)
 
-    def _pop_next_locked(self) -> _Entry:
-        entry = self._waiting.pop() if self._lifo else self._waiting.popleft()
+    def _pop_next_locked(self, now: int) -> _Entry:
+        newest = self._lifo or (self._codel is not None and self._codel.standing(now))
+        entry = self._waiting.pop() if newest else self._waiting.popleft()
         self._queued -= 1
         return entry
 
-    def _dismiss_locked(self, entry: _Entry, state: int, items: list[Any]) -> None:
-        """An entry leaves the line without a slot: wake its gate waiter with
-        ``state``, or add its work item to ``items`` for the caller to answer."""
-        if entry.cond is not None:
-            entry.state = state
-            entry.cond.notify()
-        else:
-            items.append(entry.item)
-
-    def _expire_entry_locked(self, entry: _Entry, expired_items: list[Any]) -> None:
-        self._expired_in_queue += 1
-        self._dismiss_locked(entry, _EXPIRED, expired_items)
-
-    def _hand_over_locked(self, now: int, expired_items: list[Any]) -> None:
+    def _hand_over_locked(self, now: int, dropped: list[tuple[Any, int]]) -> None:
         """Give the slot in hand to the next live waiting entry, or free it.
 
         The whole hand-over happens here, under the lock and before any
-        Python code outside the queue runs: every expired entry met on the
-        way leaves the line (work items into ``expired_items``, reported by
-        the caller after unlocking) and the slot reaches its new holder.
+        Python code outside the queue runs: every entry met on the way that
+        must not start (stale for CoDel, expired, insufficient budget) leaves
+        the line (work items into ``dropped``, reported by the caller after
+        unlocking) and the slot reaches its new holder.
         """
+        if self._codel is not None and self._waiting:
+            self._shed_stale_locked(now, dropped)
+        expected = self._expected_ns()
         while self._waiting:
-            entry = self._pop_next_locked()
-            if now >= entry.deadline_ns:
-                self._expire_entry_locked(entry, expired_items)
+            entry = self._pop_next_locked(now)
+            verdict = deadline_verdict(now, entry.deadline_ns, expected)
+            if verdict != VERDICT_LIVE:
+                self._drop_locked(entry, _drop_state(verdict), dropped)
                 continue
             self._assigned += 1
             if entry.cond is not None:
@@ -411,21 +555,26 @@ class AdmissionQueue:
         """``queue_wait_ns_total`` once ``entry``, waiting since it arrived, starts at ``now``."""
         return _saturate(self._queue_wait_ns_total + _saturate(now - entry.enqueued_ns))
 
-    def _report_expired(self, items: list[Any]) -> None:
-        """Call ``on_expired`` once per item, in line order (no lock held).
+    def _report_dropped(self, dropped: list[tuple[Any, int]]) -> None:
+        """Tell the callback about each dropped work item, in the order met (no lock held).
 
         A callback's Exception is logged. A BaseException (KeyboardInterrupt,
         SystemExit) does not stop the others from being told either; the
         first one is raised once every item has been reported.
         """
-        if self._on_expired is None:
+        on_dropped, on_expired = self._on_dropped, self._on_expired
+        if on_dropped is None and on_expired is None:
             return
         interrupt: BaseException | None = None
-        for item in items:
+        for item, state in dropped:
             try:
-                self._on_expired(item)
+                if on_dropped is not None:
+                    on_dropped(item, _drop_error(state))
+                else:
+                    assert on_expired is not None
+                    on_expired(item)
             except Exception:  # noqa: BLE001 - a callback bug must not break the queue; it is logged
-                _log.exception("prazo: on_expired callback raised for %r", item)
+                _log.exception("prazo: %s callback raised for %r", "on_dropped" if on_dropped else "on_expired", item)
             except BaseException as exc:  # noqa: BLE001 - raised below, once every item has been told
                 if interrupt is None:
                     interrupt = exc
@@ -446,53 +595,61 @@ class AdmissionQueue:
             _clock(now_ns)
         return Slot(self, deadline, now_ns)
 
-    def acquire(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
+    def acquire(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> int:
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
-        Raises ``QueueFull`` at once when the line is full, and
-        ``DeadlineExceeded`` when the deadline passes before a slot is granted
-        (on arrival, while waiting, or just as the slot arrives).
+        Returns the monotonic time (ns) at which the slot started: pass it to
+        ``release(started_ns=)`` to report the service time. Raises
+        ``QueueFull`` at once when the line is full, and ``DeadlineExceeded``
+        when the deadline passes before a slot is granted (on arrival, while
+        waiting, or just as the slot arrives) or the remaining budget is
+        shorter than the expected service time.
         """
         self._check_initialised()
-        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+        return self._acquire(_deadline_ns(deadline), _clock(now_ns))
 
     def _acquire(self, deadline_ns: int, now: int) -> int:
         """Take a slot; return the monotonic time at which it started."""
-        expired_items: list[Any] = []
+        dropped: list[tuple[Any, int]] = []
         started = False
         try:
             try:
                 with self._lock:
-                    if self._admit_locked(deadline_ns, now):
+                    if self._admit_locked(deadline_ns, now, dropped):
                         self._started += 1
                         started = True
                         return now
                     entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
                     try:
                         self._enqueue_locked(entry)
+                        if dropped:
+                            self._report_while_waiting(dropped)
                         self._wait_for_grant(entry)
                         now = time.monotonic_ns()
                         wait_total = self._wait_total_with(entry, now)
+                        verdict = deadline_verdict(now, deadline_ns, self._expected_ns())
                     except BaseException:
-                        self._abandon_locked(entry, time.monotonic_ns(), expired_items)
+                        self._abandon_locked(entry, time.monotonic_ns(), dropped)
                         raise
                     # No call from here to the start, so an interrupt (a
                     # signal handler runs only at a call) lands either above,
                     # where the grant is passed on, or after the lock is let
                     # go, where the start is given back.
                     self._assigned -= 1
-                    if now < deadline_ns:
+                    if verdict == VERDICT_LIVE:
                         self._started += 1
                         self._queue_wait_ns_total = wait_total
                         started = True
                         return now
-                    # Granted, but the time ran out while this thread woke up:
-                    # it never starts, and the slot moves on.
-                    self._expired_in_queue += 1
-                    self._hand_over_locked(now, expired_items)
-                    raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+                    # Granted, but the time ran out (or got too short) while
+                    # this thread woke up: it never starts, and the slot moves on.
+                    state = _drop_state(verdict)
+                    counter = _DROP_COUNTER[state]
+                    setattr(self, counter, getattr(self, counter) + 1)
+                    self._hand_over_locked(now, dropped)
+                    raise _drop_error(state)
             finally:
-                self._report_expired(expired_items)
+                self._report_dropped(dropped)
         except BaseException:
             if started:
                 # A signal handler raised just as the lock was let go, after
@@ -501,28 +658,45 @@ class AdmissionQueue:
                 self.release()
             raise
 
+    def _report_while_waiting(self, dropped: list[tuple[Any, int]]) -> None:
+        """Report what an arrival shed, once it is in line and before it waits (the lock is let go meanwhile)."""
+        items = dropped[:]
+        dropped.clear()
+        self._lock.release()
+        try:
+            self._report_dropped(items)
+        finally:
+            self._lock.acquire()
+
     def _wait_for_grant(self, entry: _Entry) -> None:
         """Wait (lock held) until the entry is granted; raise if it ends otherwise."""
         cond = entry.cond
         assert cond is not None
         while entry.state == _WAITING:
-            remaining_s = (entry.deadline_ns - time.monotonic_ns()) / 1e9
+            now = time.monotonic_ns()
+            # The effective deadline with the estimate current now: it may move.
+            effective = effective_deadline_ns(entry.deadline_ns, self._expected_ns())
+            remaining_s = (effective - now) / 1e9
             if remaining_s <= 0:
-                # Active expiry: leave the line at our own deadline instead of
-                # waiting to reach its head (counted before the one call, see
-                # _enqueue_locked).
-                entry.state = _EXPIRED
+                # Active expiry: leave the line at our own (effective) deadline
+                # instead of waiting to reach its head (counted before the
+                # one call, see _enqueue_locked).
+                state = _EXPIRED if now >= entry.deadline_ns else _INSUFFICIENT
+                entry.state = state
                 self._queued -= 1
-                self._expired_in_queue += 1
+                if state == _EXPIRED:
+                    self._expired_in_queue += 1
+                else:
+                    self._insufficient_budget += 1
                 self._waiting.remove(entry)
                 break
             cond.wait(min(remaining_s, _WAIT_SLICE_S))
-        if entry.state == _EXPIRED:
-            raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if entry.state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
+        if entry.state != _GRANTED:
+            raise _drop_error(entry.state)
 
-    def _abandon_locked(self, entry: _Entry, now: int, expired_items: list[Any]) -> None:
+    def _abandon_locked(self, entry: _Entry, now: int, dropped: list[tuple[Any, int]]) -> None:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
         if entry.state == _WAITING:
             entry.state = _CANCELLED
@@ -535,19 +709,26 @@ class AdmissionQueue:
             self._assigned -= 1
             self._cancelled += 1
             entry.state = _CANCELLED
-            self._hand_over_locked(now, expired_items)
+            self._hand_over_locked(now, dropped)
 
-    def release(self, *, now_ns: int | None = None) -> None:
-        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+    def release(self, *, now_ns: int | None = None, started_ns: int | None = None) -> None:
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
+
+        With ``started_ns`` (what ``acquire()`` returned), the time since then
+        is a service-time sample for the policies that learn from them.
+        """
         self._check_initialised()
         now = _clock(now_ns)
-        expired_items: list[Any] = []
+        started = checked_started_ns(started_ns)
+        dropped: list[tuple[Any, int]] = []
         with self._lock:
             if self._in_flight - self._assigned <= 0:
                 raise ValueError("release() called more times than a slot was taken")
             self._completed += 1
-            self._hand_over_locked(now, expired_items)
-        self._report_expired(expired_items)
+            if started is not None:
+                self._on_service_sample(max(0, _saturate(now - started)), now)
+            self._hand_over_locked(now, dropped)
+        self._report_dropped(dropped)
 
     # -- work-queue face -------------------------------------------------------
 
@@ -556,19 +737,24 @@ class AdmissionQueue:
 
         A free slot is assigned to it at once (so rejection never depends on
         how fast consumers wake up); otherwise it waits in line. Raises
-        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        ``QueueFull`` or ``DeadlineExceeded`` (``expired-on-arrival``,
+        ``insufficient-budget``).
         """
         self._check_initialised()
         deadline_ns = _deadline_ns(deadline)
         now = _clock(now_ns)
-        with self._lock:
-            entry = _Entry(deadline_ns, now, item, None)
-            if self._admit_locked(deadline_ns, now):
-                self._assigned += 1
-                self._ready.append(entry)
-                self._ready_cond.notify()
-            else:
-                self._enqueue_locked(entry)
+        dropped: list[tuple[Any, int]] = []
+        try:
+            with self._lock:
+                entry = _Entry(deadline_ns, now, item, None)
+                if self._admit_locked(deadline_ns, now, dropped):
+                    self._assigned += 1
+                    self._ready.append(entry)
+                    self._ready_cond.notify()
+                else:
+                    self._enqueue_locked(entry)
+        finally:
+            self._report_dropped(dropped)
 
     def put_nowait(self, item: Any, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
@@ -577,10 +763,11 @@ class AdmissionQueue:
     def get(self, block: bool = True, timeout: float | None = None, *, now_ns: int | None = None) -> Any:
         """Take the next live item that holds a slot; pair with ``task_done()``.
 
-        Items that expired after their slot was assigned are reported through
-        ``on_expired`` and skipped. Raises ``queue.Empty`` when nothing is
-        ready (at once, or after ``timeout`` seconds), and ``ShutDown`` once
-        the queue is shut down and nothing is left to hand out.
+        Items that expired (or whose budget got too short) after their slot
+        was assigned are reported through the callback and skipped. Raises
+        ``queue.Empty`` when nothing is ready (at once, or after ``timeout``
+        seconds), and ``ShutDown`` once the queue is shut down and nothing is
+        left to hand out.
         """
         self._check_initialised()
         if timeout is not None:
@@ -592,25 +779,28 @@ class AdmissionQueue:
             _clock(now_ns)
         end = None if timeout is None or timeout >= _UNBOUNDED_TIMEOUT_S else time.monotonic() + timeout
         while True:
-            expired_items: list[Any] = []
+            dropped: list[tuple[Any, int]] = []
             try:
                 with self._lock:
                     if self._ready:
                         entry = self._ready[0]
                         now = _clock(now_ns)
                         wait_total = self._wait_total_with(entry, now)
+                        verdict = deadline_verdict(now, entry.deadline_ns, self._expected_ns())
                         # No call from the take to the start (see _acquire).
                         del self._ready[0]
                         self._assigned -= 1
-                        if now < entry.deadline_ns:
+                        if verdict == VERDICT_LIVE:
                             self._started += 1
                             self._queue_wait_ns_total = wait_total
                             return entry.item
                         # Its slot came too late: the slot moves on, then it
                         # is reported (finally), then we look again.
-                        self._expired_in_queue += 1
-                        expired_items.append(entry.item)
-                        self._hand_over_locked(now, expired_items)
+                        state = _drop_state(verdict)
+                        counter = _DROP_COUNTER[state]
+                        setattr(self, counter, getattr(self, counter) + 1)
+                        dropped.append((entry.item, state))
+                        self._hand_over_locked(now, dropped)
                         continue
                     if self._shutdown and not self._waiting:
                         raise ShutDown("the admission queue is shut down")
@@ -621,37 +811,39 @@ class AdmissionQueue:
                         raise queue.Empty
                     self._ready_cond.wait(min(remaining, _WAIT_SLICE_S))
             finally:
-                self._report_expired(expired_items)
+                self._report_dropped(dropped)
 
     def get_nowait(self, *, now_ns: int | None = None) -> Any:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns: int | None = None) -> None:
-        """Give back the slot of an item taken by ``get()``."""
-        self.release(now_ns=now_ns)
+    def task_done(self, *, now_ns: int | None = None, started_ns: int | None = None) -> None:
+        """Give back the slot of an item taken by ``get()`` (``started_ns``: see ``release``)."""
+        self.release(now_ns=now_ns, started_ns=started_ns)
 
     def expire_overdue(self, *, now_ns: int | None = None) -> int:
-        """Remove every waiting entry whose deadline has passed; return how many.
+        """Remove every waiting entry whose deadline (or effective deadline) has passed; return how many.
 
         Gate waiters already leave at their own deadline; this is how work
         items, which cannot wake themselves, get the same treatment.
         """
         self._check_initialised()
         now = _clock(now_ns)
-        expired_items: list[Any] = []
+        dropped: list[tuple[Any, int]] = []
         with self._lock:
             keep: deque[_Entry] = deque()
             count = 0
+            expected = self._expected_ns()
             for entry in self._waiting:
-                if now >= entry.deadline_ns:
+                verdict = deadline_verdict(now, entry.deadline_ns, expected)
+                if verdict != VERDICT_LIVE:
                     self._queued -= 1
-                    self._expire_entry_locked(entry, expired_items)
+                    self._drop_locked(entry, _drop_state(verdict), dropped)
                     count += 1
                 else:
                     keep.append(entry)
             self._waiting = keep
-        self._report_expired(expired_items)
+        self._report_dropped(dropped)
         return count
 
     def cancel(self, item: Any) -> bool:
@@ -688,7 +880,11 @@ class AdmissionQueue:
                     entry = self._waiting.popleft()
                     self._queued -= 1
                     self._cancelled += 1
-                    self._dismiss_locked(entry, _CANCELLED, cancelled)
+                    if entry.cond is not None:
+                        entry.state = _CANCELLED
+                        entry.cond.notify()
+                    else:
+                        cancelled.append(entry.item)
             self._ready_cond.notify_all()
         return cancelled
 

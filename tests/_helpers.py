@@ -55,6 +55,8 @@ COUNTER_NAMES = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "insufficient_budget",
+    "shed",
 )
 
 # Real-thread tests never wait longer than this for something that should take
@@ -197,6 +199,10 @@ def unaccounted(stats: Mapping[str, int]) -> int:
         + stats["cancelled"]
         + stats["queued"]
         + stats["assigned"]
+        # The policies' outcomes (POLICIES.md); absent from the front door's stats.
+        + stats.get("insufficient_budget", 0)
+        + stats.get("shed", 0)
+        + stats.get("evicted", 0)
     )
     return stats["offered"] - accounted
 
