@@ -123,6 +123,22 @@ class Ledger:
                 self.late_starts_ns.append(started_ns - deadline_ns)
 
 
+# The queue options of each run: "classic" draws fifo or lifo; "adaptive" runs
+# adaptive LIFO with CoDel shedding (short target and interval, so the line
+# stands and sheds within a run) and the doomed-work skip with a fixed 1 ms.
+POLICIES = ("classic", "adaptive")
+ADAPTIVE_OPTIONS: dict[str, Any] = {
+    "order": "adaptive",
+    "codel_target_ms": 2.0,
+    "codel_interval_ms": 10.0,
+    "expected_service_ms": 1.0,
+}
+
+
+def policy_options(policy: str, rng: random.Random) -> dict[str, Any]:
+    return ADAPTIVE_OPTIONS if policy == "adaptive" else {"order": rng.choice(("fifo", "lifo"))}
+
+
 def outcome_name(exc: BaseException) -> str:
     return getattr(exc, "reason", None) or type(exc).__name__
 
@@ -203,12 +219,22 @@ def assert_gate_counters_match(stats: Mapping[str, int], ledger: Ledger, attempt
     """Every gate attempt had one outcome, and ``stats()`` counted the same ones."""
     seen = ledger.outcomes
     assert sum(seen.values()) == attempts, seen
-    assert set(seen) <= {"started", "queue-full", "expired-on-arrival", "expired-in-queue"}, seen
+    outcomes = {
+        "started",
+        "queue-full",
+        "expired-on-arrival",
+        "expired-in-queue",
+        "insufficient-budget",
+        "shed-standing-queue",
+    }
+    assert set(seen) <= outcomes, seen
     assert stats["offered"] == attempts
     assert stats["started"] == seen["started"]
     assert stats["rejected_full"] == seen["queue-full"]
     assert stats["expired_on_arrival"] == seen["expired-on-arrival"]
     assert stats["expired_in_queue"] == seen["expired-in-queue"]
+    assert stats["insufficient_budget"] == seen["insufficient-budget"]
+    assert stats["shed"] == seen["shed-standing-queue"]
     assert stats["cancelled"] == 0
 
 
@@ -232,7 +258,7 @@ def gate_attempt(
                     time.sleep(service_s)
             return
         asked_ns = time.monotonic_ns()
-        q.acquire(deadline)
+        started_ns = q.acquire(deadline)
     except (QueueFull, DeadlineExceeded) as exc:
         ledger.note_error(exc)
         return
@@ -244,22 +270,23 @@ def gate_attempt(
             ledger.note("expired-in-queue")
         raise
     try:
+        assert asked_ns <= started_ns <= time.monotonic_ns()
         ledger.note_start(deadline_ns, asked_ns)
         with meter:
             time.sleep(service_s)
     finally:
-        q.release()
+        q.release(started_ns=started_ns)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", [7, 1031, 65537])
-def test_gate_waiters_block_expire_at_their_deadline_and_are_granted(impl: QueueClass, seed: int) -> None:
+def test_gate_waiters_block_expire_at_their_deadline_and_are_granted(impl: QueueClass, seed: int, policy: str) -> None:
     rng = random.Random(seed)
     max_concurrency = rng.randint(1, 4)
     max_queue = rng.randint(4, 32)
     threads = rng.randint(12, 24)
     attempts_per_thread = 40
-    order = rng.choice(("fifo", "lifo"))
-    q = impl(max_concurrency, max_queue, order=order)
+    q = impl(max_concurrency, max_queue, **policy_options(policy, rng))
     ledger, meter = Ledger(), ConcurrencyMeter()
     barrier = threading.Barrier(threads)
 
@@ -359,8 +386,12 @@ def test_gate_timeout_races_the_grant(impl: QueueClass, seed: int) -> None:
 class WorkRun:
     """One producer/consumer run: item fates as the threads saw them."""
 
-    def __init__(self, q_factory: Callable[..., Any], rng: random.Random) -> None:
+    def __init__(self, q_factory: Callable[..., Any], rng: random.Random, *, interrupts: bool = True) -> None:
         self.rng = rng
+        # Whether callbacks may raise KeyboardInterrupt. Not with the policies:
+        # there an arrival's put() also runs callbacks (for the entries it
+        # shed), and one raising there would hide whether the put took effect.
+        self.allow_interrupts = interrupts
         self.lock = threading.Lock()
         self.ledger = Ledger()
         self.meter = ConcurrencyMeter()
@@ -383,7 +414,7 @@ class WorkRun:
         plan = "record"
         if roll < 0.04:
             plan = "raise-exception"
-        elif roll < 0.06:
+        elif roll < 0.06 and self.allow_interrupts:
             plan = "raise-keyboard-interrupt"
         elif roll < 0.09:
             plan = "reenter-put"
@@ -444,16 +475,20 @@ class WorkRun:
             return None
 
 
-@pytest.mark.parametrize("seed", [3, 2027, 90001, 424242])
+@pytest.mark.parametrize(
+    ("seed", "policy"),
+    [(3, "classic"), (2027, "classic"), (90001, "classic"), (424242, "classic"), (5, "adaptive"), (8191, "adaptive")],
+)
 def test_producers_consumers_with_hostile_callbacks_and_a_shutdown_while_waiting(
-    impl: QueueClass, seed: int, caplog: pytest.LogCaptureFixture
+    impl: QueueClass, seed: int, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(seed)
     max_concurrency = rng.randint(1, 3)
     max_queue = rng.randint(64, 256)
     producers, consumers = rng.randint(4, 8), rng.randint(2, 4)
     puts_per_producer = rng.randint(80, 160)
-    run = WorkRun(lambda **kw: impl(max_concurrency, max_queue, order=rng.choice(("fifo", "lifo")), **kw), rng)
+    options = policy_options(policy, rng)
+    run = WorkRun(lambda **kw: impl(max_concurrency, max_queue, **options, **kw), rng, interrupts=policy == "classic")
     q = run.q
     producing = threading.Event()
     producing.set()
@@ -536,12 +571,15 @@ def test_producers_consumers_with_hostile_callbacks_and_a_shutdown_while_waiting
     gate_cancelled = stats["cancelled"] - len(cancelled_ids)
     assert gate["shutdown"] == 2, gate
     assert 0 <= gate_cancelled <= 2, (gate_cancelled, gate)
-    gate_expired = gate["expired-on-arrival"] + gate["expired-in-queue"]
-    gate_offered = gate["started"] + gate["queue-full"] + gate_expired + gate_cancelled
-    assert stats["offered"] == len(run.accepted) + work["queue-full"] + work["expired-on-arrival"] + gate_offered
+    gate_dropped = gate["expired-in-queue"] + gate["insufficient-budget"] + gate["shed-standing-queue"]
+    gate_offered = gate["started"] + gate["queue-full"] + gate["expired-on-arrival"] + gate_dropped + gate_cancelled
+    work_refused = work["queue-full"] + work["expired-on-arrival"] + work["insufficient-budget"]
+    assert stats["offered"] == len(run.accepted) + work_refused + gate_offered
     assert work["started"] == len(run.consumed)
     assert stats["started"] == len(run.consumed) + gate["started"]
-    assert stats["expired_in_queue"] == len(run.reported) + gate["expired-in-queue"]
+    # on_expired hears of every work item dropped from the line, whatever the reason.
+    dropped = stats["expired_in_queue"] + stats["insufficient_budget"] + stats["shed"]
+    assert dropped == len(run.reported) + gate_dropped + work["insufficient-budget"]
     assert stats["rejected_full"] == work["queue-full"] + gate["queue-full"]
     assert stats["expired_on_arrival"] == work["expired-on-arrival"] + gate["expired-on-arrival"]
     assert run.meter.peak <= max_concurrency
