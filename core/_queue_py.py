@@ -440,11 +440,14 @@ class AdmissionQueue:
         if self._estimate is not None:
             self._estimate.sample(service_ns)
 
+    def _count_drop_locked(self, state: int) -> None:
+        counter = _DROP_COUNTER[state]
+        setattr(self, counter, getattr(self, counter) + 1)
+
     def _drop_locked(self, entry: _Entry, state: int, dropped: list[tuple[Any, int]]) -> None:
         """An entry out of the line leaves without a slot (``state``: why): counted,
         its gate waiter woken, or its work item added to ``dropped``."""
-        counter = _DROP_COUNTER[state]
-        setattr(self, counter, getattr(self, counter) + 1)
+        self._count_drop_locked(state)
         if entry.cond is not None:
             entry.state = state
             entry.cond.notify()
@@ -644,8 +647,7 @@ class AdmissionQueue:
                     # Granted, but the time ran out (or got too short) while
                     # this thread woke up: it never starts, and the slot moves on.
                     state = _drop_state(verdict)
-                    counter = _DROP_COUNTER[state]
-                    setattr(self, counter, getattr(self, counter) + 1)
+                    self._count_drop_locked(state)
                     self._hand_over_locked(now, dropped)
                     raise _drop_error(state)
             finally:
@@ -684,6 +686,7 @@ class AdmissionQueue:
                 state = _EXPIRED if now >= entry.deadline_ns else _INSUFFICIENT
                 entry.state = state
                 self._queued -= 1
+                # Counted inline: no call may fall between these and the state change.
                 if state == _EXPIRED:
                     self._expired_in_queue += 1
                 else:
@@ -797,8 +800,7 @@ class AdmissionQueue:
                         # Its slot came too late: the slot moves on, then it
                         # is reported (finally), then we look again.
                         state = _drop_state(verdict)
-                        counter = _DROP_COUNTER[state]
-                        setattr(self, counter, getattr(self, counter) + 1)
+                        self._count_drop_locked(state)
                         dropped.append((entry.item, state))
                         self._hand_over_locked(now, dropped)
                         continue
