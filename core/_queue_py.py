@@ -631,6 +631,7 @@ class AdmissionQueue:
                         now = time.monotonic_ns()
                         wait_total = self._wait_total_with(entry, now)
                         verdict = deadline_verdict(now, deadline_ns, self._expected_ns())
+                        state = _drop_state(verdict)
                     except BaseException:
                         self._abandon_locked(entry, time.monotonic_ns(), dropped)
                         raise
@@ -646,8 +647,10 @@ class AdmissionQueue:
                         return now
                     # Granted, but the time ran out (or got too short) while
                     # this thread woke up: it never starts, and the slot moves on.
-                    state = _drop_state(verdict)
-                    self._count_drop_locked(state)
+                    if state == _EXPIRED:
+                        self._expired_in_queue += 1
+                    else:
+                        self._insufficient_budget += 1
                     self._hand_over_locked(now, dropped)
                     raise _drop_error(state)
             finally:
@@ -790,6 +793,7 @@ class AdmissionQueue:
                         now = _clock(now_ns)
                         wait_total = self._wait_total_with(entry, now)
                         verdict = deadline_verdict(now, entry.deadline_ns, self._expected_ns())
+                        state = _drop_state(verdict)
                         # No call from the take to the start (see _acquire).
                         del self._ready[0]
                         self._assigned -= 1
@@ -799,8 +803,10 @@ class AdmissionQueue:
                             return entry.item
                         # Its slot came too late: the slot moves on, then it
                         # is reported (finally), then we look again.
-                        state = _drop_state(verdict)
-                        self._count_drop_locked(state)
+                        if state == _EXPIRED:
+                            self._expired_in_queue += 1
+                        else:
+                            self._insufficient_budget += 1
                         dropped.append((entry.item, state))
                         self._hand_over_locked(now, dropped)
                         continue
