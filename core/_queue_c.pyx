@@ -6,8 +6,11 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 * the waiting line is a ring of ``max_queue`` C entries allocated once, and
   the hand-off buffer a ring of ``max_concurrency`` entries;
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
-  entry leaves from the middle of the line) and never while Python code runs
-  or while this thread waits for the GIL, so correctness never rests on the GIL;
+  entry leaves from the middle of the line, O(entries shed) when CoDel sheds,
+  and a bounded rescan of the histogram buckets every 16th learned service
+  sample) and never while Python code runs or while this thread waits for the
+  GIL, so correctness never rests on the GIL; the policy arithmetic is plain C
+  from ``prazo_policy.h``, shared with the front door;
 * counters are C11 atomics written under the mutex: ``qsize()`` and
   ``full()`` read one or two without it, ``stats()`` copies them all under it
   so that every snapshot balances;

@@ -11,15 +11,21 @@ There are ``max_concurrency`` *slots* and a waiting line of at most
 ``put`` on the work-queue face) is answered in one of four ways, in order:
 
 1. its deadline has already passed   -> ``DeadlineExceeded("expired-on-arrival")``
-2. a slot is free                    -> it gets the slot at once
-3. the waiting line has room         -> it waits
-4. otherwise                         -> ``QueueFull("queue-full")``
+2. its budget is shorter than the expected service time (``expected_service_ms``)
+                                     -> ``DeadlineExceeded("insufficient-budget")``
+3. a slot is free                    -> it gets the slot at once
+4. the waiting line has room (``order="adaptive"`` first sheds the stale
+   entries of a full line, see the class docstring) -> it waits
+5. otherwise                         -> ``QueueFull("queue-full")``
 
 When a slot is released, it is *handed over* to the next waiting entry (the
-oldest for ``order="fifo"``, the newest for ``"lifo"``); entries whose
-deadline has passed on the way are expired (counted, gate waiters woken with
+oldest for ``order="fifo"``, the newest for ``"lifo"``, either for
+``"adaptive"`` as CoDel decides); entries whose deadline has passed on the way
+are expired (counted, gate waiters woken with
 ``DeadlineExceeded("expired-in-queue")``, work items reported through
-``on_expired``) and never get the slot. A slot is only ever idle when nobody
+``on_dropped``/``on_expired``) and never get the slot, and so are the entries
+whose budget became too short (``insufficient-budget``) or that CoDel sheds
+(``QueueFull("shed-standing-queue")``). A slot is only ever idle when nobody
 waits (work conservation).
 
 A slot handed over is *assigned*: a gate waiter still has to wake up, a work
@@ -33,7 +39,8 @@ cannot wake themselves; ``expire_overdue()`` sweeps them out on demand.
 
 Counters (``stats()``), with ``expired = expired_on_arrival + expired_in_queue``::
 
-    offered == started + rejected_full + expired + cancelled + queued + assigned
+    offered == started + rejected_full + expired + insufficient_budget + shed
+               + cancelled + queued + assigned
     in_flight == started - completed + assigned
     0 <= in_flight <= max_concurrency,  0 <= queued <= max_queue
 
