@@ -122,6 +122,25 @@ def expected_service_option(value: object) -> tuple[int, int]:
     return _ms_to_ns(_positive_ms(value, "expected_service_ms")), 0
 
 
+class _Generation:
+    """One generation of samples: counts per histogram bucket, with the exact extremes (a ``prazo_hist``)."""
+
+    __slots__ = ("counts", "high", "low", "total")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.total = 0
+        self.low = _INT64_MAX
+        self.high = -1
+
+    def record(self, ns: int) -> None:
+        index = bucket_index(ns)
+        self.counts[index] = self.counts.get(index, 0) + 1
+        self.total += 1
+        self.low = min(self.low, ns)
+        self.high = max(self.high, ns)
+
+
 class ServiceEstimate:
     """``struct prazo_service_estimate``: the expected service time, fixed or learned.
 
@@ -129,9 +148,7 @@ class ServiceEstimate:
     ``SERVICE_EVERY`` samples, once ``SERVICE_MIN_SAMPLES`` exist, the
     estimate becomes the nearest-rank quantile of both generations at the
     histogram's bucket precision (rank 1: the exact minimum; rank n: the exact
-    maximum; otherwise the middle of the rank's bucket, moved into
-    [min, max]). The C twin counts per bucket; here each generation keeps its
-    samples' bucket indices and sorts them, which finds the same bucket.
+    maximum; otherwise the middle of the rank's bucket, moved into [min, max]).
     """
 
     __slots__ = ("_current", "_estimate_ns", "_fixed_ns", "_generations", "_permille", "_samples")
@@ -139,8 +156,7 @@ class ServiceEstimate:
     def __init__(self, fixed_ns: int, quantile_permille: int) -> None:
         self._fixed_ns = max(0, fixed_ns)
         self._permille = quantile_permille
-        # Per generation: (bucket indices, exact values) of its samples.
-        self._generations: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+        self._generations = [_Generation(), _Generation()]
         self._current = 0
         self._samples = 0
         self._estimate_ns = 0
@@ -154,28 +170,31 @@ class ServiceEstimate:
         """One service time (a negative one counts as 0); ignored by a fixed estimate."""
         if self._fixed_ns > 0:
             return
-        service_ns = max(0, min(_INT64_MAX, service_ns))
         generation = self._generations[self._current]
-        generation.append((bucket_index(service_ns), service_ns))
+        generation.record(max(0, min(_INT64_MAX, service_ns)))
         self._samples += 1
         if self._samples % SERVICE_EVERY == 0 and self._samples >= SERVICE_MIN_SAMPLES:
             self._estimate_ns = self._quantile()
-        if len(generation) == SERVICE_GENERATION:
+        if generation.total == SERVICE_GENERATION:
             self._current ^= 1
-            self._generations[self._current].clear()
+            self._generations[self._current] = _Generation()
 
     def _quantile(self) -> int:
-        samples = sorted(self._generations[0] + self._generations[1])
-        n = len(samples)
-        low = min(value for _, value in samples)
-        high = max(value for _, value in samples)
+        older, newer = self._generations
+        n = older.total + newer.total
+        low, high = min(older.low, newer.low), max(older.high, newer.high)
         rank = max(1, (self._permille * n + 999) // 1000)
         if rank >= n:
             return high
         if rank == 1:
             return low
-        lo, hi = bucket_bounds(samples[rank - 1][0])
-        return min(max(lo + (hi - lo) // 2, low), high)
+        seen = 0
+        for index in sorted(older.counts.keys() | newer.counts.keys()):
+            seen += older.counts.get(index, 0) + newer.counts.get(index, 0)
+            if seen >= rank:
+                lo, hi = bucket_bounds(index)
+                return min(max(lo + (hi - lo) // 2, low), high)
+        return high
 
 
 # The verdict of an entry's deadline at a moment (prazo_deadline_verdict).
