@@ -157,6 +157,15 @@ cdef inline int64_t _clock(object now_ns) except? -1:
         raise ValueError("now_ns is out of range for a 64-bit monotonic clock") from None
 
 
+cdef inline int64_t _started(object started_ns) except? -2:
+    """``release(started_ns=)`` as the C side spells it: -1 for None (no sample)."""
+    if started_ns is None:
+        return -1
+    if type(started_ns) is int and 0 <= started_ns <= INT64_MAX:
+        return started_ns
+    return checked_started_ns(started_ns)  # the other ints, and the errors naming the argument
+
+
 cdef object _validate_size(object value, str name, int minimum):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -909,11 +918,8 @@ cdef class AdmissionQueue:
         With ``started_ns`` (what ``acquire()`` returned), the time since then
         is a service-time sample for the policies that learn from them.
         """
-        cdef int64_t started = -1
         _check_initialised(self)
-        if started_ns is not None:
-            started = checked_started_ns(started_ns)
-        self._release_sampled(-1 if now_ns is None else _clock(now_ns), now_ns is None, started)
+        self._release_sampled(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns))
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
         return self._release_sampled(now, real_clock, -1)
@@ -1066,7 +1072,8 @@ cdef class AdmissionQueue:
 
     def task_done(self, *, now_ns=None, started_ns=None):
         """Give back the slot of an item taken by ``get()`` (``started_ns``: see ``release``)."""
-        self.release(now_ns=now_ns, started_ns=started_ns)
+        _check_initialised(self)
+        self._release_sampled(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns))
 
     def expire_overdue(self, *, now_ns=None):
         """Remove every waiting entry whose deadline (or effective deadline) has passed; return how many.
