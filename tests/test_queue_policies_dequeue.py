@@ -25,7 +25,6 @@ from prazo.core import (
     Deadline,
     DeadlineExceeded,
     QueueFull,
-    load_twin,
 )
 from prazo.core._policy_py import (
     SERVICE_MIN_SAMPLES,
@@ -196,9 +195,11 @@ def test_a_slot_on_a_fake_clock_reports_nothing(impl: QueueClass, clock: FakeClo
         max_size=700,
     ),
 )
-def test_both_twins_learn_the_same_estimate(permille: str, samples: list[int]) -> None:
+def test_both_twins_learn_the_same_estimate(
+    twin_pair: tuple[QueueClass, QueueClass], permille: str, samples: list[int]
+) -> None:
     """The C header and the Python twin give the same integer after every sample."""
-    queues = [load_twin(name)(1, 0, expected_service_ms=permille) for name in ("c", "py")]
+    queues = [twin(1, 0, expected_service_ms=permille) for twin in twin_pair]
     reference = ServiceEstimate(0, int(permille[1:]) * 10)
     now = 10**15
     for service_ns in samples:
