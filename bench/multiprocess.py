@@ -44,7 +44,7 @@ from prazo.bench.goodput import percentile
 from prazo.bench.goodput_apps import IO_WORK_MS, io
 from prazo.bench.loadgen import run_in_subprocess
 
-__all__ = ["HOST_PATH", "Point", "app", "main", "run"]
+__all__ = ["HOST_PATH", "Point", "app", "host_totals", "main", "run", "with_host_endpoint"]
 
 HOST_PATH = "/_prazo/host"
 _BUDGET_MS = 1000.0
@@ -53,14 +53,27 @@ _STARTUP_TIMEOUT_S = 30.0
 _QUIET_S = 1.5  # between loads: every request of the last one answered or given up on
 
 
-def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-    """The bench's I/O-bound app, plus ``GET /_prazo/host``: the host's occupancy table as JSON."""
-    if environ.get("PATH_INFO") == HOST_PATH:
+def with_host_endpoint(inner: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """``inner`` plus ``GET /_prazo/host``: the host's occupancy table as JSON (``null`` without one).
+
+    The JSON has ``totals``, ``rows`` and ``answered_by`` (the pid of the
+    worker that answered: its own row counts this request in flight).
+    """
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != HOST_PATH:
+            return inner(environ, start_response)
         table = environ.get("prazo.host_occupancy")
-        body = json.dumps(None if table is None else {"totals": table.totals(), "rows": table.snapshot()}).encode()
+        answer = {"totals": table.totals(), "rows": table.snapshot(), "answered_by": os.getpid()} if table else None
+        body = json.dumps(answer).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]
-    return io(environ, start_response)
+
+    return wrapped
+
+
+# The bench's I/O-bound app (a 50 ms sleep), plus the host endpoint.
+app = with_host_endpoint(io)
 
 
 @dataclass
