@@ -21,6 +21,7 @@ import pytest
 from _helpers import wait_until
 from _server_harness import Burst, RunningServer, request, start_gunicorn, statuses
 from prazo.bench.multiprocess import HOST_PATH
+from prazo.bindings.servers.gunicorn import settings_for
 from prazo.bindings.servers.occupancy import (
     ROW_BYTES,
     STALE_HEARTBEAT_NS,
@@ -30,10 +31,39 @@ from prazo.bindings.servers.occupancy import (
     OccupancyTable,
     child_alive,
 )
+from prazo.bindings.servers.serve import main_serve
+from prazo.bindings.servers.settings import resolve_settings
 
 WAIT_S = 30.0
 # A worker frees a slot a moment after its answer reached the client: far longer than that.
 SETTLE_S = 0.3
+
+
+# -- the setting ---------------------------------------------------------------------------------
+
+
+def test_yield_when_full_is_on_by_default_and_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_settings(environ={}).yield_when_full is True
+    assert resolve_settings(environ={"PRAZO_YIELD_WHEN_FULL": "0"}).yield_when_full is False
+    assert resolve_settings(yield_when_full=True, environ={"PRAZO_YIELD_WHEN_FULL": "off"}).yield_when_full is True
+    with pytest.raises(ValueError, match="PRAZO_YIELD_WHEN_FULL"):
+        resolve_settings(environ={"PRAZO_YIELD_WHEN_FULL": "maybe"})
+    with pytest.raises(TypeError, match="yield_when_full"):
+        resolve_settings(yield_when_full="no", environ={})  # type: ignore[arg-type]
+
+    class Config:
+        threads, is_ssl, http_protocols = 2, False, ("h1",)
+
+    monkeypatch.setenv("PRAZO_YIELD_WHEN_FULL", "no")
+    assert settings_for(Config()).yield_when_full is False
+
+
+def test_serve_refuses_no_yield_when_full_for_a_single_process_server(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parent)
+    assert main_serve(["_server_harness:app", "--server", "waitress", "--no-yield-when-full"]) == 2
+    assert "--no-yield-when-full is for --server gunicorn only" in capsys.readouterr().err
 
 
 # -- the table, in this process ------------------------------------------------------------------
