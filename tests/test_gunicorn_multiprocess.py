@@ -291,4 +291,4 @@ def test_with_yield_a_full_host_still_refuses_at_once(servers: list[RunningServe
     assert statuses(burst.join()) == {200: 2}
     time.sleep(SETTLE_S)
     totals = _host(server)["totals"]
-    assert totals["refused_full"] == 1 and totals["refused_sibling_room"] == 0
+    assert totals["refused_full"] == 1 and totals["refused_sibling_room"] == 0, _host(server)["rows"]

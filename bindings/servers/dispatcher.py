@@ -143,8 +143,8 @@ class AdmissionDispatcher:
     ticket goes to ``serve(ticket)`` in one of ``threads`` worker threads,
     after which its slot is released (if ``serve`` did not already).
     ``on_change()``, when given, is called after every change of the queue's
-    occupancy (an arrival admitted or refused, a start, a release, an expiry),
-    in the thread that made it, so a server can publish the occupancy
+    occupancy (an arrival admitted or refused, a start, a release, an expiry;
+    for a refusal, before its answer is sent), in the thread that made it, so a server can publish the occupancy
     elsewhere (``prazo.bindings.servers.occupancy``).
 
     >>> served = []
@@ -222,8 +222,10 @@ class AdmissionDispatcher:
         try:
             self._queue.put(ticket, ticket.deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
-            self._refuse(ticket, exc)
+            # Observed before the answer goes out: what the observer reads
+            # (e.g. the siblings' room) is the state the refusal was made in.
             self._changed()
+            self._refuse(ticket, exc)
             return False
         if self._queue.qsize():
             # It may be waiting: make sure it is refused at its own deadline.
@@ -250,8 +252,8 @@ class AdmissionDispatcher:
         return self._queue.stats()
 
     def _expired(self, ticket: Ticket) -> None:
-        self._refuse(ticket, DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
         self._changed()
+        self._refuse(ticket, DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
 
     def _refuse(self, ticket: Ticket, exc: BaseException) -> None:
         ticket.claimed = True
