@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 from _server_harness import Burst, RunningServer, request, start_gunicorn, statuses
+from hypothesis import given
+from hypothesis import strategies as st
 from prazo.bench.multiprocess import HOST_PATH
 from prazo.bindings.servers.gunicorn import settings_for
 from prazo.bindings.servers.occupancy import (
@@ -104,6 +106,30 @@ def test_claim_takes_free_rows_and_resets_the_rows_of_dead_owners() -> None:
     (reused,) = [row for row in table.snapshot() if row["row"] == first.index]
     assert reused["generation"] == 3 and reused["pid"] == 0 and reused["in_flight"] == 0
     assert reused["refused_full"] == 0 and reused["state_name"] == "booting"
+
+
+@given(st.lists(st.one_of(st.just("spawn"), st.integers(0, 7)), max_size=40), st.integers(1, 4))
+def test_claims_never_share_a_row_between_live_workers_and_fail_only_when_all_rows_are_live(
+    steps: list[str | int], rows: int
+) -> None:
+    """A script of spawns and deaths (an int kills the n-th live worker, if any), like the arbiter's."""
+    table = OccupancyTable(rows)
+    live: dict[int, int] = {}  # generation -> row index
+    generation = 0
+    for step in steps:
+        if step == "spawn":
+            generation += 1
+            row = table.claim(generation, threads=1, max_queue=0, live=live.__contains__)
+            if len(live) == rows:
+                assert row is None
+                continue
+            assert row is not None
+            assert row.index not in live.values()
+            live[generation] = row.index
+        elif live:
+            del live[sorted(live)[int(step) % len(live)]]
+    claimed = {int(row["generation"]): int(row["row"]) for row in table.snapshot()}
+    assert {gen: claimed[gen] for gen in live} == live  # every live worker still holds its row
 
 
 def test_room_counts_serving_fresh_rows_with_a_free_place_only() -> None:
@@ -292,3 +318,24 @@ def test_with_yield_a_full_host_still_refuses_at_once(servers: list[RunningServe
     time.sleep(SETTLE_S)
     totals = _host(server)["totals"]
     assert totals["refused_full"] == 1 and totals["refused_sibling_room"] == 0, _host(server)["rows"]
+
+
+def test_after_a_reload_the_new_workers_have_rows_and_the_old_ones_no_longer_count(
+    servers: list[RunningServer], tmp_path: Path
+) -> None:
+    server = _start(servers, workers=2, threads=1, max_queue=0, yield_when_full=True)
+    old = {row["generation"] for row in _serving_rows(_host(server))}
+    server.process.send_signal(signal.SIGHUP)  # type: ignore[attr-defined]
+
+    def reloaded() -> bool:
+        rows = _serving_rows(_host(server))
+        return len(rows) == 2 and not old & {row["generation"] for row in rows}
+
+    wait_until(reloaded, "two new workers serving in place of the old ones", WAIT_S)
+    time.sleep(SETTLE_S)
+    # The reloaded host still sends a request to the worker with room.
+    gate = tmp_path / "gate"
+    burst = _hold(server, tmp_path, 1, gate)
+    assert request(server.port, "/work").status == 200
+    gate.touch()
+    assert statuses(burst.join()) == {200: 1}

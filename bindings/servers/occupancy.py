@@ -188,13 +188,18 @@ class OccupancyTable:
         return rows
 
     def totals(self) -> dict[str, int]:
-        """The counters summed over every claimed row (a replaced worker's counts left with it)."""
+        """The counters summed over every claimed row, and ``workers`` serving or yielding.
+
+        A stopped or dead worker's row counts until the arbiter resets it (at
+        its next spawn of a worker).
+        """
         names = ("in_flight", "queued", "arriving", "offered", "refused_full", "refused_sibling_room", "yields")
         total = dict.fromkeys(names, 0)
+        total["workers"] = 0
         for row in self.snapshot():
             for name in names:
                 total[name] += int(row[name])
-        total["workers"] = sum(1 for row in self.snapshot() if row["state"] in (STATE_SERVING, STATE_YIELDING))
+            total["workers"] += row["state"] in (STATE_SERVING, STATE_YIELDING)
         return total
 
 
