@@ -252,6 +252,9 @@ class AdmissionWorker(ThreadWorker):
             self.method_queue.defer(_nothing)
 
     def _should_yield(self) -> bool:
+        # Never every worker at once for long: a yielding row is not "serving",
+        # so it never counts as room; if all yield (stale rows), none sees room
+        # at its next look, 10 ms later, and all accept again.
         row = self.host_row
         return (
             row is not None and self.settings.yield_when_full and self.alive and self._full() and row.sibling_has_room()
