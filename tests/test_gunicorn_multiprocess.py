@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from _server_harness import Burst, RunningServer, request, start_gunicorn, statu
 from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bench.multiprocess import HOST_PATH
+from prazo.bindings.servers.dispatcher import AdmissionDispatcher, Ticket
 from prazo.bindings.servers.gunicorn import settings_for
 from prazo.bindings.servers.occupancy import (
     ROW_BYTES,
@@ -35,10 +37,43 @@ from prazo.bindings.servers.occupancy import (
 )
 from prazo.bindings.servers.serve import main_serve
 from prazo.bindings.servers.settings import resolve_settings
+from prazo.core import Deadline
 
 WAIT_S = 30.0
 # A worker frees a slot a moment after its answer reached the client: far longer than that.
 SETTLE_S = 0.3
+
+
+# -- the dispatcher's hook ----------------------------------------------------------------------
+
+
+def test_on_change_follows_every_occupancy_change_and_precedes_a_refusals_answer() -> None:
+    events: list[tuple[str, int, int]] = []
+    gate = threading.Event()
+
+    def serve(ticket: Ticket) -> None:
+        gate.wait(WAIT_S)
+
+    def reject(ticket: Ticket, exc: BaseException) -> None:
+        events.append(("answer", -1, -1))
+
+    def changed() -> None:
+        stats = dispatcher.stats()
+        events.append(("change", stats["in_flight"], stats["queued"]))
+
+    with pytest.raises(TypeError, match="on_change"):
+        AdmissionDispatcher(1, 0, serve=serve, reject=reject, on_change=42)  # type: ignore[arg-type]
+    dispatcher = AdmissionDispatcher(1, 0, serve=serve, reject=reject, on_change=changed)
+    dispatcher.start()
+    assert dispatcher.submit(Ticket("first", Deadline.after(WAIT_S), time.monotonic_ns()))
+    wait_until(lambda: ("change", 1, 0) in events and len(events) >= 2, "the admission and the start", WAIT_S)
+    events.clear()
+    assert not dispatcher.submit(Ticket("second", Deadline.after(WAIT_S), time.monotonic_ns()))
+    assert events == [("change", 1, 0), ("answer", -1, -1)]  # observed before the 503 goes out
+    events.clear()
+    gate.set()
+    wait_until(lambda: ("change", 0, 0) in events, "the release", WAIT_S)
+    assert dispatcher.shutdown(timeout=WAIT_S)
 
 
 # -- the setting ---------------------------------------------------------------------------------
