@@ -36,7 +36,8 @@ waiting and arriving requests in its row. With ``PRAZO_YIELD_WHEN_FULL``
 while some sibling has room — new connections go to that sibling — and takes
 them back as soon as it has room again or every sibling is full, when it
 accepts and refuses honestly: a 503 ``queue-full`` then means the host is
-full. A request on a kept-alive connection stays with its worker. The table
+full. A request on a kept-alive connection stays with its worker; with
+``--reuse-port`` (a listening socket per worker) workers never yield. The table
 is in each request's environ as ``prazo.host_occupancy`` (an
 ``OccupancyTable``: ``snapshot()``, ``totals()``; ``refused_sibling_room``
 counts the 503s sent while a sibling had room).
@@ -157,7 +158,8 @@ class AdmissionWorker(ThreadWorker):
         """In the arbiter, before the workers are forked: check the settings, create the occupancy table."""
         super().check_config(cfg, log)
         settings = settings_for(cfg)
-        log.info("prazo admission: %s yield_when_full=%s", settings.describe(), settings.yield_when_full)
+        yielding = "off (--reuse-port)" if settings.yield_when_full and cfg.reuse_port else settings.yield_when_full
+        log.info("prazo admission: %s yield_when_full=%s", settings.describe(), yielding)
         cls.host_table = OccupancyTable(max(_MIN_ROWS, _ROWS_PER_WORKER * cfg.workers))
         cls.row_owners = {}
 
@@ -174,6 +176,10 @@ class AdmissionWorker(ThreadWorker):
         )
         # New connections waiting for their first bytes, oldest first.
         self.fresh_conns: deque[TConn] = deque()
+        # With --reuse-port each worker has its own listening socket and the
+        # kernel keeps hashing connections to it: leaving them there would only
+        # make them wait unseen, so such a worker never yields.
+        self._may_yield = self.settings.yield_when_full and not getattr(self.cfg, "reuse_port", False)
         self._yielding = False
         self._seen_offered = 0
         self._seen_refused = 0
@@ -257,7 +263,7 @@ class AdmissionWorker(ThreadWorker):
         # at its next look, 10 ms later, and all accept again.
         row = self.host_row
         return (
-            row is not None and self.settings.yield_when_full and self.alive and self._full() and row.sibling_has_room()
+            row is not None and self._may_yield and self.alive and self._full() and row.sibling_has_room()
         )
 
     def _start_yielding(self) -> None:
