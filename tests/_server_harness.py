@@ -387,17 +387,22 @@ def start_server(
         thread = _in_thread(server.serve, "cheroot-serve")
         return RunningServer(kind, server.bind_addr[1], server.stop, thread, server.requests.stats)
     if kind == "gunicorn":
-        return _start_gunicorn(**limits)
+        return start_gunicorn(**limits)
     raise ValueError(f"kind must be one of {SERVER_KINDS}, got {kind!r}")
 
 
-def _start_gunicorn(
+def start_gunicorn(
     threads: int,
     max_queue: int,
-    default_budget_ms: float,
-    max_budget_ms: float,
+    default_budget_ms: float = 1000,
+    max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
+    *,
+    workers: int = 1,
+    app_spec: str = "_server_harness:app",
+    extra_env: dict[str, str] | None = None,
 ) -> RunningServer:
+    """``gunicorn -w workers`` with prazo's worker serving ``app_spec`` (a module in tests/), started and probed."""
     env = dict(os.environ)
     env.update(
         PRAZO_MAX_QUEUE=str(max_queue),
@@ -407,13 +412,14 @@ def _start_gunicorn(
     )
     if header_timeout_ms is not None:
         env["PRAZO_HEADER_TIMEOUT_MS"] = str(header_timeout_ms)
+    env.update(extra_env or {})
     command = [
         sys.executable, "-m", "gunicorn",
         "-k", "prazo.bindings.servers.gunicorn.AdmissionWorker",
-        "--threads", str(threads), "--workers", "1",
+        "--threads", str(threads), "--workers", str(workers),
         "--bind", "127.0.0.1:0", "--graceful-timeout", "10", "--keep-alive", "5",
         "--no-control-socket", "--error-logfile", "-", "--log-level", "info",
-        "_server_harness:app",
+        app_spec,
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     log: list[str] = []

@@ -164,7 +164,7 @@ class ConnectionAdmission:
     the ``LingeringCloser``. ``on_closed(item)`` lets the server drop its own
     bookkeeping for every connection closed here (before the socket is closed
     or handed to the closer). ``serve(ticket)`` runs in the dispatcher's
-    workers.
+    workers; ``on_change()`` goes to the dispatcher (see ``AdmissionDispatcher``).
     """
 
     def __init__(
@@ -176,6 +176,7 @@ class ConnectionAdmission:
         on_closed: Callable[[Any], object] | None = None,
         name: str = "prazo",
         closer: LingeringCloser | None = None,
+        on_change: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = settings.policy()
@@ -190,7 +191,7 @@ class ConnectionAdmission:
         self._header_timeouts_lock = threading.Lock()
         self._header_timeouts = 0
         self.dispatcher = AdmissionDispatcher(
-            settings.threads, settings.max_queue, serve=serve, reject=self._reject, name=name
+            settings.threads, settings.max_queue, serve=serve, reject=self._reject, name=name, on_change=on_change
         )
 
     def wrap(self, app: WSGIApp) -> AdmittedApp:
@@ -253,6 +254,11 @@ class ConnectionAdmission:
         if self._on_closed is not None:
             self._on_closed(pending.item)
         hard_close(pending.sock)
+
+    @property
+    def pending_heads(self) -> int:
+        """Connections whose request head is still arriving (not yet offered to the queue)."""
+        return self._heads.pending
 
     def stats(self) -> dict[str, int]:
         """The queue's counters, the refusals sent and the heads still arriving or timed out."""

@@ -142,6 +142,10 @@ class AdmissionDispatcher:
     worker. Every refusal goes to ``reject(ticket, exc)``; every admitted
     ticket goes to ``serve(ticket)`` in one of ``threads`` worker threads,
     after which its slot is released (if ``serve`` did not already).
+    ``on_change()``, when given, is called after every change of the queue's
+    occupancy (an arrival admitted or refused, a start, a release, an expiry;
+    for a refusal, before its answer is sent), in the thread that made it, so a server can publish the occupancy
+    elsewhere (``prazo.bindings.servers.occupancy``).
 
     >>> served = []
     >>> d = AdmissionDispatcher(1, 0, serve=served.append, reject=lambda t, e: None)
@@ -162,9 +166,13 @@ class AdmissionDispatcher:
         serve: Callable[[Ticket], object],
         reject: Callable[[Ticket, BaseException], object],
         name: str = "prazo",
+        on_change: Callable[[], object] | None = None,
     ) -> None:
         if not callable(serve) or not callable(reject):
             raise TypeError("serve and reject must be callables")
+        if on_change is not None and not callable(on_change):
+            raise TypeError(f"on_change must be a callable or None, not {type(on_change).__name__}")
+        self._on_change = on_change
         self._serve = serve
         self._reject_callback = reject
         self._name = name
@@ -214,6 +222,9 @@ class AdmissionDispatcher:
         try:
             self._queue.put(ticket, ticket.deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            # Observed before the answer goes out: what the observer reads
+            # (e.g. the siblings' room) is the state the refusal was made in.
+            self._changed()
             self._refuse(ticket, exc)
             return False
         if self._queue.qsize():
@@ -221,7 +232,15 @@ class AdmissionDispatcher:
             with self._reaper_cond:
                 if not ticket.claimed:
                     self._reaper.watch_locked(ticket.deadline.ns, ticket)
+        self._changed()
         return True
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # noqa: BLE001 - an observer must never cost a request its answer
+                _log.exception("prazo: on_change failed")
 
     def current_ticket(self) -> Ticket | None:
         """The ticket the calling worker thread is serving, or None."""
@@ -233,6 +252,7 @@ class AdmissionDispatcher:
         return self._queue.stats()
 
     def _expired(self, ticket: Ticket) -> None:
+        self._changed()
         self._refuse(ticket, DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
 
     def _refuse(self, ticket: Ticket, exc: BaseException) -> None:
@@ -251,6 +271,7 @@ class AdmissionDispatcher:
                 return
             ticket._start(self._queue)
             self._local.ticket = ticket
+            self._changed()
             try:
                 self._serve(ticket)
             except BaseException:  # noqa: BLE001 - see below
@@ -260,6 +281,7 @@ class AdmissionDispatcher:
             finally:
                 self._local.ticket = None
                 ticket.release()
+                self._changed()
             del ticket
 
     def shutdown(self, timeout: float | None = None, *, cancel_waiting: bool = False) -> bool:

@@ -48,6 +48,7 @@ from .settings import (
     ENV_MAX_UPSTREAM_MS,
     ENV_TRUST_REQUEST_START,
     ENV_TRUSTED_PROXIES,
+    ENV_YIELD_WHEN_FULL,
     ServerSettings,
     resolve_settings,
 )
@@ -94,6 +95,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST, metavar="H", help=f"default {DEFAULT_HOST}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
     parser.add_argument("--workers", type=int, default=1, metavar="W", help="gunicorn worker processes (default 1)")
+    parser.add_argument(
+        "--no-yield-when-full",
+        dest="yield_when_full",
+        action="store_false",
+        default=None,
+        help=f"gunicorn -w N: a full worker keeps accepting even while a sibling has room (${ENV_YIELD_WHEN_FULL}=0)",
+    )
     parser.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -296,6 +304,7 @@ def _settings_environment(settings: ServerSettings) -> dict[str, str]:
         ENV_TRUST_REQUEST_START: "1" if settings.trust_request_start else "0",
         ENV_MAX_UPSTREAM_MS: repr(settings.max_upstream_ms),
         ENV_HEADER_TIMEOUT_MS: repr(settings.header_timeout_ms),
+        ENV_YIELD_WHEN_FULL: "1" if settings.yield_when_full else "0",
     }
     if settings.trusted_proxies is not None:
         environment[ENV_TRUSTED_PROXIES] = ",".join(settings.trusted_proxies)
@@ -320,6 +329,8 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers != 1 and args.server != "gunicorn":
         raise ValueError("--workers is for --server gunicorn only (the other servers run one process)")
+    if args.yield_when_full is False and args.server != "gunicorn":
+        raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     # Checked whether or not --trust-request-start is given: a typo must fail
@@ -336,6 +347,7 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         trusted_proxies=args.trusted_proxy,
         max_upstream_ms=args.max_upstream_ms,
         header_timeout_ms=args.header_timeout_ms,
+        yield_when_full=args.yield_when_full,
     )
 
 

@@ -4,7 +4,8 @@ Threads, queue size, budgets and the header timeout, from arguments or the
 environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
 ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``,
 ``PRAZO_TRUST_REQUEST_START``, ``PRAZO_TRUSTED_PROXIES``,
-``PRAZO_MAX_UPSTREAM_MS``); explicit arguments win over the environment.
+``PRAZO_MAX_UPSTREAM_MS``, ``PRAZO_YIELD_WHEN_FULL``); explicit arguments win
+over the environment.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "ENV_MAX_UPSTREAM_MS",
     "ENV_TRUSTED_PROXIES",
     "ENV_TRUST_REQUEST_START",
+    "ENV_YIELD_WHEN_FULL",
     "ServerSettings",
     "checked_count",
     "resolve_settings",
@@ -49,6 +51,7 @@ ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
 ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
 ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
 ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
+ENV_YIELD_WHEN_FULL = "PRAZO_YIELD_WHEN_FULL"
 
 DEFAULT_THREADS = 4
 # Without an explicit size the line holds four requests per worker: with a
@@ -130,7 +133,10 @@ class ServerSettings:
     in a front proxy (``X-Request-Start``) is taken off its budget, at most
     ``max_upstream_ms``, for peers in ``trusted_proxies`` (all when None). On
     the socket-level servers a request head must be complete within
-    ``header_timeout_ms`` of its first byte, or it is answered 408.
+    ``header_timeout_ms`` of its first byte, or it is answered 408. With
+    several worker processes (gunicorn ``-w N``), ``yield_when_full`` makes a
+    full worker leave new connections to a sibling with room (see
+    ``prazo.bindings.servers.gunicorn``).
     """
 
     threads: int
@@ -141,6 +147,7 @@ class ServerSettings:
     max_upstream_ms: float = DEFAULT_MAX_UPSTREAM_MS
     trusted_proxies: tuple[str, ...] | None = None
     header_timeout_ms: float = DEFAULT_HEADER_TIMEOUT_MS
+    yield_when_full: bool = True
 
     def __post_init__(self) -> None:
         checked_count(self.threads, "threads", 1)
@@ -152,6 +159,8 @@ class ServerSettings:
             raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
+        if not isinstance(self.yield_when_full, bool):
+            raise TypeError(f"yield_when_full must be a bool, not {type(self.yield_when_full).__name__}")
         # Building the policy validates the budgets; the front-proxy options are
         # checked even while trust is off, so a bad value fails at start-up.
         self.policy()
@@ -197,6 +206,7 @@ def resolve_settings(
     trusted_proxies: Iterable[str] | None = None,
     max_upstream_ms: float | None = None,
     header_timeout_ms: float | None = None,
+    yield_when_full: bool | None = None,
     environ: Mapping[str, str] | None = None,
     settings: ServerSettings | None = None,
 ) -> ServerSettings:
@@ -207,8 +217,8 @@ def resolve_settings(
 
     Reads ``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
     ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``, ``PRAZO_TRUST_REQUEST_START``,
-    ``PRAZO_TRUSTED_PROXIES`` (comma-separated) and ``PRAZO_MAX_UPSTREAM_MS``
-    from ``environ`` (default ``os.environ``). A malformed variable raises
+    ``PRAZO_TRUSTED_PROXIES`` (comma-separated), ``PRAZO_MAX_UPSTREAM_MS`` and
+    ``PRAZO_YIELD_WHEN_FULL`` from ``environ`` (default ``os.environ``). A malformed variable raises
     ``ValueError`` naming it. ``max_queue`` defaults to four per thread.
 
     >>> resolve_settings(threads=2, environ={"PRAZO_MAX_QUEUE": "5"}).capacity
@@ -218,7 +228,7 @@ def resolve_settings(
         if not isinstance(settings, ServerSettings):
             raise TypeError(f"settings must be a ServerSettings, not {type(settings).__name__}")
         given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
-        if any(value is not None for value in (*given, max_upstream_ms, header_timeout_ms)):
+        if any(value is not None for value in (*given, max_upstream_ms, header_timeout_ms, yield_when_full)):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
@@ -237,6 +247,8 @@ def resolve_settings(
         max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
     if header_timeout_ms is None:
         header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
+    if yield_when_full is None:
+        yield_when_full = _env_bool(env, ENV_YIELD_WHEN_FULL)
     proxies: tuple[str, ...] | None
     if trusted_proxies is None:
         proxies = _env_list(env, ENV_TRUSTED_PROXIES)
@@ -254,4 +266,5 @@ def resolve_settings(
         max_upstream_ms=DEFAULT_MAX_UPSTREAM_MS if max_upstream_ms is None else max_upstream_ms,
         trusted_proxies=proxies,
         header_timeout_ms=DEFAULT_HEADER_TIMEOUT_MS if header_timeout_ms is None else header_timeout_ms,
+        yield_when_full=True if yield_when_full is None else yield_when_full,
     )
