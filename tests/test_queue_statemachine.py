@@ -455,7 +455,10 @@ class LockstepMachine(RuleBasedStateMachine):
             now = self.clock.ns
             if self.model.would_wait(NO_DEADLINE_NS, now, False):
                 break
-            outcome = self.step(lambda q: q.acquire(now_ns=now), lambda: self.model.acquire(NO_DEADLINE_NS, now, False))
+            outcome = self.step(
+                partial(lambda q, now: q.acquire(now_ns=now), now=now),
+                partial(self.model.acquire, NO_DEADLINE_NS, now, False),
+            )
             if outcome[0] != "returned":
                 break
             started.append(Held(False, now))
@@ -463,8 +466,8 @@ class LockstepMachine(RuleBasedStateMachine):
             self.clock.advance(service_ms[index % len(service_ms)])
             now = self.clock.ns
             self.step(
-                lambda q: q.release(started_ns=held.started_ns, now_ns=now),
-                lambda: self.model.release(now, held, True),
+                partial(lambda q, now, start: q.release(started_ns=start, now_ns=now), now=now, start=held.started_ns),
+                partial(self.model.release, now, held, True),
             )
 
     # -- time and lifecycle -------------------------------------------------------------
