@@ -214,7 +214,6 @@ __all__ += [
 VEGAS_WINDOW = 16
 VEGAS_PROBE_EVERY = 32
 VEGAS_INITIAL = 4
-VEGAS_THRESHOLD = 1
 VEGAS_ALPHA = 2
 VEGAS_BETA = 2
 VEGAS_MAX_SAMPLE_NS = 1 << 40
@@ -332,8 +331,6 @@ class Vegas:
             limit -= lg
         elif demand * 2 < limit:
             pass  # app-limited: no evidence that more concurrency would help
-        elif queue <= VEGAS_THRESHOLD * lg:
-            limit += VEGAS_BETA * lg
         elif queue < VEGAS_ALPHA * lg:
             limit += lg
         self.limit = max(self.min_limit, min(self.max_limit, limit))

@@ -60,6 +60,7 @@ cdef struct Waiter:
     int state
     bint handed
     bint critical
+    int64_t granted_ns    # when a slot was handed to it: its service starts there
     prazo_flag signalled
 
 

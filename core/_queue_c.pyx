@@ -651,6 +651,7 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
+                entry.waiter.granted_ns = now
                 if granted[0] == NULL:
                     entry.waiter.handed = True
                     granted[0] = entry.waiter
@@ -727,9 +728,10 @@ cdef class AdmissionQueue:
     def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
-        Returns the monotonic time (ns) at which the slot started: pass it
-        back as ``release(started_ns=...)`` so the queue learns the service
-        time. A ``critical`` arrival may use the reserved slots and is served
+        Returns the monotonic time (ns) at which the slot became the
+        caller's (on arrival, or when it was handed over from the line): pass
+        it back as ``release(started_ns=...)`` so the queue learns the
+        service time. A ``critical`` arrival may use the reserved slots and is served
         first; release its slot with ``release(critical=True)``.
 
         Raises ``QueueFull`` at once when the line is full, and
@@ -784,6 +786,7 @@ cdef class AdmissionQueue:
         waiter.state = _WAITING
         waiter.handed = False
         waiter.critical = critical
+        waiter.granted_ns = now
         prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
@@ -824,7 +827,10 @@ cdef class AdmissionQueue:
             if critical:
                 prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
-            return now
+            # The slot has been this caller's since the grant: the time its
+            # thread took to wake (under a busy GIL, often longer than the
+            # work) is part of the slot's service (see the Python twin).
+            return waiter.granted_ns
         # The time ran out while this thread woke up: it never starts, and
         # the slot moves on.
         prazo_add(&self._c.expired_in_queue, 1)

@@ -186,7 +186,7 @@ def _validate_started_ns(started_ns: object) -> int | None:
 class _Entry:
     """One waiting arrival: a work item, or a gate waiter (``cond`` is set)."""
 
-    __slots__ = ("cond", "critical", "deadline_ns", "enqueued_ns", "item", "state")
+    __slots__ = ("cond", "critical", "deadline_ns", "enqueued_ns", "granted_ns", "item", "state")
 
     def __init__(
         self, deadline_ns: int, enqueued_ns: int, item: Any, cond: threading.Condition | None, critical: bool
@@ -197,6 +197,8 @@ class _Entry:
         self.cond = cond
         self.critical = critical
         self.state = _WAITING
+        # When a slot was handed to it: the start of its service (see _acquire).
+        self.granted_ns = enqueued_ns
 
 
 class Slot:
@@ -214,8 +216,9 @@ class Slot:
         self._now_ns = now_ns
         self._critical = critical
         self._held = False
-        #: The monotonic time at which the queue let this slot start (the
-        #: instant its deadline was last checked); 0 until entered.
+        #: The monotonic time at which the queue let this slot start: on
+        #: arrival, or when it was handed over from the line (its deadline was
+        #: checked then and once more as its thread woke); 0 until entered.
         self.started_ns = 0
 
     def __enter__(self) -> Self:
@@ -541,6 +544,7 @@ class AdmissionQueue:
             if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
                 self._peak_in_flight = self._in_flight
             self._assigned += 1
+            entry.granted_ns = now
             if entry.cond is not None:
                 entry.state = _GRANTED
                 entry.cond.notify()
@@ -606,9 +610,10 @@ class AdmissionQueue:
     def acquire(self, deadline: Deadline | None = None, *, critical: bool = False, now_ns: int | None = None) -> int:
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
-        Returns the monotonic time (ns) at which the slot started: pass it
-        back as ``release(started_ns=...)`` so the queue learns the service
-        time. A ``critical`` arrival may use the reserved slots and is served
+        Returns the monotonic time (ns) at which the slot became the
+        caller's (on arrival, or when it was handed over from the line): pass
+        it back as ``release(started_ns=...)`` so the queue learns the
+        service time. A ``critical`` arrival may use the reserved slots and is served
         first; release its slot with ``release(critical=True)``.
 
         Raises ``QueueFull`` at once when the line is full, and
@@ -619,7 +624,12 @@ class AdmissionQueue:
         return self._acquire(_deadline_ns(deadline), _clock(now_ns), critical_option(critical))
 
     def _acquire(self, deadline_ns: int, now: int, critical: bool = False) -> int:
-        """Take a slot; return the monotonic time at which it started."""
+        """Take a slot; return the monotonic time at which it became this caller's.
+
+        That is ``now`` for an arrival that starts at once, and the moment of
+        the grant for one that waited (before its thread woke up and checked
+        its deadline once more).
+        """
         expired_items: list[Any] = []
         evicted_items: list[Any] = []
         started = False
@@ -652,7 +662,10 @@ class AdmissionQueue:
                             self._critical_started += 1
                         self._queue_wait_ns_total = wait_total
                         started = True
-                        return now
+                        # The slot has been this entry's since the grant: the
+                        # time its thread took to wake (under a busy GIL, often
+                        # longer than the work) is part of the slot's service.
+                        return entry.granted_ns
                     # Granted, but the time ran out while this thread woke up:
                     # it never starts, and the slot moves on.
                     self._expired_in_queue += 1

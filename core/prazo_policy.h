@@ -187,25 +187,29 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
  * in_flight seen. The mean, not the minimum: under the GIL the scheduling of
  * CPU-bound threads is unfair, so some requests run their 10 ms nearly
  * alone while others wait for the GIL many times that; the minimum of a
- * window stays near the no-load time at any concurrency (measured: the limit
- * then climbs to 16+), while the mean is exactly what Little's law says it
- * is, in_flight / throughput, and grows with the concurrency. Averaging 16
- * samples also damps the noise of single ones. Once per window:
+ * window stays near the no-load time at any concurrency, while the mean is
+ * what Little's law says it is, in_flight / throughput, and grows with the
+ * concurrency. Averaging 16 samples also damps the noise of single ones. A
+ * sample runs from the moment the slot was handed over (not from when the
+ * waiter's thread woke: under a busy GIL waking takes longer than the work,
+ * and a slot granted is a slot taken) to its release. Once per window:
  *
  *   rtt_noload = the smallest window rtt since the last probe;
  *   queue      = ceil(limit * (rtt - rtt_noload) / rtt)   (Vegas' queue estimate)
  *   lg         = max(1, floor(log10(limit)))             (Netflix's Log10RootFunction)
- *   queue > BETA*lg                         -> limit - lg   (latency grows: back off)
- *   demand * 2 < limit                      -> unchanged    (app-limited: no evidence to grow)
- *   queue <= THRESHOLD*lg                   -> limit + BETA*lg  (no queueing: grow fast)
- *   queue <  ALPHA*lg                       -> limit + lg
- *   otherwise                               -> unchanged    (the sweet spot)
+ *   queue > BETA*lg          -> limit - lg   (latency grows: back off)
+ *   demand * 2 < limit       -> unchanged    (app-limited: no evidence to grow)
+ *   queue < ALPHA*lg         -> limit + lg   (little queueing: grow)
+ *   otherwise                -> unchanged    (the sweet spot)
  *
- * clamped to [min_limit, max_limit]. BETA is 2 (Netflix: 6): under the GIL a
- * CPU-bound app's service time grows with concurrency c like (c + 1) * s/2,
- * so the queue estimate at c is about c * (c - 1) / (c + 1) and the limit
- * settles at 3-4; an I/O-bound app's service time stays flat, the estimate
- * stays 0 and the limit climbs to max_limit.
+ * clamped to [min_limit, max_limit]. ALPHA and BETA are both 2 (Netflix: 3
+ * and 6), and the limit never grows by more than lg per window (Netflix jumps
+ * by BETA*lg while queue <= lg): under the GIL a CPU-bound app's service time
+ * grows like the concurrency, so the queue estimate at limit c against a
+ * no-load time probed at c/2 is about c/2, and the limit settles at 3-4; with
+ * Netflix's constants it wandered at 5-8 (measured, bench/limit_convergence.py).
+ * An I/O-bound app's service time stays flat, the estimate stays 0 and the
+ * limit climbs to max_limit (4 -> 32 in about 3 s of 50 ms requests).
  *
  * Probe: rtt_noload measured long ago stops meaning anything when capacity
  * changes, and one measured at the current concurrency would ratchet the
@@ -217,7 +221,6 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
 #define PRAZO_VEGAS_WINDOW 16
 #define PRAZO_VEGAS_PROBE_EVERY 32
 #define PRAZO_VEGAS_INITIAL 4
-#define PRAZO_VEGAS_THRESHOLD 1
 #define PRAZO_VEGAS_ALPHA 2
 #define PRAZO_VEGAS_BETA 2
 /* Samples are clamped here: 16 of them still sum inside int64 and a queue
@@ -314,8 +317,6 @@ static inline int64_t prazo_vegas_decide(struct prazo_vegas *v, int64_t rtt, int
         next = limit - lg;
     else if (demand * 2 < limit)
         next = limit;
-    else if (queue <= PRAZO_VEGAS_THRESHOLD * lg)
-        next = limit + PRAZO_VEGAS_BETA * lg;
     else if (queue < PRAZO_VEGAS_ALPHA * lg)
         next = limit + lg;
     else
