@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -410,3 +411,17 @@ def test_the_vegas_window_is_the_documented_one() -> None:
     assert vegas.rtt_noload_ns == 0
     vegas.sample(10 * NS_PER_MS, 4)
     assert vegas.rtt_noload_ns == 10 * NS_PER_MS
+
+
+def test_a_slot_feeds_its_own_service_time_to_the_limit(impl: QueueClass) -> None:
+    """Real clock: 16 empty bodies measure the no-load time, 16 bodies of 20 ms then
+    show a queue estimate of 4 (> 2): the limit backs off from 4 to 3."""
+    q = impl(8, 0, limit="vegas")
+    for _ in range(VEGAS_WINDOW):
+        with q.slot():
+            pass
+    assert q.limit == 4
+    for _ in range(VEGAS_WINDOW):
+        with q.slot():
+            time.sleep(0.02)
+    assert q.limit == 3
