@@ -8,17 +8,19 @@ Model
 -----
 There are ``max_concurrency`` *slots* and a waiting line of at most
 ``max_queue`` entries. An arrival (``acquire``/``slot`` on the gate face,
-``put`` on the work-queue face) is answered in one of four ways, in order:
+``put`` on the work-queue face) is answered in one of these ways, in order:
 
 1. its deadline has already passed   -> ``DeadlineExceeded("expired-on-arrival")``
 2. its budget is shorter than the expected service time (``expected_service_ms``)
                                      -> ``DeadlineExceeded("insufficient-budget")``
-3. a slot is free                    -> it gets the slot at once
+3. a slot is free for its class      -> it gets the slot at once
 4. the waiting line has room (``order="adaptive"`` first sheds the stale
-   entries of a full line, see the class docstring) -> it waits
+   entries of a full line, see the class docstring; a critical arrival then
+   evicts the newest normal waiter of a line still full) -> it waits
 5. otherwise                         -> ``QueueFull("queue-full")``
 
-When a slot is released, it is *handed over* to the next waiting entry (the
+When a slot is released, it is *handed over* to the next waiting entry
+(critical entries first, see below; then the
 oldest for ``order="fifo"``, the newest for ``"lifo"``, either for
 ``"adaptive"`` as CoDel decides); entries whose deadline has passed on the way
 are expired (counted, gate waiters woken with
