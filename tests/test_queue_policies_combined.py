@@ -8,10 +8,8 @@ meet: which runs first, and that one service-time sample feeds both learners.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from _helpers import FakeClock, QueueClass, assert_conservation, assert_counters
+from _helpers import FakeClock, QueueClass, assert_conservation, assert_counters, reasons, recorder
 from prazo.core import (
     NS_PER_MS,
     REASON_EVICTED,
@@ -20,14 +18,6 @@ from prazo.core import (
     DeadlineExceeded,
     QueueFull,
 )
-
-Dropped = list[tuple[Any, str]]
-
-
-def recorder() -> tuple[Dropped, Any]:
-    """A list and an ``on_dropped`` callback appending ``(item, error.reason)`` to it."""
-    seen: Dropped = []
-    return seen, lambda item, error: seen.append((item, error.reason))
 
 
 def test_a_critical_arrival_into_a_full_standing_line_sheds_before_it_evicts(
@@ -42,10 +32,10 @@ def test_a_critical_arrival_into_a_full_standing_line_sheds_before_it_evicts(
     clock.advance(1)
     # Full and standing: CoDel makes room by shedding "stale"; nobody is evicted.
     q.put("vip", critical=True, now_ns=clock.ns)
-    assert seen == [("stale", REASON_SHED)]
+    assert reasons(seen) == [("stale", REASON_SHED, 503)]
     # Full again, nothing stale: now the newest normal waiter makes room.
     q.put("vip2", critical=True, now_ns=clock.ns)
-    assert seen == [("stale", REASON_SHED), ("fresh", REASON_EVICTED)]
+    assert reasons(seen) == [("stale", REASON_SHED, 503), ("fresh", REASON_EVICTED, 503)]
     assert_counters(q, shed=1, evicted=1, queued=2, in_flight=1, started=1)
     assert_conservation(q.stats())
 
@@ -77,7 +67,7 @@ def test_the_doomed_work_check_applies_to_a_critical_waiter(impl: QueueClass, cl
     q.put("vip", clock.deadline_in(15), critical=True, now_ns=clock.ns)
     clock.advance(6)  # "vip" has 9 ms left for 10 ms of work
     q.release(now_ns=clock.ns)
-    assert seen == [("vip", REASON_INSUFFICIENT_BUDGET)]
+    assert reasons(seen) == [("vip", REASON_INSUFFICIENT_BUDGET, 504)]
     assert q.get(block=False, now_ns=clock.ns) == "normal"
     assert_counters(q, insufficient_budget=1, critical_started=0, started=2)
 
@@ -97,13 +87,13 @@ def test_a_critical_arrival_without_the_budget_for_its_service_evicts_nobody(
 
 
 def test_an_evicted_item_is_reported_with_a_503(impl: QueueClass, clock: FakeClock) -> None:
-    errors: list[BaseException] = []
-    q = impl(1, 1, order="adaptive", on_dropped=lambda item, error: errors.append(error))
+    seen, on_dropped = recorder()
+    q = impl(1, 1, order="adaptive", on_dropped=on_dropped)
     q.acquire(now_ns=clock.ns)
     q.put("normal", now_ns=clock.ns)
     q.put("vip", critical=True, now_ns=clock.ns)
-    assert len(errors) == 1 and isinstance(errors[0], QueueFull)
-    assert (errors[0].reason, errors[0].status) == (REASON_EVICTED, 503)
+    assert reasons(seen) == [("normal", REASON_EVICTED, 503)]
+    assert isinstance(seen[0][1], QueueFull)
 
 
 def test_one_service_sample_feeds_the_learned_estimate_and_the_vegas_limit(
