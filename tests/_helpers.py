@@ -25,12 +25,15 @@ __all__ = [
     "JOIN_TIMEOUT_S",
     "TWIN_NAMES",
     "ConcurrencyMeter",
+    "Dropped",
     "FakeClock",
     "QueueClass",
     "assert_conservation",
     "assert_counters",
     "load_histogram_twin",
     "load_twin",
+    "reasons",
+    "recorder",
     "spawn",
     "unaccounted",
     "wait_until",
@@ -57,6 +60,8 @@ COUNTER_NAMES = (
     "queue_wait_ns_total",
     "insufficient_budget",
     "shed",
+    "evicted",
+    "critical_started",
 )
 
 # Real-thread tests never wait longer than this for something that should take
@@ -218,3 +223,18 @@ def assert_counters(q: AdmissionQueue, **expected: int) -> None:
     stats = q.stats()
     assert_conservation(stats)
     assert {name: stats[name] for name in expected} == expected
+
+
+# What an ``on_dropped`` callback heard: ``(item, error)`` in the order told.
+Dropped = list[tuple[Any, BaseException]]
+
+
+def recorder() -> tuple[Dropped, Callable[[Any, BaseException], None]]:
+    """A list and an ``on_dropped`` callback appending ``(item, error)`` to it."""
+    seen: Dropped = []
+    return seen, lambda item, error: seen.append((item, error))
+
+
+def reasons(seen: Dropped) -> list[tuple[Any, str, int]]:
+    """``(item, error.reason, error.status)`` for each dropped item heard."""
+    return [(item, error.reason, error.status) for item, error in seen]  # type: ignore[attr-defined]

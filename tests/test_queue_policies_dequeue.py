@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_counters, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_counters, reasons, recorder, spawn, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.core import (
@@ -33,18 +33,6 @@ from prazo.core._policy_py import (
     deadline_verdict,
     effective_deadline_ns,
 )
-
-Dropped = list[tuple[Any, BaseException]]
-
-
-def recorder() -> tuple[Dropped, Any]:
-    """A list and an ``on_dropped`` callback appending ``(item, error)`` to it."""
-    seen: Dropped = []
-    return seen, lambda item, error: seen.append((item, error))
-
-
-def reasons(seen: Dropped) -> list[tuple[Any, str, int]]:
-    return [(item, error.reason, error.status) for item, error in seen]  # type: ignore[attr-defined]
 
 
 def feed(q: Any, clock: FakeClock, service_ms: float, count: int = 1) -> None:
