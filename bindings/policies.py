@@ -50,9 +50,8 @@ LIMITS = ("fixed", "vegas")
 EXPECTED_SERVICE_QUANTILES = ("p50", "p90", "p95", "p99")
 #: The header value that makes a request critical (compared case-insensitively).
 CRITICAL_VALUE = "critical"
-#: The ``AdmissionQueue`` keyword arguments every binding passes through.
+#: The ``AdmissionQueue`` policy keywords every binding passes through when given (besides ``order``).
 QUEUE_OPTION_NAMES = (
-    "order",
     "codel_target_ms",
     "codel_interval_ms",
     "expected_service_ms",
@@ -65,6 +64,8 @@ _TOKEN_RE = re.compile(r"[!#$%&'*+.^`|~0-9A-Za-z-]+", re.ASCII)
 
 def queue_options(**options: Any) -> dict[str, Any]:
     """The policy keywords for ``AdmissionQueue``: those given (not None); the queue checks them.
+
+    ``order`` has a real default (``"fifo"``) and is passed as it is.
 
     Leaving the others out keeps the queue's own defaults in one place, the
     queue's signature.

@@ -687,8 +687,8 @@ class AdmissionMiddleware:
         self._queue = self.queue_class(
             max_concurrency,
             max_queue,
+            order=order,
             **queue_options(
-                order=order,
                 codel_target_ms=codel_target_ms,
                 codel_interval_ms=codel_interval_ms,
                 expected_service_ms=expected_service_ms,
