@@ -29,6 +29,8 @@ from .headers import environ_key, is_ambiguous_header_name
 
 __all__ = [
     "CRITICAL_VALUE",
+    "DEFAULT_CODEL_INTERVAL_MS",
+    "DEFAULT_CODEL_TARGET_MS",
     "EXPECTED_SERVICE_QUANTILES",
     "LIMITS",
     "ORDERS",
@@ -44,6 +46,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger("prazo.policies")
+
+# AdmissionQueue's defaults, for the configurations that spell every option out (ServerSettings).
+DEFAULT_CODEL_TARGET_MS = 5.0
+DEFAULT_CODEL_INTERVAL_MS = 100.0
 
 ORDERS = ("fifo", "lifo", "adaptive")
 LIMITS = ("fixed", "vegas")
