@@ -9,6 +9,8 @@ The app (``app``) is also what the gunicorn subprocess serves
     with the remaining budget; every wait is bounded.
 ``/calls``
     how many times ``/work`` ran the app, as a decimal body.
+``/healthz``
+    ``ok``: a health check (the policy tests make its path critical).
 ``/budget-header``
     what reached the app: ``HTTP_X_REQUEST_BUDGET_MS`` from its environ (or
     ``-``) and the remaining budget, as ``header=V remaining_ms=M``.
@@ -67,6 +69,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
     if path == "/calls":
         with _calls_lock:
             body = str(_calls).encode()
+    elif path == "/healthz":
+        body = b"ok"
     elif path == "/budget-header":
         deadline = environ["prazo.deadline"]
         header = environ.get("HTTP_X_REQUEST_BUDGET_MS", "-")
