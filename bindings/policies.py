@@ -37,9 +37,9 @@ __all__ = [
     "QUEUE_OPTION_NAMES",
     "CriticalClassifier",
     "checked_choice",
-    "checked_critical_paths",
     "checked_expected_service_ms",
     "checked_header_name",
+    "checked_paths",
     "checked_policy_ms",
     "parse_expected_service_ms",
     "queue_options",
@@ -133,8 +133,8 @@ def checked_header_name(value: object, name: str) -> str:
     return value
 
 
-def checked_critical_paths(value: object, name: str) -> tuple[str, ...]:
-    """An iterable of paths starting with ``/`` (not one bare string), as a tuple."""
+def checked_paths(value: object, name: str) -> tuple[str, ...]:
+    """An iterable of paths starting with ``/`` (not one bare string, which would match "/", "h", ...), as a tuple."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be an iterable of path strings, not {type(value).__name__}")
     paths = tuple(value)
@@ -174,7 +174,7 @@ class CriticalClassifier:
             raise TypeError(f"function must be callable, not {type(function).__name__}")
         self.header = None if header is None else checked_header_name(header, "header")
         self.header_key = None if header is None else environ_key(header)
-        self.paths = frozenset(checked_critical_paths(paths, "paths"))
+        self.paths = frozenset(checked_paths(paths, "paths"))
         self.function = function
 
     @classmethod

@@ -71,7 +71,7 @@ from types import GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
-from prazo.bindings.policies import CriticalClassifier, queue_options
+from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
     NS_PER_MS,
@@ -579,19 +579,6 @@ def _compiled_path_for(
     return None
 
 
-def _validate_bypass(bypass: object) -> frozenset[str]:
-    # A bare string is iterable too, and would silently bypass "/", "h", ...
-    if isinstance(bypass, (str, bytes)) or not isinstance(bypass, Iterable):
-        raise TypeError(f"bypass must be an iterable of path strings, not {type(bypass).__name__}")
-    paths = frozenset(bypass)
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(f"bypass paths must be str, not {type(path).__name__}")
-        if not path.startswith("/"):
-            raise ValueError(f"bypass paths must start with '/', got {path!r}")
-    return paths
-
-
 class AdmissionMiddleware:
     """Bounded concurrency, a bounded waiting line and deadlines for a WSGI app.
 
@@ -701,7 +688,7 @@ class AdmissionMiddleware:
         # Bound once: every request calls both.
         self._acquire = self._queue.acquire
         self._release = self._queue.release
-        self._bypass = _validate_bypass(bypass)
+        self._bypass = frozenset(checked_paths(bypass, "bypass"))
         self._retry_after_s = _validate_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
         self._compiled = _compiled_path_for(

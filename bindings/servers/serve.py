@@ -51,8 +51,8 @@ from ..policies import (
     EXPECTED_SERVICE_QUANTILES,
     LIMITS,
     ORDERS,
-    checked_critical_paths,
     checked_header_name,
+    checked_paths,
     checked_policy_ms,
     parse_expected_service_ms,
 )
@@ -444,7 +444,7 @@ def _check(args: argparse.Namespace) -> ServerSettings:
     if args.critical_header is not None:
         checked_header_name(args.critical_header, "--critical-header")
     if args.critical_path is not None:
-        checked_critical_paths(args.critical_path, "--critical-path")
+        checked_paths(args.critical_path, "--critical-path")
     # What depends on other options (--reserved < --threads, CoDel only with
     # --order adaptive) is checked by ServerSettings, whose errors name the flags too.
     return resolve_settings(

@@ -28,9 +28,9 @@ from ..policies import (
     ORDERS,
     CriticalClassifier,
     checked_choice,
-    checked_critical_paths,
     checked_expected_service_ms,
     checked_header_name,
+    checked_paths,
     checked_policy_ms,
     parse_expected_service_ms,
 )
@@ -272,7 +272,7 @@ class ServerSettings:
             checked_header_name(self.critical_header, _label("critical_header"))
         if not isinstance(self.critical_paths, tuple):
             raise TypeError(f"{_label('critical_paths')} must be a tuple of paths")
-        checked_critical_paths(self.critical_paths, _label("critical_paths"))
+        checked_paths(self.critical_paths, _label("critical_paths"))
 
     @property
     def capacity(self) -> int:
@@ -410,9 +410,9 @@ def resolve_settings(
             checked_header_name(critical_header, ENV_CRITICAL_HEADER)
     paths: tuple[str, ...]
     if critical_paths is None:
-        paths = checked_critical_paths(_env_list(env, ENV_CRITICAL_PATHS) or (), ENV_CRITICAL_PATHS)
+        paths = checked_paths(_env_list(env, ENV_CRITICAL_PATHS) or (), ENV_CRITICAL_PATHS)
     else:
-        paths = checked_critical_paths(critical_paths, "critical_paths")
+        paths = checked_paths(critical_paths, "critical_paths")
     # The policies not given anywhere keep ServerSettings' defaults.
     policies_given: dict[str, Any] = {
         name: value
