@@ -347,11 +347,13 @@ def start_server(
     default_budget_ms: float = 1000,
     max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
+    policies: dict[str, Any] | None = None,
 ) -> RunningServer:
     """Start server ``kind`` (one of ``SERVER_KINDS``) with prazo's admission serving ``app``.
 
     ``header_timeout_ms`` applies to the socket-level servers only (waitress
-    reads heads in its I/O thread and has no such setting).
+    reads heads in its I/O thread and has no such setting). ``policies`` are
+    queue-policy options of ``resolve_settings`` (``order``, ``reserved``, ...).
     """
     limits: dict[str, Any] = {
         "threads": threads,
@@ -361,6 +363,12 @@ def start_server(
     }
     if header_timeout_ms is not None:
         limits["header_timeout_ms"] = header_timeout_ms
+    if kind == "gunicorn":
+        return _start_gunicorn(**limits, policies=policies)
+    if policies:
+        from prazo.bindings.servers.settings import resolve_settings
+
+        limits = {"settings": resolve_settings(**limits, **policies)}
     if kind == "waitress":
         from prazo.bindings.servers import waitress as prazo_waitress
 
@@ -390,8 +398,6 @@ def start_server(
         server.prepare()
         thread = _in_thread(server.serve, "cheroot-serve")
         return RunningServer(kind, server.bind_addr[1], server.stop, thread, server.requests.stats)
-    if kind == "gunicorn":
-        return _start_gunicorn(**limits)
     raise ValueError(f"kind must be one of {SERVER_KINDS}, got {kind!r}")
 
 
@@ -401,8 +407,11 @@ def _start_gunicorn(
     default_budget_ms: float,
     max_budget_ms: float,
     header_timeout_ms: float | None = None,
+    policies: dict[str, Any] | None = None,
 ) -> RunningServer:
     env = dict(os.environ)
+    for name, value in (policies or {}).items():
+        env["PRAZO_" + name.upper()] = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
     env.update(
         PRAZO_MAX_QUEUE=str(max_queue),
         PRAZO_DEFAULT_BUDGET_MS=str(default_budget_ms),

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from _helpers import wait_until
-from _server_harness import CLIENT_TIMEOUT_S, TESTS_DIR, Burst, Outcome, request
+from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, Outcome, request, start_server
 from prazo.bindings.policies import CriticalClassifier, parse_expected_service_ms
 from prazo.bindings.pool import AdmissionPool
 from prazo.bindings.servers.heads import head_path
@@ -580,3 +580,38 @@ def test_a_critical_path_answers_200_while_the_normal_line_is_full(
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(CLIENT_TIMEOUT_S) == 0
+
+
+# -- every embedding: the queue's drops answered with their reason -------------------
+
+
+@pytest.fixture
+def running() -> Iterator[list[Any]]:
+    servers: list[Any] = []
+    yield servers
+    for server in servers:
+        if not server.stopped:
+            server.stop()
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_every_embedding_answers_the_doomed_skip_with_504_insufficient_budget(
+    kind: str, running: list[Any], tmp_path: Path
+) -> None:
+    server = start_server(kind, threads=1, max_queue=2, default_budget_ms=30000, policies={"expected_service_ms": 1000})
+    running.append(server)
+    calls = server.calls()  # the app's counter is shared by every server in this process
+    # On arrival: 300 ms left, 1000 ms expected.
+    doomed = request(server.port, "/work", {"X-Request-Budget-Ms": "300"})
+    assert (doomed.status, doomed.reason) == (504, "insufficient-budget")
+    # While waiting: 1500 ms left on arrival, doomed 500 ms later, while the only thread is busy.
+    gate, mark = tmp_path / "gate", tmp_path / "running"
+    busy = Burst(server.port, [f"/work?mark={mark}&gate={gate}"])
+    wait_until(mark.exists, "the thread busy", CLIENT_TIMEOUT_S)
+    waiter = request(server.port, "/work", {"X-Request-Budget-Ms": "1500"})
+    assert (waiter.status, waiter.reason) == (504, "insufficient-budget")
+    gate.touch()
+    assert [outcome.status for outcome in busy.join()] == [200]
+    assert server.calls() == calls + 1  # only the gated request ran the app
+    if server.stats is not None:
+        assert server.stats()["insufficient_budget"] == 2 and server.stats()["responses_504"] == 2
