@@ -615,3 +615,22 @@ def test_every_embedding_answers_the_doomed_skip_with_504_insufficient_budget(
     assert server.calls() == calls + 1  # only the gated request ran the app
     if server.stats is not None:
         assert server.stats()["insufficient_budget"] == 2 and server.stats()["responses_504"] == 2
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_every_embedding_answers_a_shed_waiter_with_503_shed_standing_queue(
+    kind: str, running: list[Any], tmp_path: Path
+) -> None:
+    server = start_server(
+        kind, threads=1, max_queue=2, default_budget_ms=30000, policies={"order": "adaptive", "codel_interval_ms": 50}
+    )
+    running.append(server)
+    gate, mark = tmp_path / "gate", tmp_path / "running"
+    busy = Burst(server.port, [f"/work?mark={mark}&gate={gate}"])
+    wait_until(mark.exists, "the thread busy", CLIENT_TIMEOUT_S)
+    stale = Burst(server.port, ["/work"])
+    server.wait_offered(2)  # the busy one and the stale one (gunicorn: a generous pause)
+    time.sleep(0.5)  # ten times what CoDel lets it wait, on any machine
+    gate.touch()
+    assert [outcome.status for outcome in busy.join()] == [200]
+    assert [(outcome.status, outcome.reason) for outcome in stale.join()] == [(503, "shed-standing-queue")]
