@@ -6,7 +6,8 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 * the waiting line is a ring of ``max_queue`` C entries allocated once, and
   the hand-off buffer a ring of ``max_concurrency`` entries;
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
-  entry leaves from the middle of the line, O(entries shed) when CoDel sheds,
+  entry leaves from the middle of the line or while a critical entry waits or
+  evicts, O(entries shed) when CoDel sheds,
   and a bounded rescan of the histogram buckets every 16th learned service
   sample) and never while Python code runs or while this thread waits for the
   GIL, so correctness never rests on the GIL; the policy arithmetic is plain C
@@ -52,13 +53,17 @@ from ._policy_py import (
     DEFAULT_CODEL_TARGET_MS,
     checked_started_ns,
     codel_option_ns,
+    critical_option,
     expected_service_option,
+    limit_option,
+    reserved_option,
 )
 from .deadline import Deadline as _Deadline
 from .errors import (
     DeadlineExceeded,
     QueueFull,
     ShutDown,
+    REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
     REASON_INSUFFICIENT_BUDGET,
@@ -76,7 +81,7 @@ cdef object _Empty = _stdlib_queue.Empty
 # even while it waits for a slot with no deadline.
 cdef int64_t _SIGNAL_SLICE_NS = 100000000
 
-# Entry states; the last three are also why an entry left the line without a slot.
+# Entry states; the last four are also why an entry left the line without a slot.
 cdef enum:
     _WAITING = 0
     _GRANTED = 1
@@ -84,6 +89,7 @@ cdef enum:
     _EXPIRED = 3
     _INSUFFICIENT = 4
     _SHED = 5
+    _EVICTED = 6
 
 # Outcomes of the admission decision, computed with the mutex held.
 cdef enum:
@@ -113,6 +119,8 @@ _COUNTER_NAMES = (
     "queue_wait_ns_total",
     "insufficient_budget",
     "shed",
+    "evicted",
+    "critical_started",
 )
 
 # Counters is a struct of atomics only, in the order of _COUNTER_NAMES.
@@ -157,6 +165,23 @@ cdef inline int64_t _clock(object now_ns) except? -1:
         raise ValueError("now_ns is out of range for a 64-bit monotonic clock") from None
 
 
+cdef inline int64_t _started(object started_ns) except? -2:
+    """``release(started_ns=)`` as the C side spells it: -1 for None (no sample)."""
+    if started_ns is None:
+        return -1
+    if type(started_ns) is int and 0 <= started_ns <= INT64_MAX:
+        return started_ns
+    return checked_started_ns(started_ns)  # the other ints, and the errors naming the argument
+
+
+cdef inline bint _critical(object critical) except -1:
+    if critical is False:
+        return False
+    if critical is True:
+        return True
+    return critical_option(critical)  # the error naming the argument
+
+
 cdef object _validate_size(object value, str name, int minimum):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -183,6 +208,8 @@ cdef object _drop_error(int state):
         return DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
     if state == _SHED:
         return QueueFull(REASON_SHED)
+    if state == _EVICTED:
+        return QueueFull(REASON_EVICTED)
     return DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
 
 
@@ -264,6 +291,7 @@ cdef class Slot:
     cdef int64_t _now_ns
     cdef bint _fake_now
     cdef bint _held
+    cdef bint _critical
     cdef readonly int64_t started_ns
 
     def __cinit__(self):
@@ -275,8 +303,8 @@ cdef class Slot:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self.started_ns = self._queue._acquire(
-            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
+        self.started_ns = self._queue._acquire_class(
+            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns(), self._critical)
         self._held = True
         return self
 
@@ -285,7 +313,7 @@ cdef class Slot:
             self._held = False
             # A service-time sample only on the real clock: a slot entered on
             # a fake clock has a start that the real release time cannot meet.
-            self._queue._release_sampled(-1, True, -1 if self._fake_now else self.started_ns)
+            self._queue._release_class(-1, True, -1 if self._fake_now else self.started_ns, self._critical)
         return None
 
 
@@ -305,11 +333,17 @@ cdef class AdmissionQueue:
         ...
         q.task_done()                        # releases the slot
 
-    ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited, once
-    the hand-over that met it is complete, in line order. A callback's
-    Exception is logged; the first BaseException is raised once every item
-    has been reported.
+    ``on_dropped(item, error)`` is called (outside any lock, in whichever
+    thread noticed) for every work item that leaves the line without a slot
+    (expired, insufficient budget, shed, evicted by a critical arrival), once
+    the operation that met it is complete, in the order met; ``error`` is the
+    exception to answer it with. ``on_expired(item)`` is the older form
+    without the error (both at once are refused): it is called for the items
+    that expired, had too little budget or were shed, but NOT for evicted
+    ones. A callback's Exception is logged; the first BaseException is raised
+    once every item has been reported. The policies (``order="adaptive"``,
+    ``expected_service_ms``, ``limit="vegas"``, ``reserved``) are described
+    in ``_queue_py.py``.
 
     A waiter interrupted by an exception (a signal handler's, or one raised
     into its thread) leaves the line counted ``cancelled`` and passes on a
@@ -326,7 +360,7 @@ cdef class AdmissionQueue:
 
     def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None, on_dropped=None,
                  codel_target_ms=DEFAULT_CODEL_TARGET_MS, codel_interval_ms=DEFAULT_CODEL_INTERVAL_MS,
-                 expected_service_ms=None):
+                 expected_service_ms=None, limit="fixed", min_concurrency=1, reserved=0):
         cdef Entry *ring
         cdef Entry *ready
         cdef prazo_service_estimate *estimate = NULL
@@ -357,6 +391,8 @@ cdef class AdmissionQueue:
         target_ns = codel_option_ns(codel_target_ms, "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive)
         interval_ns = codel_option_ns(codel_interval_ms, "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive)
         fixed_ns, permille = expected_service_option(expected_service_ms)
+        use_vegas, floor = limit_option(limit, min_concurrency, concurrency)
+        kept = reserved_option(reserved, concurrency)
         # One extra entry so a max_queue of 0 still gets a valid allocation.
         ring_cap = waiting if waiting > 0 else 1
         ring = <Entry *>malloc(ring_cap * sizeof(Entry))
@@ -393,6 +429,13 @@ cdef class AdmissionQueue:
         self._on_dropped = on_dropped
         self._shutdown = False
         memset(&self._c, 0, sizeof(Counters))
+        self._use_vegas = use_vegas
+        self._min_concurrency = floor
+        prazo_vegas_init(&self._vegas, floor, concurrency)
+        prazo_store(&self._limit, prazo_vegas_limit(&self._vegas) if use_vegas else concurrency)
+        self._reserved = kept
+        self._critical_in_flight = 0
+        self._critical_waiting = 0
         self._ring_cap = ring_cap
         self._ready_cap = concurrency
         self._ring_head = self._ring_count = 0
@@ -463,16 +506,42 @@ cdef class AdmissionQueue:
         _check_initialised(self)
         return self._shutdown
 
+    @property
+    def limit(self):
+        """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
+        _check_initialised(self)
+        return prazo_load(&self._limit)
+
+    @property
+    def limit_policy(self):
+        """The ``limit`` argument: ``"fixed"`` or ``"vegas"``."""
+        _check_initialised(self)
+        return "vegas" if self._use_vegas else "fixed"
+
+    @property
+    def min_concurrency(self):
+        _check_initialised(self)
+        return self._min_concurrency
+
+    @property
+    def reserved(self):
+        """Slots kept for critical arrivals (normal ones borrow them while the class is idle)."""
+        _check_initialised(self)
+        return self._reserved
+
     def qsize(self):
         """Entries waiting for a slot (not counting the ones holding one)."""
         _check_initialised(self)
         return prazo_load(&self._c.queued)
 
     def full(self):
-        """True when an arrival now would get ``QueueFull``."""
+        """True when an arrival now would get ``QueueFull`` (``order="adaptive"`` may shed instead)."""
+        cdef bint full
         _check_initialised(self)
-        return (prazo_load(&self._c.in_flight) >= self._max_concurrency
-                and prazo_load(&self._c.queued) >= self._max_queue)
+        pthread_mutex_lock(&self._mutex)
+        full = self._ring_count >= self._max_queue and not self._may_start(False)
+        pthread_mutex_unlock(&self._mutex)
+        return full
 
     def stats(self):
         """A consistent snapshot of the counters: they balance in every snapshot.
@@ -487,17 +556,19 @@ cdef class AdmissionQueue:
         cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
         cdef prazo_atomic_i64 *copied = <prazo_atomic_i64 *>&copy
         cdef Py_ssize_t i
-        cdef int64_t expected
+        cdef int64_t expected, limit
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         for i in range(_N_COUNTERS):
             prazo_store(&copied[i], prazo_load(&fields[i]))
         expected = self._expected_ns()
+        limit = prazo_load(&self._limit)
         pthread_mutex_unlock(&self._mutex)
         snapshot = {}
         for i in range(_N_COUNTERS):
             snapshot[_COUNTER_NAMES[i]] = prazo_load(&copied[i])
         snapshot["expected_service_ns"] = expected
+        snapshot["limit"] = limit
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
@@ -508,23 +579,42 @@ cdef class AdmissionQueue:
     cdef void _ring_push(self, Entry entry) noexcept nogil:
         self._ring[(self._ring_head + self._ring_count) % self._ring_cap] = entry
         self._ring_count += 1
+        if entry.critical:
+            self._critical_waiting += 1
         prazo_add(&self._c.queued, 1)
         prazo_raise_peak(&self._c.peak_queued, self._ring_count)
 
-    cdef Entry _ring_pop_next(self, int64_t now) noexcept nogil:
-        cdef Entry entry
+    cdef Py_ssize_t _ring_next_position(self, int64_t now) noexcept nogil:
+        """Where the next entry to serve waits: the oldest critical one, else the
+        line's end by order (the newest for LIFO and a standing adaptive line)."""
+        cdef Py_ssize_t i
+        if self._critical_waiting > 0:
+            # O(n), and only while a critical entry waits.
+            for i in range(self._ring_count):
+                if self._ring[(self._ring_head + i) % self._ring_cap].critical:
+                    return i
         if self._lifo or (self._adaptive and prazo_codel_standing(&self._codel, now)):
-            entry = self._ring[(self._ring_head + self._ring_count - 1) % self._ring_cap]
-        else:
-            entry = self._ring[self._ring_head]
+            return self._ring_count - 1
+        return 0
+
+    cdef Entry _ring_take(self, Py_ssize_t position) noexcept nogil:
+        """Take the entry ``position`` places from the head out of the line (O(1) at either end)."""
+        cdef Entry entry = self._ring[(self._ring_head + position) % self._ring_cap]
+        if position == 0:
             self._ring_head = (self._ring_head + 1) % self._ring_cap
-        self._ring_count -= 1
-        prazo_add(&self._c.queued, -1)
+            self._ring_count -= 1
+            prazo_add(&self._c.queued, -1)
+            if entry.critical:
+                self._critical_waiting -= 1
+        else:
+            self._ring_remove_at(position)
         return entry
 
     cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil:
         """Take the entry ``position`` places from the head out of the line, keeping the order."""
         cdef Py_ssize_t j
+        if self._ring[(self._ring_head + position) % self._ring_cap].critical:
+            self._critical_waiting -= 1
         for j in range(position, self._ring_count - 1):
             self._ring[(self._ring_head + j) % self._ring_cap] = self._ring[(self._ring_head + j + 1) % self._ring_cap]
         self._ring_count -= 1
@@ -549,15 +639,26 @@ cdef class AdmissionQueue:
         return 0 if self._estimate == NULL else prazo_service_estimate_ns(self._estimate)
 
     cdef void _on_service_sample(self, int64_t service_ns, int64_t now) noexcept nogil:
-        """A finished slot's service time (mutex held): feeds the learned estimate."""
+        """A finished slot's service time (mutex held, before its slot is handed
+        over): feeds the learned estimate and the Vegas limit."""
         if self._estimate != NULL:
             prazo_service_estimate_sample(self._estimate, service_ns)
+        if self._use_vegas:
+            prazo_store(&self._limit, prazo_vegas_sample(&self._vegas, service_ns, prazo_load(&self._c.in_flight)))
+
+    cdef bint _may_start(self, bint critical) noexcept nogil:
+        """Whether an entry of this class may take a slot now (limit and reservation)."""
+        return prazo_priority_may_start(
+            prazo_load(&self._c.in_flight), prazo_load(&self._limit), self._reserved, critical,
+            self._critical_in_flight + self._critical_waiting)
 
     cdef void _count_drop(self, int state) noexcept nogil:
         if state == _INSUFFICIENT:
             prazo_add(&self._c.insufficient_budget, 1)
         elif state == _SHED:
             prazo_add(&self._c.shed, 1)
+        elif state == _EVICTED:
+            prazo_add(&self._c.evicted, 1)
         else:
             prazo_add(&self._c.expired_in_queue, 1)
 
@@ -580,13 +681,36 @@ cdef class AdmissionQueue:
             state = _SHED if verdict == PRAZO_VERDICT_LIVE else _drop_state(verdict)
             if not self._dismiss(entry, state, dropped):
                 return
-            self._ring_head = (self._ring_head + 1) % self._ring_cap
-            self._ring_count -= 1
-            prazo_add(&self._c.queued, -1)
+            self._ring_take(0)
             self._count_drop(state)
 
-    cdef int _admit(self, int64_t deadline_ns, int64_t now, Expired *dropped) noexcept nogil:
-        """Count an arrival and decide: start now, wait, or refuse."""
+    cdef bint _evict_newest_normal(self, Expired *dropped) noexcept nogil:
+        """Make room in a full line for a critical arrival: push out its newest normal waiter.
+
+        A gate waiter is woken to raise ``QueueFull("evicted-by-critical")``;
+        a work item goes to ``dropped``. False when every waiter is critical,
+        or when memory for reporting ran out (the arrival is then refused).
+        """
+        cdef Py_ssize_t i = self._ring_count
+        cdef Entry entry
+        while i > 0:
+            i -= 1
+            entry = self._ring[(self._ring_head + i) % self._ring_cap]
+            if not entry.critical:
+                if not self._dismiss(entry, _EVICTED, dropped):
+                    return False
+                self._ring_remove_at(i)
+                self._count_drop(_EVICTED)
+                return True
+        return False
+
+    cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
+        """Count an arrival and decide: start now, wait, or refuse.
+
+        A full line first sheds its stale entries (``order="adaptive"``); a
+        critical arrival into a line still full evicts the newest normal
+        waiter. Work items dropped so land in ``dropped``.
+        """
         cdef int verdict
         if self._shutdown:
             return _ADMIT_SHUTDOWN
@@ -600,14 +724,16 @@ cdef class AdmissionQueue:
         if verdict != PRAZO_VERDICT_LIVE:
             prazo_add(&self._c.insufficient_budget, 1)
             return _ADMIT_INSUFFICIENT
-        if prazo_load(&self._c.in_flight) < self._max_concurrency:
+        if self._may_start(critical):
             prazo_add(&self._c.in_flight, 1)
+            if critical:
+                self._critical_in_flight += 1
             prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             return _ADMIT_START
         if self._ring_count >= self._max_queue and self._adaptive:
             # A full standing line makes room by shedding its stale entries first.
             self._shed_stale(now, dropped)
-        if self._ring_count >= self._max_queue:
+        if self._ring_count >= self._max_queue and not (critical and self._evict_newest_normal(dropped)):
             prazo_add(&self._c.rejected_full, 1)
             return _ADMIT_FULL
         return _ADMIT_WAIT
@@ -634,23 +760,33 @@ cdef class AdmissionQueue:
         expired.count += 1
         return True
 
-    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil:
-        """Give the slot in hand to the next live entry, or free it.
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted, bint critical) noexcept nogil:
+        """A slot of this class comes back: hand free slots to the next live entries while they may start.
 
         The whole hand-over happens here, with the mutex held and before any
-        Python code runs: every expired entry met on the way leaves the line
-        (work items into ``expired``, for the caller to report after
-        unlocking), and the slot reaches its new holder. A gate waiter given
-        the slot is returned in ``granted`` for the caller to signal after
-        unlocking.
+        Python code runs: every entry met on the way that must not start
+        (stale for CoDel, expired, insufficient budget) leaves the line (work
+        items into ``expired``, for the caller to report after unlocking),
+        and each slot reaches its new holder. Usually one slot moves; several
+        when the limit has just risen. The first gate waiter given a slot is
+        returned in ``granted`` for the caller to signal after unlocking; any
+        further one is signalled here (it cannot wake before the mutex is let
+        go anyway).
         """
         cdef Entry entry
+        cdef Py_ssize_t position
         cdef int verdict
         cdef int64_t expected = self._expected_ns()
+        if critical:
+            self._critical_in_flight -= 1
+        prazo_add(&self._c.in_flight, -1)
         if self._adaptive and self._ring_count > 0:
             self._shed_stale(now, expired)
         while self._ring_count > 0:
-            entry = self._ring_pop_next(now)
+            position = self._ring_next_position(now)
+            if not self._may_start(self._ring[(self._ring_head + position) % self._ring_cap].critical):
+                break
+            entry = self._ring_take(position)
             # Out of memory for reporting, a dropped work item takes the
             # slot like a live one; get() then finds it dropped and passes
             # the slot on, so it still never starts and the slot is not lost.
@@ -658,22 +794,28 @@ cdef class AdmissionQueue:
             if verdict != PRAZO_VERDICT_LIVE and self._dismiss(entry, _drop_state(verdict), expired):
                 self._count_drop(_drop_state(verdict))
                 continue
+            prazo_add(&self._c.in_flight, 1)
+            if entry.critical:
+                self._critical_in_flight += 1
+            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
-                entry.waiter.handed = True
-                granted[0] = entry.waiter
+                entry.waiter.granted_ns = now
+                if granted[0] == NULL:
+                    entry.waiter.handed = True
+                    granted[0] = entry.waiter
+                else:
+                    pthread_cond_signal(&entry.waiter.cond)
             else:
                 self._ready_push(entry)
-            return
-        prazo_add(&self._c.in_flight, -1)
         if self._shutdown and prazo_load(&self._c.in_flight) == 0:
             pthread_cond_broadcast(&self._ready_cond)
 
-    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil:
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired, bint critical) noexcept nogil:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
-        self._hand_over(now, expired, &granted)
+        self._hand_over(now, expired, &granted, critical)
         pthread_mutex_unlock(&self._mutex)
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
@@ -700,7 +842,9 @@ cdef class AdmissionQueue:
             try:
                 if self._on_dropped is not None:
                     self._on_dropped(item, _drop_error(expired.items[i].state))
-                else:
+                elif expired.items[i].state != _EVICTED:
+                    # on_expired predates eviction; an evicted item is a 503
+                    # for live work, which only on_dropped can express.
                     self._on_expired(item)
             except Exception:
                 _log_callback_error("on_dropped" if self._on_dropped is not None else "on_expired", item)
@@ -714,12 +858,18 @@ cdef class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
-    def slot(self, deadline=None, *, now_ns=None):
-        """A context manager holding one slot for the body of a ``with``."""
+    def slot(self, deadline=None, *, critical=False, now_ns=None):
+        """A context manager holding one slot for the body of a ``with``.
+
+        Its ``__exit__`` gives the slot back with the slot's own start time,
+        so the queue learns the body's service time (``limit="vegas"``,
+        learned ``expected_service_ms``).
+        """
         _check_initialised(self)
         cdef Slot s = Slot.__new__(Slot)
         s._queue = self
         s._deadline_ns = _deadline_ns(deadline)
+        s._critical = _critical(critical)
         if now_ns is None:
             s._fake_now = False
         else:
@@ -727,21 +877,30 @@ cdef class AdmissionQueue:
             s._fake_now = True
         return s
 
-    def acquire(self, deadline=None, *, now_ns=None):
+    def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
-        Returns the monotonic time (ns) at which the slot started: pass it to
-        ``release(started_ns=)`` to report the service time. Raises
-        ``QueueFull`` at once when the line is full, and ``DeadlineExceeded``
-        when the deadline passes before a slot is granted (on arrival, while
-        waiting, or just as the slot arrives) or the remaining budget is
-        shorter than the expected service time.
+        Returns the monotonic time (ns) at which the slot became the caller's
+        (on arrival, or when it was handed over from the line): pass it back
+        as ``release(started_ns=...)`` so the queue learns the service time.
+        A ``critical`` arrival may use the reserved slots and is served first;
+        release its slot with ``release(critical=True)``.
+
+        Raises ``QueueFull`` at once when the line is full (or when a critical
+        arrival evicts this waiter), and ``DeadlineExceeded`` when the
+        deadline passes before a slot is granted (on arrival, while waiting,
+        or just as the slot arrives) or the remaining budget is shorter than
+        the expected service time.
         """
         _check_initialised(self)
-        return self._acquire(_deadline_ns(deadline), _clock(now_ns))
+        return self._acquire_class(_deadline_ns(deadline), _clock(now_ns), _critical(critical))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
-        """Take a slot; returns the monotonic time at which it started."""
+        """Take a normal slot; returns the monotonic time at which it started."""
+        return self._acquire_class(deadline_ns, now, False)
+
+    cdef int64_t _acquire_class(self, int64_t deadline_ns, int64_t now, bint critical) except? -1:
+        """Take a slot of this class; returns the monotonic time at which it became this caller's."""
         cdef int outcome
         cdef Expired dropped
         # A signal that arrived before this call (e.g. while this thread waited
@@ -750,22 +909,25 @@ cdef class AdmissionQueue:
         PyErr_CheckSignals()
         _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(deadline_ns, now, &dropped)
+        outcome = self._admit(deadline_ns, now, critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.started, 1)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
             return now
         if outcome != _ADMIT_WAIT:
             pthread_mutex_unlock(&self._mutex)
             self._report(&dropped)
             raise _admission_error(outcome)
-        return self._wait_in_line(deadline_ns, now, &dropped)
+        return self._wait_in_line(deadline_ns, now, critical, &dropped)
 
-    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now, Expired *dropped) except? -1:
-        """Called with the mutex held; returns the start time of a started slot, or raises.
+    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) except? -1:
+        """Called with the mutex held; returns the start time (the grant) of a started slot, or raises.
 
-        ``dropped`` holds the entries the arrival shed to make room; they are
-        reported once this waiter is in line and the mutex is released.
+        ``dropped`` holds the entries the arrival shed or evicted to make
+        room; they are reported once this waiter is in line and the mutex is
+        released.
         """
         cdef Waiter waiter
         cdef Entry entry
@@ -778,11 +940,14 @@ cdef class AdmissionQueue:
             raise OSError("pthread_cond_init failed")
         waiter.state = _WAITING
         waiter.handed = False
+        waiter.critical = critical
+        waiter.granted_ns = now
         prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
         entry.item = NULL
         entry.waiter = &waiter
+        entry.critical = critical
         self._ring_push(entry)
         pthread_mutex_unlock(&self._mutex)
         try:
@@ -814,14 +979,19 @@ cdef class AdmissionQueue:
         verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
         if verdict == PRAZO_VERDICT_LIVE:
             self._start(entry.enqueued_ns, now)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
-            return now
+            # The slot has been this caller's since the grant: the time its
+            # thread took to wake (under a busy GIL, often longer than the
+            # work) is part of the slot's service (see the Python twin).
+            return waiter.granted_ns
         # The time ran out (or got too short) while this thread woke up: it
         # never starts, and the slot moves on.
         state = _drop_state(verdict)
         self._count_drop(state)
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         self._report(&expired)
         raise _drop_error(state)
 
@@ -880,7 +1050,7 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, -1)
             prazo_add(&self._c.cancelled, 1)
             waiter.state = _CANCELLED
-            self._hand_over_unlock(prazo_monotonic_ns(), expired)
+            self._hand_over_unlock(prazo_monotonic_ns(), expired, waiter.critical)
             return
         pthread_mutex_unlock(&self._mutex)
 
@@ -903,29 +1073,36 @@ cdef class AdmissionQueue:
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
-    def release(self, *, now_ns=None, started_ns=None):
+    def release(self, *, critical=False, started_ns=None, now_ns=None):
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
 
         With ``started_ns`` (what ``acquire()`` returned), the time since then
-        is a service-time sample for the policies that learn from them.
+        is a service-time sample for the policies that learn from them
+        (``limit="vegas"``, learned ``expected_service_ms``); ``critical``
+        must match the ``acquire(critical=...)`` of the slot.
         """
-        cdef int64_t started = -1
         _check_initialised(self)
-        if started_ns is not None:
-            started = checked_started_ns(started_ns)
-        self._release_sampled(-1 if now_ns is None else _clock(now_ns), now_ns is None, started)
+        self._release_class(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns),
+                            _critical(critical))
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
-        return self._release_sampled(now, real_clock, -1)
+        return self._release_class(now, real_clock, -1, False)
 
     cdef int _release_sampled(self, int64_t now, bint real_clock, int64_t started_ns) except -1:
-        """Release a slot; ``started_ns`` >= 0 makes ``now - started_ns`` a service-time sample."""
+        """``_release``, with the slot's start time (< 0: none) as a service-time sample."""
+        return self._release_class(now, real_clock, started_ns, False)
+
+    cdef int _release_class(self, int64_t now, bint real_clock, int64_t started_ns, bint critical) except -1:
+        """Release a slot of this class; ``started_ns`` >= 0 makes ``now - started_ns`` a service-time sample."""
         cdef Expired expired
         cdef int64_t service_ns
         pthread_mutex_lock(&self._mutex)
         if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release() called more times than a slot was taken")
+        if critical and self._critical_in_flight <= 0:
+            pthread_mutex_unlock(&self._mutex)
+            raise ValueError("release(critical=True) called with no critical slot taken")
         prazo_add(&self._c.completed, 1)
         if started_ns >= 0:
             if real_clock:
@@ -935,6 +1112,8 @@ cdef class AdmissionQueue:
             self._on_service_sample(service_ns if service_ns > 0 else 0, now)
         if self._ring_count == 0:
             # Nobody waits: the common case needs no clock read at all.
+            if critical:
+                self._critical_in_flight -= 1
             prazo_add(&self._c.in_flight, -1)
             if self._shutdown and prazo_load(&self._c.in_flight) == 0:
                 pthread_cond_broadcast(&self._ready_cond)
@@ -943,17 +1122,20 @@ cdef class AdmissionQueue:
         if real_clock:
             now = prazo_monotonic_ns()
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         return self._report(&expired)
 
     # -- work-queue face -------------------------------------------------------
 
-    def put(self, item, deadline=None, *, now_ns=None):
+    def put(self, item, deadline=None, *, critical=False, now_ns=None):
         """Offer ``item``; never blocks.
 
         A free slot is assigned to it at once (so rejection never depends on
         how fast consumers wake up); otherwise it waits in line. Raises
-        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        ``QueueFull`` or ``DeadlineExceeded`` (``expired-on-arrival``,
+        ``insufficient-budget``). A ``critical`` item is served first and may
+        push the newest normal item out of a full line (reported to
+        ``on_dropped``); finish it with ``task_done(critical=True)``.
         """
         cdef Entry entry
         cdef int outcome
@@ -961,6 +1143,7 @@ cdef class AdmissionQueue:
         _check_initialised(self)
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
+        entry.critical = _critical(critical)
         # A pending signal is raised before the item is queued, not after (see _acquire).
         PyErr_CheckSignals()
         entry.item = <PyObject *>item
@@ -968,7 +1151,7 @@ cdef class AdmissionQueue:
         Py_INCREF(item)
         _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns, &dropped)
+        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns, entry.critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.assigned, 1)
             self._ready_push(entry)
@@ -981,9 +1164,9 @@ cdef class AdmissionQueue:
             raise _admission_error(outcome)
         self._report(&dropped)
 
-    def put_nowait(self, item, deadline=None, *, now_ns=None):
+    def put_nowait(self, item, deadline=None, *, critical=False, now_ns=None):
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
-        self.put(item, deadline, now_ns=now_ns)
+        self.put(item, deadline, critical=critical, now_ns=now_ns)
 
     def get(self, block=True, timeout=None, *, now_ns=None):
         """Take the next live item that holds a slot; pair with ``task_done()``.
@@ -1024,6 +1207,8 @@ cdef class AdmissionQueue:
                 verdict = prazo_deadline_verdict(now, entry.deadline_ns, self._expected_ns())
                 if verdict == PRAZO_VERDICT_LIVE:
                     self._start(entry.enqueued_ns, now)
+                    if entry.critical:
+                        prazo_add(&self._c.critical_started, 1)
                     pthread_mutex_unlock(&self._mutex)
                     item = <object>entry.item
                     Py_DECREF(item)  # the ring's reference moves to `item`
@@ -1035,7 +1220,7 @@ cdef class AdmissionQueue:
                 expired.items[0].item = entry.item
                 expired.items[0].state = state
                 expired.count = 1
-                self._hand_over_unlock(now, &expired)
+                self._hand_over_unlock(now, &expired, entry.critical)
                 self._report(&expired)
                 continue
             if self._shutdown and self._ring_count == 0:
@@ -1064,9 +1249,11 @@ cdef class AdmissionQueue:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns=None, started_ns=None):
-        """Give back the slot of an item taken by ``get()`` (``started_ns``: see ``release``)."""
-        self.release(now_ns=now_ns, started_ns=started_ns)
+    def task_done(self, *, critical=False, started_ns=None, now_ns=None):
+        """Give back the slot of an item taken by ``get()`` (see ``release()`` for the keywords)."""
+        _check_initialised(self)
+        self._release_class(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns),
+                            _critical(critical))
 
     def expire_overdue(self, *, now_ns=None):
         """Remove every waiting entry whose deadline (or effective deadline) has passed; return how many.
@@ -1094,6 +1281,8 @@ cdef class AdmissionQueue:
                 count += 1
                 self._count_drop(_drop_state(verdict))
                 prazo_add(&self._c.queued, -1)
+                if entry.critical:
+                    self._critical_waiting -= 1
                 self._dismiss(entry, _drop_state(verdict), &expired)
             else:
                 self._ring[(self._ring_head + kept) % self._ring_cap] = entry
@@ -1153,6 +1342,7 @@ cdef class AdmissionQueue:
                 self._dismiss(entry, _CANCELLED, &items)
             self._ring_count = 0
             self._ring_head = 0
+            self._critical_waiting = 0
         pthread_cond_broadcast(&self._ready_cond)
         pthread_mutex_unlock(&self._mutex)
         cancelled = []
@@ -1237,13 +1427,15 @@ cdef int _clear_queue(PyObject *o) noexcept:
         _expired_reserve(&dropped, queue._ring_count + queue._ready_count)
         while dropped.count < dropped.cap and queue._ring_count > 0:
             prazo_add(&queue._c.cancelled, 1)
-            queue._dismiss(queue._ring_pop_next(0), _CANCELLED, &dropped)
+            queue._dismiss(queue._ring_take(0), _CANCELLED, &dropped)
         while dropped.count < dropped.cap and queue._ready_count > 0:
             entry = queue._ready[queue._ready_head]
             queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
             queue._ready_count -= 1
             prazo_add(&queue._c.assigned, -1)
             prazo_add(&queue._c.in_flight, -1)
+            if entry.critical:
+                queue._critical_in_flight -= 1
             prazo_add(&queue._c.cancelled, 1)
             dropped.items[dropped.count].item = entry.item
             dropped.items[dropped.count].state = _CANCELLED

@@ -57,6 +57,8 @@ COUNTER_NAMES = (
     "queue_wait_ns_total",
     "insufficient_budget",
     "shed",
+    "evicted",
+    "critical_started",
 )
 
 # Real-thread tests never wait longer than this for something that should take

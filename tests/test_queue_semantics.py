@@ -42,7 +42,7 @@ from prazo.core._queue_py import AdmissionQueue
 FACES = ("gate", "work")
 ORDERS = ("fifo", "lifo")
 
-STATS_KEYS = {*COUNTER_NAMES, "expired", "max_concurrency", "max_queue", "expected_service_ns"}
+STATS_KEYS = {*COUNTER_NAMES, "expired", "max_concurrency", "max_queue", "expected_service_ns", "limit"}
 
 
 def arrive(q: AdmissionQueue, face: str, deadline: Deadline | None, clock: FakeClock) -> None:
@@ -442,7 +442,8 @@ def test_stats_has_the_documented_keys_and_starts_at_zero(impl: QueueClass) -> N
     assert set(stats) == STATS_KEYS
     assert stats["max_concurrency"] == 3
     assert stats["max_queue"] == 7
-    assert all(stats[key] == 0 for key in STATS_KEYS - {"max_concurrency", "max_queue"})
+    assert stats["limit"] == 3
+    assert all(stats[key] == 0 for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit"})
 
 
 def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> None:
@@ -463,7 +464,7 @@ def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> N
     q.task_done(now_ns=clock.ns)
     stats = q.stats()
     assert_conservation(stats)
-    assert {key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue"}} == {
+    assert {key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit", "evicted", "critical_started"}} == {
         "offered": 6,
         "started": 3,
         "completed": 3,
