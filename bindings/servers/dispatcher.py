@@ -129,14 +129,19 @@ class Ticket:
         called, self._app_called = self._app_called, True
         return not called
 
-    def release(self) -> None:
-        """Give the slot back to the queue; later calls do nothing."""
+    def release(self, *, sample: bool = True) -> None:
+        """Give the slot back to the queue; later calls do nothing.
+
+        ``sample=False`` for a ticket whose app never ran: its near-zero
+        "service time" would drag the learned estimate down.
+        """
         if self._queue is not None and self._once.acquire(blocking=False):
+            started_ns = self.started_ns if sample else None
             # critical= only for a critical ticket: a normal one needs only the plain keywords.
             if self.critical:
-                self._queue.task_done(critical=True, started_ns=self.started_ns)
+                self._queue.task_done(critical=True, started_ns=started_ns)
             else:
-                self._queue.task_done(started_ns=self.started_ns)
+                self._queue.task_done(started_ns=started_ns)
 
     def __repr__(self) -> str:
         kind = (" provisional" if self.provisional else "") + (" critical" if self.critical else "")
@@ -376,7 +381,7 @@ class AdmittedApp:
         if deadline.expired():
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
-            ticket.release()
+            ticket.release(sample=False)
             self._counters.count_response(exc)
             return send_rejection(start_response, exc)
         return run_admitted(
