@@ -703,7 +703,7 @@ def create_server(
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
         "expected_service_ms": expected_service_ms, "limit": limit, "min_concurrency": min_concurrency,
         "reserved": reserved, "critical_header": critical_header,
-        "critical_paths": None if critical_paths is None else tuple(critical_paths),
+        "critical_paths": critical_paths,
     }  # fmt: skip
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,

@@ -1,0 +1,374 @@
+"""The queue policies of POLICIES.md in the front door's C engine, on real loopback sockets.
+
+Each policy is checked by what a client sees (status, ``X-Prazo-Reason``,
+the order the app runs requests in) and by the engine's counters; after
+every test the counters balance (the conservation identity of POLICIES.md)
+and no worker place or connection is left behind. Time margins are wide:
+the assertions say "before the held worker was released", never "within
+so many ms".
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _helpers import wait_until
+from _server_harness import CLIENT_TIMEOUT_S, Burst, Outcome, request
+from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
+
+pytestmark = pytest.mark.slow
+
+
+class Recorder:
+    """A WSGI app that records the paths it runs, in order; paths under /hold/ wait for ``release``."""
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.paths: list[str] = []
+        self.release = threading.Event()
+        self.sleep_s = sleep_s
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        path = environ["PATH_INFO"]
+        with self._lock:
+            self.paths.append(path)
+        if path.startswith("/hold"):
+            self.release.wait(CLIENT_TIMEOUT_S)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [path.encode()]
+
+
+def balance(stats: dict[str, int]) -> int:
+    """POLICIES.md's conservation identity: offered minus every outcome (0 when it holds)."""
+    return stats["offered"] - (
+        stats["started"]
+        + stats["rejected_full"]
+        + stats["expired"]
+        + stats["insufficient_budget"]
+        + stats["shed"]
+        + stats["evicted"]
+        + stats["cancelled"]
+        + stats["queued"]
+        + stats["assigned"]
+    )
+
+
+def idle(stats: dict[str, int]) -> bool:
+    return stats["in_flight"] + stats["queued"] + stats["assigned"] == 0
+
+
+def settled(server: FrontDoorServer) -> dict[str, int]:
+    """Wait until nothing runs or waits and every connection is closed; check the counters balance."""
+    wait_until(lambda: idle(server.stats()), "every place free")
+    wait_until(lambda: server.stats()["open_connections"] == 0, "every connection closed")
+    stats = server.stats()
+    assert balance(stats) == 0, stats
+    assert stats["expired"] == stats["expired_on_arrival"] + stats["expired_in_queue"], stats
+    assert stats["started"] == stats["completed"], stats
+    assert stats["peak_in_flight"] <= stats["max_concurrency"], stats
+    return stats
+
+
+@pytest.fixture
+def start() -> Iterator[Any]:
+    servers: list[FrontDoorServer] = []
+
+    def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
+        kwargs.setdefault("threads", 1)
+        kwargs.setdefault("max_queue", 4)
+        server = create_server(application, port=0, **kwargs)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start_server
+    for server in servers:
+        server.shutdown(5.0)
+
+
+def in_background(
+    port: int, path: str, headers: dict[str, str] | None = None
+) -> tuple[threading.Thread, list[Outcome]]:
+    """``request`` on its own thread; the outcome lands in the returned list."""
+    result: list[Outcome] = []
+    thread = threading.Thread(target=lambda: result.append(request(port, path, headers)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def hold_worker(server: FrontDoorServer, app: Recorder, path: str = "/hold") -> tuple[threading.Thread, list[Outcome]]:
+    """Occupy one worker with a request that waits for ``app.release``."""
+    busy = server.stats()["in_flight"]
+    held = in_background(server.port, path)
+    wait_until(lambda: server.stats()["in_flight"] == busy + 1, "the held request to run")
+    return held
+
+
+def enqueue(
+    server: FrontDoorServer, path: str, headers: dict[str, str] | None = None
+) -> tuple[threading.Thread, list[Outcome]]:
+    """Send a request that must wait in line; return once the engine has admitted it."""
+    admitted = server.stats()["admitted"]
+    waiting = in_background(server.port, path, headers)
+    wait_until(lambda: server.stats()["admitted"] == admitted + 1, f"{path} to be admitted")
+    return waiting
+
+
+def outcome_of(background: tuple[threading.Thread, list[Outcome]]) -> Outcome:
+    thread, result = background
+    thread.join(CLIENT_TIMEOUT_S)
+    assert result, "the request got no answer"
+    return result[0]
+
+
+# -- doomed-work skip ---------------------------------------------------------------
+
+
+def test_insufficient_budget_on_arrival_never_runs_the_app_and_keeps_the_connection(start: Any) -> None:
+    app = Recorder()
+    server = start(app, expected_service_ms=300)
+    assert server.stats()["expected_service_ns"] == 300_000_000
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=CLIENT_TIMEOUT_S)
+    conn.request("GET", "/short", headers={"X-Request-Budget-Ms": "200"})
+    response = conn.getresponse()
+    assert (response.status, response.getheader("X-Prazo-Reason")) == (504, "insufficient-budget")
+    assert response.getheader("Connection") == "keep-alive"
+    response.read()
+    # The same connection carries the next request: the refusal kept it alive.
+    conn.request("GET", "/long", headers={"X-Request-Budget-Ms": "5000"})
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (200, b"/long")
+    conn.close()
+    assert app.paths == ["/long"]
+    stats = settled(server)
+    assert (stats["insufficient_budget"], stats["started"], stats["expired"]) == (1, 1, 0)
+
+
+def test_a_waiter_is_answered_insufficient_budget_while_the_worker_is_still_busy(start: Any) -> None:
+    app = Recorder()
+    server = start(app, expected_service_ms=300)
+    held = hold_worker(server, app)
+    # 600 ms of budget, 300 ms expected: doomed once it has waited 300 ms, long before its deadline.
+    waiting = enqueue(server, "/waiting", {"X-Request-Budget-Ms": "600"})
+    outcome = outcome_of(waiting)
+    assert (outcome.status, outcome.reason) == (504, "insufficient-budget")
+    assert not app.release.is_set()  # answered by the engine's sweep, not at a pickup
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert app.paths == ["/hold"]
+    stats = settled(server)
+    assert (stats["insufficient_budget"], stats["expired_in_queue"]) == (1, 0)
+
+
+def test_a_learned_estimate_appears_after_32_samples_and_skips_doomed_work(start: Any) -> None:
+    app = Recorder(sleep_s=0.1)
+    server = start(app, threads=4, max_queue=40, expected_service_ms="p50", default_budget_ms=20000)
+    assert server.stats()["expected_service_ns"] == 0  # nothing learned: nothing skipped
+    burst = Burst(server.port, [f"/learn/{i}" for i in range(32)])
+    assert {outcome.status for outcome in burst.join()} == {200}
+    wait_until(lambda: server.stats()["completed"] == 32, "the 32 samples")
+    expected_ns = server.stats()["expected_service_ns"]
+    # Every service time is at least the app's 100 ms sleep; the estimate lies within the samples.
+    assert expected_ns >= 100_000_000
+    outcome = request(server.port, "/doomed", {"X-Request-Budget-Ms": "40"})
+    assert (outcome.status, outcome.reason) == (504, "insufficient-budget")
+    assert "/doomed" not in app.paths
+    settled(server)
+
+
+# -- order: lifo and adaptive -----------------------------------------------------------
+
+
+def test_lifo_serves_the_newest_waiter_first(start: Any) -> None:
+    app = Recorder()
+    server = start(app, order="lifo")
+    held = hold_worker(server, app)
+    waiters = [enqueue(server, path) for path in ("/b", "/c", "/d")]
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert [outcome_of(waiter).status for waiter in waiters] == [200, 200, 200]
+    assert app.paths == ["/hold", "/d", "/c", "/b"]
+    settled(server)
+
+
+def test_adaptive_sheds_stale_waiters_503_while_the_worker_is_busy(start: Any) -> None:
+    app = Recorder()
+    server = start(app, order="adaptive", codel_target_ms=5, codel_interval_ms=100, default_budget_ms=20000)
+    held = hold_worker(server, app)
+    waiters = [enqueue(server, path) for path in ("/b", "/c")]
+    outcomes = [outcome_of(waiter) for waiter in waiters]
+    assert [(o.status, o.reason) for o in outcomes] == [(503, "shed-standing-queue")] * 2
+    assert not app.release.is_set()
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert app.paths == ["/hold"]
+    stats = settled(server)
+    assert (stats["shed"], stats["expired"], stats["started"]) == (2, 0, 1)
+
+
+def test_adaptive_is_lifo_once_the_line_stands(start: Any) -> None:
+    app = Recorder()
+    # Standing after 100 ms; nobody waits long enough (10 s) to be shed.
+    server = start(app, order="adaptive", codel_target_ms=10000, codel_interval_ms=100, default_budget_ms=20000)
+    held = hold_worker(server, app)
+    waiters = [enqueue(server, path) for path in ("/b", "/c", "/d")]
+    time.sleep(0.3)  # > interval: the line stands now
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert [outcome_of(waiter).status for waiter in waiters] == [200, 200, 200]
+    assert app.paths[:2] == ["/hold", "/d"]
+    assert sorted(app.paths) == ["/b", "/c", "/d", "/hold"]
+    assert settled(server)["shed"] == 0
+
+
+def test_adaptive_stays_fifo_while_the_line_empties(start: Any) -> None:
+    app = Recorder()
+    server = start(app, order="adaptive", codel_interval_ms=10000, default_budget_ms=20000)
+    held = hold_worker(server, app)
+    waiters = [enqueue(server, path) for path in ("/b", "/c", "/d")]
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert [outcome_of(waiter).status for waiter in waiters] == [200, 200, 200]
+    assert app.paths == ["/hold", "/b", "/c", "/d"]
+    settled(server)
+
+
+# -- the critical class and reserved places ---------------------------------------------------
+
+
+def test_a_critical_path_evicts_the_newest_normal_waiter_and_is_served_first(start: Any) -> None:
+    app = Recorder()
+    server = start(app, max_queue=2, critical_paths=["/healthz"])
+    held = hold_worker(server, app)
+    first, newest = enqueue(server, "/first"), enqueue(server, "/newest")
+    refused = request(server.port, "/normal")  # a normal arrival into the full line is refused
+    assert (refused.status, refused.reason) == (503, "queue-full")
+    health = enqueue(server, "/healthz?probe=1")
+    evicted = outcome_of(newest)
+    assert (evicted.status, evicted.reason) == (503, "evicted-by-critical")
+    app.release.set()
+    assert [outcome_of(b).status for b in (held, health, first)] == [200, 200, 200]
+    assert app.paths == ["/hold", "/healthz", "/first"]
+    stats = settled(server)
+    assert (stats["evicted"], stats["rejected_full"], stats["critical_started"]) == (1, 1, 1)
+
+
+def test_a_critical_arrival_with_no_normal_waiter_to_evict_is_refused(start: Any) -> None:
+    app = Recorder()
+    server = start(app, max_queue=0, critical_paths=["/healthz"])
+    held = hold_worker(server, app)
+    refused = request(server.port, "/healthz")
+    assert (refused.status, refused.reason) == (503, "queue-full")
+    app.release.set()
+    assert outcome_of(held).status == 200
+    assert settled(server)["evicted"] == 0
+
+
+def test_the_critical_header_says_critical_case_insensitively(start: Any) -> None:
+    app = Recorder()
+    server = start(app, critical_header="X-Priority")
+    assert request(server.port, "/a", {"X-Priority": " Critical "}).status == 200
+    assert request(server.port, "/b", {"X-Priority": "high"}).status == 200
+    assert request(server.port, "/c").status == 200
+    assert settled(server)["critical_started"] == 1
+
+
+def test_reserved_places_wait_for_critical_work_and_are_borrowed_while_it_is_idle(start: Any) -> None:
+    app = Recorder()
+    server = start(app, threads=3, reserved=1, critical_paths=["/hold/critical"])
+    # No critical work: normal requests borrow the reserved place, all three run.
+    normal = [hold_worker(server, app, "/hold/normal") for _ in range(3)]
+    app.release.set()
+    assert [outcome_of(b).status for b in normal] == [200] * 3
+    settled(server)
+    # Critical work in flight: normal requests start only below limit - reserved (2 places in all).
+    app.release.clear()
+    critical = hold_worker(server, app, "/hold/critical")
+    first = hold_worker(server, app, "/hold/first")  # the one unreserved place left
+    parked = enqueue(server, "/parked")
+    time.sleep(0.2)  # a worker is free, yet the reserved place is not lent while critical work runs
+    stats = server.stats()
+    assert (stats["in_flight"], stats["queued"] + stats["assigned"]) == (2, 1), stats
+    assert "/parked" not in app.paths
+    app.release.set()
+    assert [outcome_of(b).status for b in (critical, first, parked)] == [200] * 3
+    assert settled(server)["critical_started"] == 1
+
+
+# -- the Vegas limit --------------------------------------------------------------------
+
+
+def test_vegas_workers_above_the_limit_stay_parked(start: Any) -> None:
+    app = Recorder()
+    server = start(app, threads=8, max_queue=16, limit="vegas", min_concurrency=1)
+    limit = server.stats()["limit"]
+    assert 1 <= limit <= 8
+    held = [in_background(server.port, f"/hold/{i}") for i in range(8)]
+    wait_until(lambda: server.stats()["admitted"] == 8, "the eight requests to be admitted")
+    wait_until(lambda: server.stats()["in_flight"] == min(8, limit), "the limit's worth to run")
+    time.sleep(0.2)  # parked workers stay parked: no sample came, the limit did not move
+    stats = server.stats()
+    assert (stats["in_flight"], stats["limit"], stats["queued"]) == (min(8, limit), limit, 8 - min(8, limit)), stats
+    app.release.set()
+    assert [outcome_of(b).status for b in held] == [200] * 8
+    settled(server)
+
+
+def test_vegas_limit_stays_between_min_concurrency_and_threads_under_load(start: Any) -> None:
+    app = Recorder(sleep_s=0.005)
+    server = start(app, threads=6, max_queue=30, limit="vegas", min_concurrency=2, default_budget_ms=20000)
+    limits = []
+    for wave in range(4):
+        burst = Burst(server.port, [f"/w{wave}/{i}" for i in range(30)])
+        limits.append(server.stats()["limit"])
+        outcomes = burst.join()
+        assert {o.status for o in outcomes} <= {200, 503}
+        limits.append(server.stats()["limit"])
+    assert all(2 <= limit <= 6 for limit in limits), limits
+    stats = settled(server)
+    assert 2 <= stats["limit"] <= 6
+    assert stats["peak_in_flight"] <= 6
+    assert stats["completed"] >= 30
+
+
+def test_a_fixed_limit_is_the_thread_count(start: Any) -> None:
+    server = start(Recorder(), threads=3)
+    stats = server.stats()
+    assert (stats["limit"], stats["expected_service_ns"], stats["reserved"]) == (3, 0, 0)
+
+
+# -- the options --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "name"),
+    [
+        ({"order": "random"}, ValueError, "order"),
+        ({"order": 1}, TypeError, "order"),
+        ({"limit": "aimd"}, ValueError, "limit"),
+        ({"min_concurrency": 0}, ValueError, "min_concurrency"),
+        ({"min_concurrency": 5, "threads": 4}, ValueError, "min_concurrency"),
+        ({"reserved": 4, "threads": 4}, ValueError, "reserved"),
+        ({"reserved": -1}, ValueError, "reserved"),
+        ({"reserved": 1.5}, TypeError, "reserved"),
+        ({"expected_service_ms": "p42"}, ValueError, "expected_service_ms"),
+        ({"expected_service_ms": 0}, ValueError, "expected_service_ms"),
+        ({"expected_service_ms": float("nan")}, ValueError, "expected_service_ms"),
+        ({"codel_target_ms": 7}, ValueError, "codel_target_ms"),
+        ({"order": "adaptive", "codel_interval_ms": -1}, ValueError, "codel_interval_ms"),
+        ({"critical_paths": "/healthz"}, TypeError, "critical_paths"),
+        ({"critical_paths": ["healthz"]}, ValueError, "critical path"),
+        ({"critical_header": "X Bad"}, ValueError, "critical_header"),
+    ],
+)
+def test_wrong_options_raise_naming_the_option(options: dict[str, Any], error: type[Exception], name: str) -> None:
+    options.setdefault("threads", 4)
+    with pytest.raises(error, match=name):
+        create_server(Recorder(), port=0, **options)
