@@ -648,6 +648,16 @@ static int64_t fd_line_sweep(struct fd_server *srv, int64_t now, struct fd_conn 
     return next;
 }
 
+/* Entries left the line without a place: shutdown may be waiting for an idle
+ * line, and a dropped critical waiter may let parked workers lend its class's
+ * reserved places again. Under mutex. */
+static void fd_line_dropped_wake(struct fd_server *srv)
+{
+    pthread_cond_broadcast(&srv->idle);
+    if (fd_waiting(srv))
+        pthread_cond_broadcast(&srv->ready);
+}
+
 /* Is this head of the critical class? Its raw path (before '?', not
  * percent-decoded) is one of cfg.critical_paths, or cfg.critical_header says "critical". */
 static int fd_is_critical(const struct fd_server *srv, const struct fd_conn *c)
@@ -684,7 +694,12 @@ static void fd_line_sample(struct fd_server *srv, int64_t service_ns)
         service_ns = 0;
     if (srv->cfg.expected_quantile_permille > 0) {
         prazo_service_estimate_sample(&srv->estimate, service_ns);
-        atomic_store_explicit(&srv->expected_now, fd_expected(srv), memory_order_relaxed);
+        int64_t expected = fd_expected(srv);
+        if (expected != atomic_load_explicit(&srv->expected_now, memory_order_relaxed)) {
+            atomic_store_explicit(&srv->expected_now, expected, memory_order_relaxed);
+            if (fd_waiting(srv))
+                fd_wake(srv);   /* the I/O thread's sweep computes each waiter's effective deadline anew */
+        }
     }
     if (srv->cfg.vegas) {
         srv->limit = prazo_vegas_sample(&srv->vegas, service_ns, srv->in_flight);
@@ -830,7 +845,7 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
         pthread_cond_signal(&srv->ready);
     }
     if (dropped)
-        pthread_cond_broadcast(&srv->idle);
+        fd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
     fd_io_answer_dropped(srv, dropped, now);
     if (refused) {
@@ -1056,7 +1071,7 @@ static int64_t fd_io_expire_line(struct fd_server *srv, int64_t now)
     pthread_mutex_lock(&srv->mutex);
     int64_t next = fd_line_sweep(srv, now, &tail);
     if (dropped)
-        pthread_cond_broadcast(&srv->idle);
+        fd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
     fd_io_answer_dropped(srv, dropped, now);
     return next;
@@ -1462,7 +1477,7 @@ static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *emp
         }
         int stopping = srv->stopping;
         if (dropped)
-            pthread_cond_broadcast(&srv->idle);
+            fd_line_dropped_wake(srv);
         if (c != NULL && !stopping) {
             fd_list_remove(c->critical ? &srv->crit : &srv->line, c);
             srv->in_flight++;
