@@ -193,3 +193,126 @@ def deadline_verdict(now_ns: int, deadline_ns: int, expected_ns: int) -> int:
     if expected_ns > 0 and now_ns >= effective_deadline_ns(deadline_ns, expected_ns):
         return VERDICT_INSUFFICIENT
     return VERDICT_LIVE
+
+
+# -- Vegas adaptive limit (owner: core-admission) ------------------------------------
+#
+# The constants and the rule are documented once, in prazo_policy.h's Vegas section.
+
+VEGAS_WINDOW = 16
+VEGAS_PROBE_EVERY = 32
+VEGAS_INITIAL = 4
+VEGAS_THRESHOLD = 1
+VEGAS_ALPHA = 2
+VEGAS_BETA = 2
+VEGAS_MAX_SAMPLE_NS = 1 << 40
+
+
+def vegas_log10(limit: int) -> int:
+    """``max(1, floor(log10(limit)))`` in integers (Netflix's Log10RootFunction)."""
+    lg = 0
+    while limit >= 10:
+        limit //= 10
+        lg += 1
+    return max(1, lg)
+
+
+def vegas_queue(limit: int, rtt: int, noload: int) -> int:
+    """``ceil(limit * (rtt - noload) / rtt)``, with the C twin's scaling of both times below 2**31."""
+    while rtt >= 1 << 31:
+        rtt >>= 1
+        noload >>= 1
+    return (limit * (rtt - noload) + rtt - 1) // rtt
+
+
+class Vegas:
+    """``struct prazo_vegas``: an adaptive concurrency limit from service-time samples."""
+
+    __slots__ = (
+        "limit",
+        "max_limit",
+        "min_limit",
+        "probe_restore",
+        "rtt_noload_ns",
+        "window_count",
+        "window_demand",
+        "window_min_ns",
+        "windows",
+    )
+
+    def __init__(self, min_limit: int, max_limit: int) -> None:
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.limit = max(min_limit, min(max_limit, VEGAS_INITIAL))
+        self.rtt_noload_ns = 0
+        self.window_min_ns = 0
+        self.window_count = 0
+        self.window_demand = 0
+        self.windows = 0
+        self.probe_restore = 0
+
+    def sample(self, service_ns: int, in_flight: int) -> int:
+        """One service time of a slot released while ``in_flight`` were taken; return the limit."""
+        if self.probe_restore > 0 and self.window_count == 0 and in_flight > self.limit:
+            return self.limit
+        service_ns = max(1, min(VEGAS_MAX_SAMPLE_NS, service_ns))
+        if self.window_count == 0 or service_ns < self.window_min_ns:
+            self.window_min_ns = service_ns
+        if self.window_count == 0 or in_flight > self.window_demand:
+            self.window_demand = in_flight
+        self.window_count += 1
+        if self.window_count < VEGAS_WINDOW:
+            return self.limit
+        self.window_count = 0
+        return self._decide(self.window_min_ns, self.window_demand)
+
+    def _decide(self, rtt: int, demand: int) -> int:
+        limit = self.limit
+        if self.probe_restore > 0:
+            self.rtt_noload_ns = rtt
+            self.limit = self.probe_restore
+            self.probe_restore = 0
+            self.windows = 0
+            return self.limit
+        if self.rtt_noload_ns == 0 or rtt < self.rtt_noload_ns:
+            self.rtt_noload_ns = rtt
+            return limit
+        self.windows += 1
+        if self.windows >= VEGAS_PROBE_EVERY:
+            probe = max(self.min_limit, limit // 2)
+            if probe < limit:
+                self.probe_restore = limit
+                self.limit = probe
+                return probe
+            self.rtt_noload_ns = rtt
+            self.windows = 0
+            return limit
+        queue = vegas_queue(limit, rtt, self.rtt_noload_ns)
+        lg = vegas_log10(limit)
+        if queue > VEGAS_BETA * lg:
+            limit -= lg
+        elif demand * 2 < limit:
+            pass  # app-limited: no evidence that more concurrency would help
+        elif queue <= VEGAS_THRESHOLD * lg:
+            limit += VEGAS_BETA * lg
+        elif queue < VEGAS_ALPHA * lg:
+            limit += lg
+        self.limit = max(self.min_limit, min(self.max_limit, limit))
+        return self.limit
+
+
+# -- priority classes (owner: core-admission) ------------------------------------------
+
+
+def priority_may_start(in_flight: int, limit: int, reserved: int, critical: bool, critical_active: int) -> bool:
+    """Whether an entry may take a slot now (``prazo_priority_may_start``).
+
+    A critical entry: whenever a slot under ``limit`` is free. A normal one:
+    below ``limit - reserved``, or up to ``limit`` while the critical class is
+    idle (``critical_active``, its entries in flight plus waiting, is 0).
+    """
+    if in_flight >= limit:
+        return False
+    if critical or critical_active == 0:
+        return True
+    return in_flight < limit - reserved

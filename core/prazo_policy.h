@@ -176,4 +176,191 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
     return PRAZO_VERDICT_LIVE;
 }
 
+/* -- Vegas adaptive limit (owner: core-admission) -----------------------------
+ *
+ * Netflix concurrency-limits' VegasLimit, fed by this queue's service times
+ * (slot start to release), all in integers so every twin computes the same
+ * limit from the same samples.
+ *
+ * Samples are aggregated in windows of PRAZO_VEGAS_WINDOW: a window's rtt is
+ * the MINIMUM service time in it (one slow sample, a GC pause, cannot move
+ * the limit) and its demand the largest in_flight seen. Once per window:
+ *
+ *   rtt_noload = the smallest window rtt since the last probe;
+ *   queue      = ceil(limit * (rtt - rtt_noload) / rtt)   (Vegas' queue estimate)
+ *   lg         = max(1, floor(log10(limit)))             (Netflix's Log10RootFunction)
+ *   queue > BETA*lg                         -> limit - lg   (latency grows: back off)
+ *   demand * 2 < limit                      -> unchanged    (app-limited: no evidence to grow)
+ *   queue <= THRESHOLD*lg                   -> limit + BETA*lg  (no queueing: grow fast)
+ *   queue <  ALPHA*lg                       -> limit + lg
+ *   otherwise                               -> unchanged    (the sweet spot)
+ *
+ * clamped to [min_limit, max_limit]. BETA is 2 (Netflix: 6): under the GIL a
+ * CPU-bound app's service time grows with concurrency c like (c + 1) * s/2,
+ * so the queue estimate at c is about c * (c - 1) / (c + 1) and the limit
+ * settles at 3-4; an I/O-bound app's service time stays flat, the estimate
+ * stays 0 and the limit climbs to max_limit.
+ *
+ * Probe: rtt_noload measured long ago stops meaning anything when capacity
+ * changes, and one measured at the current concurrency would ratchet the
+ * limit up. So every PRAZO_VEGAS_PROBE_EVERY windows the limit drops to
+ * max(min_limit, limit / 2) (BBR's ProbeRTT, halved rather than drained so an
+ * I/O-bound service loses little); samples are ignored until in_flight has
+ * drained to that level, the next window's rtt becomes rtt_noload, and the
+ * limit goes back to where it was. */
+#define PRAZO_VEGAS_WINDOW 16
+#define PRAZO_VEGAS_PROBE_EVERY 32
+#define PRAZO_VEGAS_INITIAL 4
+#define PRAZO_VEGAS_THRESHOLD 1
+#define PRAZO_VEGAS_ALPHA 2
+#define PRAZO_VEGAS_BETA 2
+/* Samples are clamped here: 16 of them still sum inside int64 and a queue
+ * estimate's product is scaled below 2^62 (see prazo_vegas_queue). */
+#define PRAZO_VEGAS_MAX_SAMPLE_NS ((int64_t)1 << 40)
+
+struct prazo_vegas {
+    int64_t min_limit, max_limit, limit;
+    int64_t rtt_noload_ns;     /* 0 = not measured yet */
+    int64_t window_min_ns;     /* smallest sample of the window being filled */
+    int64_t window_count;
+    int64_t window_demand;     /* largest in_flight seen in the window */
+    int64_t windows;           /* windows decided since the last probe */
+    int64_t probe_restore;     /* > 0: probing; the limit to return to */
+};
+
+static inline void prazo_vegas_init(struct prazo_vegas *v, int64_t min_limit, int64_t max_limit)
+{
+    int64_t start = PRAZO_VEGAS_INITIAL;
+    if (start > max_limit)
+        start = max_limit;
+    if (start < min_limit)
+        start = min_limit;
+    v->min_limit = min_limit;
+    v->max_limit = max_limit;
+    v->limit = start;
+    v->rtt_noload_ns = 0;
+    v->window_min_ns = 0;
+    v->window_count = 0;
+    v->window_demand = 0;
+    v->windows = 0;
+    v->probe_restore = 0;
+}
+
+static inline int64_t prazo_vegas_limit(const struct prazo_vegas *v)
+{
+    return v->limit;
+}
+
+/* max(1, floor(log10(limit))): Netflix's Log10RootFunction, in integers. */
+static inline int64_t prazo_vegas_log10(int64_t limit)
+{
+    int64_t lg = 0;
+    while (limit >= 10) {
+        limit /= 10;
+        lg += 1;
+    }
+    return lg < 1 ? 1 : lg;
+}
+
+/* ceil(limit * (rtt - noload) / rtt) for 0 < noload <= rtt <= MAX_SAMPLE_NS,
+ * 1 <= limit < 2^31: both times are halved together until rtt < 2^31, which
+ * keeps the product below 2^62 and the ratio (nearly) unchanged. */
+static inline int64_t prazo_vegas_queue(int64_t limit, int64_t rtt, int64_t noload)
+{
+    while (rtt >= ((int64_t)1 << 31)) {
+        rtt >>= 1;
+        noload >>= 1;
+    }
+    return (limit * (rtt - noload) + rtt - 1) / rtt;
+}
+
+static inline int64_t prazo_vegas_decide(struct prazo_vegas *v, int64_t rtt, int64_t demand)
+{
+    int64_t limit = v->limit, lg, queue, next;
+    if (v->probe_restore > 0) {
+        /* The probe's window: its rtt is the new no-load time. */
+        v->rtt_noload_ns = rtt;
+        v->limit = v->probe_restore;
+        v->probe_restore = 0;
+        v->windows = 0;
+        return v->limit;
+    }
+    if (v->rtt_noload_ns == 0 || rtt < v->rtt_noload_ns) {
+        v->rtt_noload_ns = rtt;
+        return limit;
+    }
+    v->windows += 1;
+    if (v->windows >= PRAZO_VEGAS_PROBE_EVERY) {
+        next = limit / 2 > v->min_limit ? limit / 2 : v->min_limit;
+        if (next < limit) {
+            v->probe_restore = limit;
+            v->limit = next;
+            return next;
+        }
+        /* Already at the floor: this window is the probe. */
+        v->rtt_noload_ns = rtt;
+        v->windows = 0;
+        return limit;
+    }
+    queue = prazo_vegas_queue(limit, rtt, v->rtt_noload_ns);
+    lg = prazo_vegas_log10(limit);
+    if (queue > PRAZO_VEGAS_BETA * lg)
+        next = limit - lg;
+    else if (demand * 2 < limit)
+        next = limit;
+    else if (queue <= PRAZO_VEGAS_THRESHOLD * lg)
+        next = limit + PRAZO_VEGAS_BETA * lg;
+    else if (queue < PRAZO_VEGAS_ALPHA * lg)
+        next = limit + lg;
+    else
+        next = limit;
+    if (next > v->max_limit)
+        next = v->max_limit;
+    if (next < v->min_limit)
+        next = v->min_limit;
+    v->limit = next;
+    return next;
+}
+
+/* One service time (ns, clamped to [1, MAX_SAMPLE_NS]) of a slot released
+ * while in_flight slots (the releasing one included) were taken; returns the
+ * limit, which changes at most once per window. */
+static inline int64_t prazo_vegas_sample(struct prazo_vegas *v, int64_t service_ns, int64_t in_flight)
+{
+    int64_t rtt, demand;
+    if (v->probe_restore > 0 && v->window_count == 0 && in_flight > v->limit)
+        return v->limit; /* still draining to the probe's level: the sample ran at the old one */
+    if (service_ns < 1)
+        service_ns = 1;
+    if (service_ns > PRAZO_VEGAS_MAX_SAMPLE_NS)
+        service_ns = PRAZO_VEGAS_MAX_SAMPLE_NS;
+    if (v->window_count == 0 || service_ns < v->window_min_ns)
+        v->window_min_ns = service_ns;
+    if (v->window_count == 0 || in_flight > v->window_demand)
+        v->window_demand = in_flight;
+    v->window_count += 1;
+    if (v->window_count < PRAZO_VEGAS_WINDOW)
+        return v->limit;
+    rtt = v->window_min_ns;
+    demand = v->window_demand;
+    v->window_count = 0;
+    return prazo_vegas_decide(v, rtt, demand);
+}
+
+/* -- priority classes (owner: core-admission) ---------------------------------
+ *
+ * `reserved` of the `limit` slots are kept for the critical class: a critical
+ * entry may start whenever a slot under the limit is free; a normal one only
+ * below limit - reserved, or up to the limit while the critical class is idle
+ * (critical_active = critical entries in flight + waiting is 0: borrowing). */
+static inline int prazo_priority_may_start(int64_t in_flight, int64_t limit, int64_t reserved, int critical,
+                                           int64_t critical_active)
+{
+    if (in_flight >= limit)
+        return 0;
+    if (critical || critical_active == 0)
+        return 1;
+    return in_flight < limit - reserved;
+}
+
 #endif
