@@ -184,7 +184,7 @@ def _critical_paths(value: object) -> list[bytes]:
     return paths
 
 
-def policy_engine_options(threads: int, options: dict[str, Any]) -> dict[str, Any]:
+def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]:
     """The engine's arguments for the queue-policy ``options`` (keys of ``POLICY_DEFAULTS``), checked.
 
     Wrong values raise ``ValueError``/``TypeError`` naming the option; the ms
@@ -441,7 +441,7 @@ class FrontDoorServer:
             name: given[name] if given.get(name) is not None else getattr(settings, name, default)
             for name, default in POLICY_DEFAULTS.items()
         }
-        engine_policies = policy_engine_options(settings.threads, self.policies)
+        engine_policies = _engine_policy_args(settings.threads, self.policies)
         self.app = app
         self.settings = settings
         self.shutdown_timeout = shutdown_timeout
