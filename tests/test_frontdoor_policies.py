@@ -372,3 +372,44 @@ def test_wrong_options_raise_naming_the_option(options: dict[str, Any], error: t
     options.setdefault("threads", 4)
     with pytest.raises(error, match=name):
         create_server(Recorder(), port=0, **options)
+
+
+# -- every policy at once -----------------------------------------------------------------
+
+KNOWN_ANSWERS = {
+    (200, None),
+    (503, "queue-full"),
+    (503, "shed-standing-queue"),
+    (503, "evicted-by-critical"),
+    (504, "insufficient-budget"),
+    (504, "expired-on-arrival"),
+    (504, "expired-in-queue"),
+}
+
+
+def test_every_policy_at_once_under_overload_answers_everyone_and_balances(start: Any) -> None:
+    """A seeded mix of critical and normal requests with short and long budgets, overloading
+    an engine with every policy on: each client gets one known answer, nothing leaks."""
+    import random
+
+    rng = random.Random(11)
+    app = Recorder(sleep_s=0.01)
+    server = start(
+        app, threads=4, max_queue=6, order="adaptive", codel_target_ms=20, codel_interval_ms=50,
+        expected_service_ms="p90", limit="vegas", min_concurrency=1, reserved=1,
+        critical_paths=["/critical"], critical_header="X-Priority", default_budget_ms=20000,
+    )  # fmt: skip
+    for wave in range(5):
+        clients = []
+        for i in range(24):
+            path = "/critical" if rng.random() < 0.2 else f"/w{wave}/{i}"
+            headers = {"X-Request-Budget-Ms": str(rng.choice([15, 60, 250, 5000]))}
+            if rng.random() < 0.1:
+                headers["X-Priority"] = "critical"
+            clients.append(in_background(server.port, path, headers))
+        answers = [outcome_of(client) for client in clients]
+        assert {(o.status, o.reason) for o in answers} <= KNOWN_ANSWERS
+    stats = settled(server)
+    assert stats["offered"] == 5 * 24
+    assert 1 <= stats["limit"] <= 4
+    assert stats["started"] == len(app.paths)
