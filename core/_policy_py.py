@@ -199,6 +199,18 @@ def deadline_verdict(now_ns: int, deadline_ns: int, expected_ns: int) -> int:
 #
 # The constants and the rule are documented once, in prazo_policy.h's Vegas section.
 
+__all__ += [
+    "LIMIT_POLICIES",
+    "VEGAS_WINDOW",
+    "Vegas",
+    "critical_option",
+    "limit_option",
+    "priority_may_start",
+    "reserved_option",
+    "vegas_log10",
+    "vegas_queue",
+]
+
 VEGAS_WINDOW = 16
 VEGAS_PROBE_EVERY = 32
 VEGAS_INITIAL = 4
@@ -206,6 +218,32 @@ VEGAS_THRESHOLD = 1
 VEGAS_ALPHA = 2
 VEGAS_BETA = 2
 VEGAS_MAX_SAMPLE_NS = 1 << 40
+
+
+LIMIT_POLICIES = ("fixed", "vegas")
+
+
+def _int_option(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return value
+
+
+def limit_option(limit: object, min_concurrency: object, max_concurrency: int) -> tuple[bool, int]:
+    """Validate ``limit`` and ``min_concurrency``: ``(vegas, min_concurrency)``.
+
+    ``min_concurrency`` other than 1 only means something with ``limit="vegas"``.
+    """
+    if not isinstance(limit, str):
+        raise TypeError(f"limit must be 'fixed' or 'vegas', not {type(limit).__name__}")
+    if limit not in LIMIT_POLICIES:
+        raise ValueError(f"limit must be 'fixed' or 'vegas', got {limit!r}")
+    floor = _int_option(min_concurrency, "min_concurrency")
+    if not 1 <= floor <= max_concurrency:
+        raise ValueError(f"min_concurrency must be between 1 and max_concurrency ({max_concurrency}), got {floor}")
+    if limit == "fixed" and floor != 1:
+        raise ValueError(f"min_concurrency only applies to limit='vegas', got min_concurrency={floor}")
+    return limit == "vegas", floor
 
 
 def vegas_log10(limit: int) -> int:
@@ -302,6 +340,21 @@ class Vegas:
 
 
 # -- priority classes (owner: core-admission) ------------------------------------------
+
+
+def reserved_option(reserved: object, max_concurrency: int) -> int:
+    """Validate ``reserved``: ``0 <= reserved < max_concurrency``."""
+    value = _int_option(reserved, "reserved")
+    if not 0 <= value < max_concurrency:
+        raise ValueError(f"reserved must be >= 0 and < max_concurrency ({max_concurrency}), got {value}")
+    return value
+
+
+def critical_option(critical: object) -> bool:
+    """Validate a ``critical=`` flag: a bool (a header value or a callable is the binding's business)."""
+    if not isinstance(critical, bool):
+        raise TypeError(f"critical must be a bool, not {type(critical).__name__}")
+    return critical
 
 
 def priority_may_start(in_flight: int, limit: int, reserved: int, critical: bool, critical_active: int) -> bool:

@@ -16,11 +16,27 @@ There are ``max_concurrency`` *slots* and a waiting line of at most
 4. otherwise                         -> ``QueueFull("queue-full")``
 
 When a slot is released, it is *handed over* to the next waiting entry (the
-oldest for ``order="fifo"``, the newest for ``"lifo"``); entries whose
+oldest for ``order="fifo"``, the newest for ``"lifo"``; critical entries
+first, see below); entries whose
 deadline has passed on the way are expired (counted, gate waiters woken with
 ``DeadlineExceeded("expired-in-queue")``, work items reported through
 ``on_expired``) and never get the slot. A slot is only ever idle when nobody
 waits (work conservation).
+
+Two policies decide what "a slot is free" means (POLICIES.md 1.3, 1.4):
+
+* ``limit="vegas"``: the number of slots in use, ``limit``, moves between
+  ``min_concurrency`` and ``max_concurrency`` with the service times the
+  queue is told about (``release(started_ns=...)``; see ``_policy_py.Vegas``).
+  New starts happen only while ``in_flight < limit``; when the limit rises,
+  waiting entries are granted at once up to it.
+* ``reserved``: that many of the ``limit`` slots are kept for *critical*
+  arrivals (``critical=True``). A normal arrival starts below
+  ``limit - reserved``, or up to ``limit`` while no critical entry is in
+  flight or waiting (borrowing). Critical waiters are served first, FIFO among
+  them; a critical arrival that finds the line full evicts the newest normal
+  waiter (``QueueFull("evicted-by-critical")``; a work item goes to
+  ``on_dropped``) instead of being refused.
 
 A slot handed over is *assigned*: a gate waiter still has to wake up, a work
 item still has to be taken by ``get``. At that moment the deadline is checked
@@ -33,7 +49,7 @@ cannot wake themselves; ``expire_overdue()`` sweeps them out on demand.
 
 Counters (``stats()``), with ``expired = expired_on_arrival + expired_in_queue``::
 
-    offered == started + rejected_full + expired + cancelled + queued + assigned
+    offered == started + rejected_full + expired + evicted + cancelled + queued + assigned
     in_flight == started - completed + assigned
     0 <= in_flight <= max_concurrency,  0 <= queued <= max_queue
 
@@ -59,9 +75,11 @@ if TYPE_CHECKING:
     # annotations Self is only ever read by type checkers, which ship typing_extensions.
     from typing_extensions import Self
 
+from ._policy_py import Vegas, critical_option, limit_option, priority_may_start, reserved_option
 from .deadline import Deadline
 from .deadline import clock_ns as _clock
 from .errors import (
+    REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
     REASON_QUEUE_FULL,
@@ -90,7 +108,7 @@ _UNBOUNDED_TIMEOUT_S = 1e9
 # runs bytecode, never during a wait on a lock.
 _WAIT_SLICE_S = 0.1
 
-_WAITING, _GRANTED, _EXPIRED, _CANCELLED = range(4)
+_WAITING, _GRANTED, _EXPIRED, _CANCELLED, _EVICTED = range(5)
 
 _NOT_INITIALISED = (
     "the AdmissionQueue is not initialised: its __init__ did not complete (or the garbage collector has cleared it)"
@@ -110,6 +128,8 @@ _COUNTERS = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "evicted",
+    "critical_started",
 )
 
 
@@ -144,21 +164,38 @@ def _saturate(value: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, value))
 
 
-def _validate_on_expired(on_expired: object) -> None:
+def _validate_on_expired(on_expired: object, on_dropped: object) -> None:
     if on_expired is not None and not callable(on_expired):
         raise TypeError("on_expired must be callable or None")
+    if on_dropped is not None and not callable(on_dropped):
+        raise TypeError("on_dropped must be callable or None")
+    if on_expired is not None and on_dropped is not None:
+        raise ValueError("pass on_expired or on_dropped, not both (on_dropped is told about expired items too)")
+
+
+def _validate_started_ns(started_ns: object) -> int | None:
+    if started_ns is None:
+        return None
+    if isinstance(started_ns, bool) or not isinstance(started_ns, int):
+        raise TypeError(f"started_ns must be an int of monotonic nanoseconds, not {type(started_ns).__name__}")
+    if not _INT64_MIN <= started_ns <= _INT64_MAX:
+        raise ValueError("started_ns is out of range for a 64-bit monotonic clock")
+    return started_ns
 
 
 class _Entry:
     """One waiting arrival: a work item, or a gate waiter (``cond`` is set)."""
 
-    __slots__ = ("cond", "deadline_ns", "enqueued_ns", "item", "state")
+    __slots__ = ("cond", "critical", "deadline_ns", "enqueued_ns", "item", "state")
 
-    def __init__(self, deadline_ns: int, enqueued_ns: int, item: Any, cond: threading.Condition | None) -> None:
+    def __init__(
+        self, deadline_ns: int, enqueued_ns: int, item: Any, cond: threading.Condition | None, critical: bool
+    ) -> None:
         self.deadline_ns = deadline_ns
         self.enqueued_ns = enqueued_ns
         self.item = item
         self.cond = cond
+        self.critical = critical
         self.state = _WAITING
 
 
@@ -169,12 +206,13 @@ class Slot:
     ``DeadlineExceeded`` before the body runs); ``__exit__`` releases it.
     """
 
-    __slots__ = ("_deadline", "_held", "_now_ns", "_queue", "started_ns")
+    __slots__ = ("_critical", "_deadline", "_held", "_now_ns", "_queue", "started_ns")
 
-    def __init__(self, q: AdmissionQueue, deadline: Deadline | None, now_ns: int | None) -> None:
+    def __init__(self, q: AdmissionQueue, deadline: Deadline | None, now_ns: int | None, critical: bool) -> None:
         self._queue = q
         self._deadline = deadline
         self._now_ns = now_ns
+        self._critical = critical
         self._held = False
         #: The monotonic time at which the queue let this slot start (the
         #: instant its deadline was last checked); 0 until entered.
@@ -187,14 +225,17 @@ class Slot:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()") from None
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self.started_ns = queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns))
+        self.started_ns = queue._acquire(_deadline_ns(self._deadline), _clock(self._now_ns), self._critical)
         self._held = True
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._held:
             self._held = False
-            self._queue.release()
+            # The release runs on the real clock, so only a slot started on it
+            # gives a service time; a fake start and a real end measure nothing.
+            started = self.started_ns if self._now_ns is None else None
+            self._queue._release(_clock(None), started, self._critical)
 
 
 class AdmissionQueue:
@@ -235,6 +276,10 @@ class AdmissionQueue:
         *,
         order: str = "fifo",
         on_expired: Callable[[Any], object] | None = None,
+        on_dropped: Callable[[Any, BaseException], object] | None = None,
+        limit: str = "fixed",
+        min_concurrency: int = 1,
+        reserved: int = 0,
     ) -> None:
         # A second __init__ would reset the counters and the line under the
         # threads already using them.
@@ -245,11 +290,24 @@ class AdmissionQueue:
         concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
         waiting = _validate_size(max_queue, "max_queue", 0)
         lifo = _validate_order(order) == "lifo"
-        _validate_on_expired(on_expired)
+        _validate_on_expired(on_expired, on_dropped)
+        vegas, floor = limit_option(limit, min_concurrency, concurrency)
+        kept = reserved_option(reserved, concurrency)
         self._max_concurrency = concurrency
         self._max_queue = waiting
         self._lifo = lifo
         self._on_expired = on_expired
+        self._on_dropped = on_dropped
+        self._min_concurrency = floor
+        self._vegas = Vegas(floor, concurrency) if vegas else None
+        # The current concurrency limit: max_concurrency unless Vegas moves it.
+        self._limit = self._vegas.limit if self._vegas is not None else concurrency
+        self._reserved = kept
+        # The critical class's activity: slots it holds (assigned or started)
+        # and entries it has waiting. Normal arrivals borrow its reserved
+        # slots only while both are 0.
+        self._critical_in_flight = 0
+        self._critical_waiting = 0
         # An RLock although nothing re-enters it: Condition.wait re-takes an
         # RLock in C, uninterruptibly, whereas it re-takes a Lock with an
         # acquire() that a signal handler's exception can break off, leaving
@@ -273,6 +331,8 @@ class AdmissionQueue:
         self._peak_in_flight = 0
         self._peak_queued = 0
         self._queue_wait_ns_total = 0
+        self._evicted = 0
+        self._critical_started = 0
         self._initialised = True
 
     def _check_initialised(self) -> None:
@@ -301,6 +361,29 @@ class AdmissionQueue:
         self._check_initialised()
         return self._shutdown
 
+    @property
+    def limit(self) -> int:
+        """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
+        self._check_initialised()
+        return self._limit
+
+    @property
+    def limit_policy(self) -> str:
+        """The ``limit`` argument: ``"fixed"`` or ``"vegas"``."""
+        self._check_initialised()
+        return "fixed" if self._vegas is None else "vegas"
+
+    @property
+    def min_concurrency(self) -> int:
+        self._check_initialised()
+        return self._min_concurrency
+
+    @property
+    def reserved(self) -> int:
+        """Slots kept for critical arrivals (normal ones borrow them while the class is idle)."""
+        self._check_initialised()
+        return self._reserved
+
     def qsize(self) -> int:
         """Entries waiting for a slot (not counting the ones holding one)."""
         self._check_initialised()
@@ -309,7 +392,7 @@ class AdmissionQueue:
     def full(self) -> bool:
         """True when an arrival now would get ``QueueFull``."""
         self._check_initialised()
-        return self._in_flight >= self._max_concurrency and self._queued >= self._max_queue
+        return self._queued >= self._max_queue and not self._may_start_locked(False)
 
     def stats(self) -> dict[str, int]:
         """A consistent snapshot of the counters: they balance in every snapshot.
@@ -320,6 +403,7 @@ class AdmissionQueue:
         self._check_initialised()
         with self._lock:
             snapshot = {name: getattr(self, "_" + name) for name in _COUNTERS}
+            snapshot["limit"] = self._limit
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
@@ -327,7 +411,17 @@ class AdmissionQueue:
 
     # -- the shared admission decision (lock held) ------------------------------
 
-    def _admit_locked(self, deadline_ns: int, now: int) -> bool:
+    def _may_start_locked(self, critical: bool) -> bool:
+        """Whether an entry of this class may take a slot now (limit and reservation)."""
+        return priority_may_start(
+            self._in_flight,
+            self._limit,
+            self._reserved,
+            critical,
+            self._critical_in_flight + self._critical_waiting,
+        )
+
+    def _admit_locked(self, deadline_ns: int, now: int, critical: bool, dropped: list[Any]) -> bool:
         """Decide an arrival; True when it gets a slot at once, False when it must wait.
 
         ``offered`` is counted together with the outcome, with no call in
@@ -341,17 +435,36 @@ class AdmissionQueue:
             self._offered += 1
             self._expired_on_arrival += 1
             raise DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
-        if self._in_flight < self._max_concurrency:
+        if self._may_start_locked(critical):
             # No call between taking the slot and returning (see _acquire).
             self._offered += 1
             self._in_flight += 1
+            if critical:
+                self._critical_in_flight += 1
             if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
                 self._peak_in_flight = self._in_flight
             return True
-        if self._queued >= self._max_queue:
+        if self._queued >= self._max_queue and not (critical and self._evict_newest_normal_locked(dropped)):
             self._offered += 1
             self._rejected_full += 1
             raise QueueFull(REASON_QUEUE_FULL)
+        return False
+
+    def _evict_newest_normal_locked(self, dropped: list[Any]) -> bool:
+        """Make room in a full line for a critical arrival: push out its newest normal waiter.
+
+        A gate waiter is woken to raise ``QueueFull("evicted-by-critical")``;
+        a work item goes to ``dropped`` (for ``on_dropped``). False when every
+        waiter is critical (the arrival is then refused).
+        """
+        for index in range(len(self._waiting) - 1, -1, -1):
+            entry = self._waiting[index]
+            if not entry.critical:
+                del self._waiting[index]
+                self._queued -= 1
+                self._evicted += 1
+                self._dismiss_locked(entry, _EVICTED, dropped)
+                return True
         return False
 
     def _enqueue_locked(self, entry: _Entry) -> None:
@@ -360,14 +473,35 @@ class AdmissionQueue:
         # both (see _abandon_locked).
         self._offered += 1
         self._queued += 1
+        if entry.critical:
+            self._critical_waiting += 1
         if self._queued > self._peak_queued:  # noqa: PLR1730 - max() is a call, where an interrupt could land
             self._peak_queued = self._queued
         self._waiting.append(entry)
 
-    def _pop_next_locked(self) -> _Entry:
-        entry = self._waiting.pop() if self._lifo else self._waiting.popleft()
+    def _next_index_locked(self) -> int:
+        """Where the next entry to serve waits: the oldest critical one, else the line's end by ``order``."""
+        if self._critical_waiting:
+            # O(n), and only while a critical entry waits.
+            for index, entry in enumerate(self._waiting):
+                if entry.critical:
+                    return index
+        return len(self._waiting) - 1 if self._lifo else 0
+
+    def _remove_locked(self, entry: _Entry) -> None:
+        """Take ``entry`` out of the line's accounting (it is already out of ``_waiting``)."""
         self._queued -= 1
-        return entry
+        if entry.critical:
+            self._critical_waiting -= 1
+
+    def _free_slot_locked(self, critical: bool, now: int, expired_items: list[Any]) -> None:
+        """A slot of this class comes back: it goes to whoever may start next."""
+        if critical:
+            self._critical_in_flight -= 1
+        self._in_flight -= 1
+        self._grant_locked(now, expired_items)
+        if self._shutdown and self._in_flight == 0:
+            self._ready_cond.notify_all()
 
     def _dismiss_locked(self, entry: _Entry, state: int, items: list[Any]) -> None:
         """An entry leaves the line without a slot: wake its gate waiter with
@@ -382,19 +516,30 @@ class AdmissionQueue:
         self._expired_in_queue += 1
         self._dismiss_locked(entry, _EXPIRED, expired_items)
 
-    def _hand_over_locked(self, now: int, expired_items: list[Any]) -> None:
-        """Give the slot in hand to the next live waiting entry, or free it.
+    def _grant_locked(self, now: int, expired_items: list[Any]) -> None:
+        """Hand free slots to the next live waiting entries while they may start.
 
         The whole hand-over happens here, under the lock and before any
         Python code outside the queue runs: every expired entry met on the
         way leaves the line (work items into ``expired_items``, reported by
-        the caller after unlocking) and the slot reaches its new holder.
+        the caller after unlocking) and each slot reaches its new holder.
+        Usually one slot moves; several when the limit has just risen.
         """
         while self._waiting:
-            entry = self._pop_next_locked()
+            index = self._next_index_locked()
+            entry = self._waiting[index]
+            if not self._may_start_locked(entry.critical):
+                return
+            del self._waiting[index]
+            self._remove_locked(entry)
             if now >= entry.deadline_ns:
                 self._expire_entry_locked(entry, expired_items)
                 continue
+            self._in_flight += 1
+            if entry.critical:
+                self._critical_in_flight += 1
+            if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
+                self._peak_in_flight = self._in_flight
             self._assigned += 1
             if entry.cond is not None:
                 entry.state = _GRANTED
@@ -402,30 +547,37 @@ class AdmissionQueue:
             else:
                 self._ready.append(entry)
                 self._ready_cond.notify()
-            return
-        self._in_flight -= 1
-        if self._shutdown and self._in_flight == 0:
-            self._ready_cond.notify_all()
+
+    def _on_service_sample(self, service_ns: int, now: int) -> None:
+        """One slot's service time (lock held), before its slot is handed over."""
+        if self._vegas is not None:
+            self._limit = self._vegas.sample(service_ns, self._in_flight)
 
     def _wait_total_with(self, entry: _Entry, now: int) -> int:
         """``queue_wait_ns_total`` once ``entry``, waiting since it arrived, starts at ``now``."""
         return _saturate(self._queue_wait_ns_total + _saturate(now - entry.enqueued_ns))
 
-    def _report_expired(self, items: list[Any]) -> None:
-        """Call ``on_expired`` once per item, in line order (no lock held).
+    def _report_expired(self, items: list[Any], reason: str = REASON_EXPIRED_IN_QUEUE) -> None:
+        """Tell ``on_expired`` (or ``on_dropped``) about each item, in line order (no lock held).
 
         A callback's Exception is logged. A BaseException (KeyboardInterrupt,
         SystemExit) does not stop the others from being told either; the
-        first one is raised once every item has been reported.
+        first one is raised once every item has been reported. Evicted items
+        (``reason`` REASON_EVICTED) go to ``on_dropped`` only.
         """
-        if self._on_expired is None:
+        evicted = reason == REASON_EVICTED
+        if self._on_dropped is None and (evicted or self._on_expired is None):
             return
         interrupt: BaseException | None = None
         for item in items:
             try:
-                self._on_expired(item)
+                if self._on_dropped is not None:
+                    error = QueueFull(reason) if evicted else DeadlineExceeded(reason)
+                    self._on_dropped(item, error)
+                elif self._on_expired is not None:
+                    self._on_expired(item)
             except Exception:  # noqa: BLE001 - a callback bug must not break the queue; it is logged
-                _log.exception("prazo: on_expired callback raised for %r", item)
+                _log.exception("prazo: on_expired/on_dropped callback raised for %r", item)
             except BaseException as exc:  # noqa: BLE001 - raised below, once every item has been told
                 if interrupt is None:
                     interrupt = exc
@@ -438,36 +590,49 @@ class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
-    def slot(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> Slot:
-        """A context manager holding one slot for the body of a ``with``."""
+    def slot(self, deadline: Deadline | None = None, *, critical: bool = False, now_ns: int | None = None) -> Slot:
+        """A context manager holding one slot for the body of a ``with``.
+
+        Its ``__exit__`` gives the slot back with the slot's own start time,
+        so the queue learns the body's service time (``limit="vegas"``).
+        """
         self._check_initialised()
         _deadline_ns(deadline)
+        critical_option(critical)
         if now_ns is not None:
             _clock(now_ns)
-        return Slot(self, deadline, now_ns)
+        return Slot(self, deadline, now_ns, critical)
 
-    def acquire(self, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
+    def acquire(self, deadline: Deadline | None = None, *, critical: bool = False, now_ns: int | None = None) -> int:
         """Take a slot, waiting in line if needed; pair with ``release()``.
+
+        Returns the monotonic time (ns) at which the slot started: pass it
+        back as ``release(started_ns=...)`` so the queue learns the service
+        time. A ``critical`` arrival may use the reserved slots and is served
+        first; release its slot with ``release(critical=True)``.
 
         Raises ``QueueFull`` at once when the line is full, and
         ``DeadlineExceeded`` when the deadline passes before a slot is granted
         (on arrival, while waiting, or just as the slot arrives).
         """
         self._check_initialised()
-        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+        return self._acquire(_deadline_ns(deadline), _clock(now_ns), critical_option(critical))
 
-    def _acquire(self, deadline_ns: int, now: int) -> int:
+    def _acquire(self, deadline_ns: int, now: int, critical: bool = False) -> int:
         """Take a slot; return the monotonic time at which it started."""
         expired_items: list[Any] = []
+        evicted_items: list[Any] = []
         started = False
         try:
             try:
                 with self._lock:
-                    if self._admit_locked(deadline_ns, now):
+                    if self._admit_locked(deadline_ns, now, critical, evicted_items):
                         self._started += 1
+                        if critical:
+                            self._critical_started += 1
                         started = True
                         return now
-                    entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock))
+                    entry = _Entry(deadline_ns, now, None, threading.Condition(self._lock), critical)
                     try:
                         self._enqueue_locked(entry)
                         self._wait_for_grant(entry)
@@ -483,22 +648,25 @@ class AdmissionQueue:
                     self._assigned -= 1
                     if now < deadline_ns:
                         self._started += 1
+                        if critical:
+                            self._critical_started += 1
                         self._queue_wait_ns_total = wait_total
                         started = True
                         return now
                     # Granted, but the time ran out while this thread woke up:
                     # it never starts, and the slot moves on.
                     self._expired_in_queue += 1
-                    self._hand_over_locked(now, expired_items)
+                    self._free_slot_locked(critical, now, expired_items)
                     raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
             finally:
+                self._report_expired(evicted_items, REASON_EVICTED)
                 self._report_expired(expired_items)
         except BaseException:
             if started:
                 # A signal handler raised just as the lock was let go, after
                 # the start (the C twin has no such moment): the caller will
                 # never release this slot, so it is given back here.
-                self.release()
+                self.release(critical=critical)
             raise
 
     def _wait_for_grant(self, entry: _Entry) -> None:
@@ -512,7 +680,7 @@ class AdmissionQueue:
                 # waiting to reach its head (counted before the one call, see
                 # _enqueue_locked).
                 entry.state = _EXPIRED
-                self._queued -= 1
+                self._remove_locked(entry)
                 self._expired_in_queue += 1
                 self._waiting.remove(entry)
                 break
@@ -521,6 +689,8 @@ class AdmissionQueue:
             raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if entry.state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
+        if entry.state == _EVICTED:
+            raise QueueFull(REASON_EVICTED)
 
     def _abandon_locked(self, entry: _Entry, now: int, expired_items: list[Any]) -> None:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
@@ -529,50 +699,75 @@ class AdmissionQueue:
             self._cancelled += 1
             # The interrupt may have come before the entry joined the line.
             if entry in self._waiting:
-                self._queued -= 1
+                self._remove_locked(entry)
                 self._waiting.remove(entry)
         elif entry.state == _GRANTED:
             self._assigned -= 1
             self._cancelled += 1
             entry.state = _CANCELLED
-            self._hand_over_locked(now, expired_items)
+            self._free_slot_locked(entry.critical, now, expired_items)
 
-    def release(self, *, now_ns: int | None = None) -> None:
-        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+    def release(self, *, critical: bool = False, started_ns: int | None = None, now_ns: int | None = None) -> None:
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
+
+        ``started_ns`` (what ``acquire()`` returned) makes the slot's service
+        time a sample for ``limit="vegas"``; ``critical`` must match the
+        ``acquire(critical=...)`` of the slot.
+        """
         self._check_initialised()
         now = _clock(now_ns)
+        started = _validate_started_ns(started_ns)
+        self._release(now, started, critical_option(critical))
+
+    def _release(self, now: int, started_ns: int | None, critical: bool) -> None:
         expired_items: list[Any] = []
         with self._lock:
             if self._in_flight - self._assigned <= 0:
                 raise ValueError("release() called more times than a slot was taken")
+            if critical and self._critical_in_flight <= 0:
+                raise ValueError("release(critical=True) called with no critical slot taken")
             self._completed += 1
-            self._hand_over_locked(now, expired_items)
+            if started_ns is not None:
+                self._on_service_sample(max(0, now - started_ns), now)
+            self._free_slot_locked(critical, now, expired_items)
         self._report_expired(expired_items)
 
     # -- work-queue face -------------------------------------------------------
 
-    def put(self, item: Any, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
+    def put(
+        self, item: Any, deadline: Deadline | None = None, *, critical: bool = False, now_ns: int | None = None
+    ) -> None:
         """Offer ``item``; never blocks.
 
         A free slot is assigned to it at once (so rejection never depends on
         how fast consumers wake up); otherwise it waits in line. Raises
-        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``. A
+        ``critical`` item is served first and may push the newest normal item
+        out of a full line (reported to ``on_dropped``); finish it with
+        ``task_done(critical=True)``.
         """
         self._check_initialised()
         deadline_ns = _deadline_ns(deadline)
         now = _clock(now_ns)
-        with self._lock:
-            entry = _Entry(deadline_ns, now, item, None)
-            if self._admit_locked(deadline_ns, now):
-                self._assigned += 1
-                self._ready.append(entry)
-                self._ready_cond.notify()
-            else:
-                self._enqueue_locked(entry)
+        critical = critical_option(critical)
+        evicted_items: list[Any] = []
+        try:
+            with self._lock:
+                entry = _Entry(deadline_ns, now, item, None, critical)
+                if self._admit_locked(deadline_ns, now, critical, evicted_items):
+                    self._assigned += 1
+                    self._ready.append(entry)
+                    self._ready_cond.notify()
+                else:
+                    self._enqueue_locked(entry)
+        finally:
+            self._report_expired(evicted_items, REASON_EVICTED)
 
-    def put_nowait(self, item: Any, deadline: Deadline | None = None, *, now_ns: int | None = None) -> None:
+    def put_nowait(
+        self, item: Any, deadline: Deadline | None = None, *, critical: bool = False, now_ns: int | None = None
+    ) -> None:
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
-        self.put(item, deadline, now_ns=now_ns)
+        self.put(item, deadline, critical=critical, now_ns=now_ns)
 
     def get(self, block: bool = True, timeout: float | None = None, *, now_ns: int | None = None) -> Any:
         """Take the next live item that holds a slot; pair with ``task_done()``.
@@ -604,13 +799,15 @@ class AdmissionQueue:
                         self._assigned -= 1
                         if now < entry.deadline_ns:
                             self._started += 1
+                            if entry.critical:
+                                self._critical_started += 1
                             self._queue_wait_ns_total = wait_total
                             return entry.item
                         # Its slot came too late: the slot moves on, then it
                         # is reported (finally), then we look again.
                         self._expired_in_queue += 1
                         expired_items.append(entry.item)
-                        self._hand_over_locked(now, expired_items)
+                        self._free_slot_locked(entry.critical, now, expired_items)
                         continue
                     if self._shutdown and not self._waiting:
                         raise ShutDown("the admission queue is shut down")
@@ -627,9 +824,9 @@ class AdmissionQueue:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns: int | None = None) -> None:
-        """Give back the slot of an item taken by ``get()``."""
-        self.release(now_ns=now_ns)
+    def task_done(self, *, critical: bool = False, started_ns: int | None = None, now_ns: int | None = None) -> None:
+        """Give back the slot of an item taken by ``get()`` (see ``release()`` for the keywords)."""
+        self.release(critical=critical, started_ns=started_ns, now_ns=now_ns)
 
     def expire_overdue(self, *, now_ns: int | None = None) -> int:
         """Remove every waiting entry whose deadline has passed; return how many.
@@ -645,7 +842,7 @@ class AdmissionQueue:
             count = 0
             for entry in self._waiting:
                 if now >= entry.deadline_ns:
-                    self._queued -= 1
+                    self._remove_locked(entry)
                     self._expire_entry_locked(entry, expired_items)
                     count += 1
                 else:
@@ -666,7 +863,7 @@ class AdmissionQueue:
             for entry in self._waiting:
                 if entry.cond is None and entry.item is item:
                     self._waiting.remove(entry)
-                    self._queued -= 1
+                    self._remove_locked(entry)
                     self._cancelled += 1
                     return True
         return False
@@ -686,7 +883,7 @@ class AdmissionQueue:
             if cancel_waiting:
                 while self._waiting:
                     entry = self._waiting.popleft()
-                    self._queued -= 1
+                    self._remove_locked(entry)
                     self._cancelled += 1
                     self._dismiss_locked(entry, _CANCELLED, cancelled)
             self._ready_cond.notify_all()

@@ -13,6 +13,7 @@ import queue
 __all__ = [
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DOWNSTREAM_OVERLOADED",
+    "REASON_EVICTED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
     "REASON_INSUFFICIENT_BUDGET",
@@ -35,6 +36,8 @@ REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
 # shorter than the expected service time, is a 504; a shed one a 503.
 REASON_INSUFFICIENT_BUDGET = "insufficient-budget"
 REASON_SHED = "shed-standing-queue"
+# A normal waiter pushed out of a full line by a critical arrival: a 503.
+REASON_EVICTED = "evicted-by-critical"
 
 
 class QueueFull(queue.Full):

@@ -55,6 +55,8 @@ COUNTER_NAMES = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "evicted",
+    "critical_started",
 )
 
 # Real-thread tests never wait longer than this for something that should take
@@ -194,6 +196,7 @@ def unaccounted(stats: Mapping[str, int]) -> int:
         stats["started"]
         + stats["rejected_full"]
         + stats["expired"]
+        + stats["evicted"]
         + stats["cancelled"]
         + stats["queued"]
         + stats["assigned"]
