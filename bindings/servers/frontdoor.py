@@ -62,7 +62,15 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from prazo.core import REASON_INSUFFICIENT_BUDGET, REASON_SHED, Deadline, DeadlineExceeded, QueueFull, ShutDown
+from prazo.core import (
+    REASON_EVICTED,
+    REASON_INSUFFICIENT_BUDGET,
+    REASON_SHED,
+    Deadline,
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+)
 from prazo.core._policy_py import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
@@ -146,8 +154,6 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "critical_header": None,
     "critical_paths": (),
 }
-# core-admission adds it to prazo.core.errors; until that branch is merged it is spelled here.
-REASON_EVICTED = "evicted-by-critical"
 _ORDERS = ("fifo", "lifo", "adaptive")
 _LIMITS = ("fixed", "vegas")
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
