@@ -784,6 +784,19 @@ static void fd_io_answer(struct fd_server *srv, struct fd_conn *c, int answer, i
         (void)fd_io_try_head(srv, c, now, 0);
 }
 
+/* Refuse a head on arrival. Each arrival's offered and its outcome are counted
+ * together under the mutex, which stats() holds while it reads: the counters
+ * balance in every snapshot, not only once the server is idle. */
+static void fd_io_refuse_on_arrival(struct fd_server *srv, struct fd_conn *c, _Atomic int64_t *outcome, int answer,
+                                    int64_t now)
+{
+    pthread_mutex_lock(&srv->mutex);
+    fd_count(&srv->offered, 1);
+    fd_count(outcome, 1);
+    pthread_mutex_unlock(&srv->mutex);
+    fd_io_answer(srv, c, answer, now);
+}
+
 /* A complete head: decide. */
 static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
 {
@@ -793,28 +806,25 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
     c->budget_source = source;
     c->budget_invalid = invalid;
     c->deadline_ns = fd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns);
-    fd_count(&srv->offered, 1);
     if (srv->draining) {
-        fd_count(&srv->shutting_down, 1);
-        fd_io_answer(srv, c, FD_A_SHUTTING_DOWN, now);
+        fd_io_refuse_on_arrival(srv, c, &srv->shutting_down, FD_A_SHUTTING_DOWN, now);
         return;
     }
     int verdict = prazo_deadline_verdict(now, c->deadline_ns,
                                          atomic_load_explicit(&srv->expected_now, memory_order_relaxed));
     if (verdict == PRAZO_VERDICT_EXPIRED) {
-        fd_count(&srv->expired_on_arrival, 1);
-        fd_io_answer(srv, c, FD_A_EXPIRED_ON_ARRIVAL, now);
+        fd_io_refuse_on_arrival(srv, c, &srv->expired_on_arrival, FD_A_EXPIRED_ON_ARRIVAL, now);
         return;
     }
     if (verdict == PRAZO_VERDICT_INSUFFICIENT) {
-        fd_count(&srv->insufficient_budget, 1);
-        fd_io_answer(srv, c, FD_A_INSUFFICIENT_BUDGET, now);
+        fd_io_refuse_on_arrival(srv, c, &srv->insufficient_budget, FD_A_INSUFFICIENT_BUDGET, now);
         return;
     }
     c->critical = fd_is_critical(srv, c);
     struct fd_conn *dropped = NULL, **tail = &dropped;
     int refused = 0;
     pthread_mutex_lock(&srv->mutex);
+    fd_count(&srv->offered, 1);
     if (srv->draining) {
         refused = 1;
     } else if (fd_line_full(srv)) {
@@ -844,14 +854,14 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
         fd_count(&srv->admitted, 1);
         pthread_cond_signal(&srv->ready);
     }
+    else
+        fd_count(&srv->rejected_full, 1);
     if (dropped)
         fd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
     fd_io_answer_dropped(srv, dropped, now);
-    if (refused) {
-        fd_count(&srv->rejected_full, 1);
+    if (refused)
         fd_io_answer(srv, c, FD_A_QUEUE_FULL, now);
-    }
 }
 
 /* 1 while the head is still incomplete (c stays with the caller), 0 once c was
@@ -1108,6 +1118,7 @@ static void *fd_io_main(void *arg)
                     *tail = lists[i]->head;
                     tail = &lists[i]->tail->next;
                 }
+                fd_count(&srv->shutting_down, lists[i]->count);
                 lists[i]->head = lists[i]->tail = NULL;
                 lists[i]->count = 0;
             }
@@ -1116,7 +1127,6 @@ static void *fd_io_main(void *arg)
             while (waiting) {
                 struct fd_conn *c = waiting;
                 waiting = c->next;
-                fd_count(&srv->shutting_down, 1);
                 fd_send_all_nb(c->fd, srv->cfg.answer[FD_A_SHUTTING_DOWN][0], srv->cfg.answer_len[FD_A_SHUTTING_DOWN][0]);
                 c->state = FD_CLOSED;
                 fd_conn_free(srv, c);
@@ -1380,7 +1390,6 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->queued = waiting - s->assigned;
     s->limit = srv->limit;
     s->expected_service_ns = fd_expected(srv);
-    pthread_mutex_unlock(&srv->mutex);
     s->insufficient_budget = fd_read_counter(&srv->insufficient_budget);
     s->shed = fd_read_counter(&srv->shed);
     s->evicted = fd_read_counter(&srv->evicted);
@@ -1404,6 +1413,7 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->queue_wait_ns_total = fd_read_counter(&srv->queue_wait_ns_total);
     s->pending_heads = fd_read_counter(&srv->pending_heads);
     s->lingering = fd_read_counter(&srv->lingering_now);
+    pthread_mutex_unlock(&srv->mutex);
 }
 
 /* ------------------------------------------------------------- workers */
