@@ -675,11 +675,25 @@ static int fd_is_critical(const struct fd_server *srv, const struct fd_conn *c)
         }
     }
     if (srv->cfg.critical_paths) {
-        const char *q = memchr(c->path, '?', c->path_len);
-        size_t len = q ? (size_t)(q - c->path) : c->path_len;
-        for (const char *p = srv->cfg.critical_paths, *end = p + srv->cfg.critical_paths_len; p < end;) {
+        const char *path = c->path;
+        size_t len = c->path_len;
+        /* absolute-form: the path follows the authority, as the workers' PATH_INFO takes it */
+        size_t skip = 0;
+        if (len >= 7 && memcmp(path, "http://", 7) == 0)
+            skip = 7;
+        else if (len >= 8 && memcmp(path, "https://", 8) == 0)
+            skip = 8;
+        if (skip) {
+            const char *slash = memchr(path + skip, '/', len - skip);
+            len = slash ? len - (size_t)(slash - path) : 0;
+            path = slash;
+        }
+        const char *q = len ? memchr(path, '?', len) : NULL;
+        if (q)
+            len = (size_t)(q - path);
+        for (const char *p = srv->cfg.critical_paths, *end = p + srv->cfg.critical_paths_len; len && p < end;) {
             size_t plen = strlen(p);
-            if (plen == len && memcmp(p, c->path, len) == 0)
+            if (plen == len && memcmp(p, path, len) == 0)
                 return 1;
             p += plen + 1;
         }
