@@ -1486,8 +1486,8 @@ static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *emp
                 int verdict = prazo_deadline_verdict(now, c->deadline_ns, fd_expected(srv));
                 if (verdict == PRAZO_VERDICT_LIVE)
                     break;
-                fd_line_drop(srv, c, verdict == PRAZO_VERDICT_EXPIRED ? FD_A_EXPIRED_IN_QUEUE : FD_A_INSUFFICIENT_BUDGET,
-                             &tail);
+                int answer = verdict == PRAZO_VERDICT_EXPIRED ? FD_A_EXPIRED_IN_QUEUE : FD_A_INSUFFICIENT_BUDGET;
+                fd_line_drop(srv, c, answer, &tail);
                 c = NULL;
                 continue;
             }
