@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 from _server_harness import CLIENT_TIMEOUT_S, Burst, Outcome, request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 
 pytestmark = pytest.mark.slow
@@ -443,3 +445,53 @@ def test_every_policy_at_once_under_overload_answers_everyone_and_balances(start
     assert 1 <= stats["limit"] <= 4
     # A started request whose budget ran out while its worker waited for the GIL gets 504 without the app.
     assert stats["started"] == len(app.paths) + stats["expired_at_start"]
+
+
+policy_options = st.fixed_dictionaries(
+    {
+        "threads": st.integers(1, 4),
+        "max_queue": st.integers(0, 6),
+        "order": st.sampled_from(["fifo", "lifo", "adaptive"]),
+        "expected_service_ms": st.sampled_from([None, 20, "p50"]),
+        "limit": st.sampled_from(["fixed", "vegas"]),
+        "reserved": st.integers(0, 3),
+    }
+)
+request_plans = st.lists(
+    st.tuples(st.booleans(), st.sampled_from([5, 40, 200, 5000]), st.sampled_from([0.0, 0.005, 0.03])),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=policy_options, plan=request_plans)
+def test_any_policy_mix_answers_every_request_once_and_balances(
+    options: dict[str, Any], plan: list[tuple[bool, int, float]]
+) -> None:
+    """Whatever the policies and the requests (critical or not, budget, service time) sent at once:
+    one known answer each, the counters balance, the limit stays in bounds, nothing leaks."""
+    options["reserved"] = min(options["reserved"], options["threads"] - 1)
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        time.sleep(float(environ["QUERY_STRING"] or 0))
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    server = create_server(app, port=0, critical_paths=["/critical"], default_budget_ms=20000, **options)
+    server.start()
+    try:
+        clients = [
+            in_background(
+                server.port, f"/{'critical' if critical else 'normal'}?{sleep_s}", {"X-Request-Budget-Ms": str(budget)}
+            )
+            for critical, budget, sleep_s in plan
+        ]
+        answers = [outcome_of(client) for client in clients]
+        assert {(o.status, o.reason) for o in answers} <= KNOWN_ANSWERS
+        stats = settled(server)
+        assert stats["offered"] == len(plan)
+        assert (1 if options["limit"] == "vegas" else options["threads"]) <= stats["limit"] <= options["threads"]
+        assert stats["critical_started"] <= sum(critical for critical, _, _ in plan)
+    finally:
+        server.shutdown(5.0)
