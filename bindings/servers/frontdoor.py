@@ -418,7 +418,9 @@ class FrontDoorServer:
 
     Build it with ``create_server``; ``serve_forever()`` runs it until
     ``shutdown()`` (from another thread) or Ctrl-C. ``server_address`` is the
-    bound address, ``stats()`` the engine's counters.
+    bound address, ``stats()`` the engine's counters. ``policies`` maps each
+    queue-policy option (``POLICY_DEFAULTS``' keys) to its value: those not
+    given come from ``settings`` when it has a field of that name.
     """
 
     def __init__(
