@@ -274,7 +274,7 @@ class Vegas:
         "rtt_noload_ns",
         "window_count",
         "window_demand",
-        "window_min_ns",
+        "window_sum_ns",
         "windows",
     )
 
@@ -283,7 +283,7 @@ class Vegas:
         self.max_limit = max_limit
         self.limit = max(min_limit, min(max_limit, VEGAS_INITIAL))
         self.rtt_noload_ns = 0
-        self.window_min_ns = 0
+        self.window_sum_ns = 0
         self.window_count = 0
         self.window_demand = 0
         self.windows = 0
@@ -294,15 +294,16 @@ class Vegas:
         if self.probe_restore > 0 and self.window_count == 0 and in_flight > self.limit:
             return self.limit
         service_ns = max(1, min(VEGAS_MAX_SAMPLE_NS, service_ns))
-        if self.window_count == 0 or service_ns < self.window_min_ns:
-            self.window_min_ns = service_ns
+        self.window_sum_ns += service_ns
         if self.window_count == 0 or in_flight > self.window_demand:
             self.window_demand = in_flight
         self.window_count += 1
         if self.window_count < VEGAS_WINDOW:
             return self.limit
+        rtt = self.window_sum_ns // VEGAS_WINDOW
         self.window_count = 0
-        return self._decide(self.window_min_ns, self.window_demand)
+        self.window_sum_ns = 0
+        return self._decide(rtt, self.window_demand)
 
     def _decide(self, rtt: int, demand: int) -> int:
         limit = self.limit

@@ -6,7 +6,8 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 * the waiting line is a ring of ``max_queue`` C entries allocated once, and
   the hand-off buffer a ring of ``max_concurrency`` entries;
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
-  entry leaves from the middle of the line) and never while Python code runs
+  entry leaves from the middle of the line, or while a critical entry waits
+  or evicts) and never while Python code runs
   or while this thread waits for the GIL, so correctness never rests on the GIL;
 * counters are C11 atomics written under the mutex: ``qsize()`` and
   ``full()`` read one or two without it, ``stats()`` copies them all under it
@@ -44,11 +45,15 @@ cdef extern from "Python.h":
 import queue as _stdlib_queue
 
 from ._checkpoint import checkpoint as _checkpoint
+from ._policy_py import critical_option as _critical_option
+from ._policy_py import limit_option as _limit_option
+from ._policy_py import reserved_option as _reserved_option
 from .deadline import Deadline as _Deadline
 from .errors import (
     DeadlineExceeded,
     QueueFull,
     ShutDown,
+    REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
     REASON_QUEUE_FULL,
@@ -69,6 +74,7 @@ cdef enum:
     _GRANTED = 1
     _EXPIRED = 2
     _CANCELLED = 3
+    _EVICTED = 4
 
 # Outcomes of the admission decision, computed with the mutex held.
 cdef enum:
@@ -95,6 +101,8 @@ _COUNTER_NAMES = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "evicted",
+    "critical_started",
 )
 
 # Counters is a struct of atomics only, in the order of _COUNTER_NAMES.
@@ -157,6 +165,25 @@ cdef object _admission_error(int outcome):
     return QueueFull(REASON_QUEUE_FULL)
 
 
+cdef inline bint _critical(object critical) except -1:
+    if critical is False:
+        return False
+    if critical is True:
+        return True
+    return _critical_option(critical)
+
+
+cdef inline int64_t _started(object started_ns) except? -2:
+    """``started_ns`` as the C twin carries it: -1 for none (a real start is never negative)."""
+    if started_ns is None:
+        return -1
+    if isinstance(started_ns, bool) or not isinstance(started_ns, int):
+        raise TypeError(f"started_ns must be an int of monotonic nanoseconds, not {type(started_ns).__name__}")
+    if not 0 <= started_ns <= INT64_MAX:
+        raise ValueError(f"started_ns must be a monotonic time >= 0 (what acquire() returned), got {started_ns}")
+    return started_ns
+
+
 cdef inline int _check_initialised(AdmissionQueue queue) except -1:
     if not queue._initialised:
         raise RuntimeError(_NOT_INITIALISED)
@@ -166,7 +193,7 @@ cdef inline int _check_initialised(AdmissionQueue queue) except -1:
 cdef void _log_callback_error(object item):
     import logging
 
-    logging.getLogger("prazo").exception("prazo: on_expired callback raised for %r", item)
+    logging.getLogger("prazo").exception("prazo: on_expired/on_dropped callback raised for %r", item)
 
 
 cdef int _check_interrupts() except -1:
@@ -231,6 +258,7 @@ cdef class Slot:
     cdef int64_t _now_ns
     cdef bint _fake_now
     cdef bint _held
+    cdef bint _critical
     cdef readonly int64_t started_ns
 
     def __cinit__(self):
@@ -242,15 +270,17 @@ cdef class Slot:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self.started_ns = self._queue._acquire(
-            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
+        self.started_ns = self._queue._acquire_class(
+            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns(), self._critical)
         self._held = True
         return self
 
     def __exit__(self, exc_type, exc, tb):
         if self._held:
             self._held = False
-            self._queue._release(-1, True)
+            # The release runs on the real clock, so only a slot started on it
+            # gives a service time; a fake start and a real end measure nothing.
+            self._queue._release_class(-1, True, -1 if self._fake_now else self.started_ns, self._critical)
         return None
 
 
@@ -288,7 +318,8 @@ cdef class AdmissionQueue:
         self._ready = NULL
         self._initialised = False
 
-    def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None):
+    def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None, on_dropped=None,
+                 limit="fixed", min_concurrency=1, reserved=0):
         cdef Entry *ring
         cdef Entry *ready
         cdef Py_ssize_t concurrency, waiting, ring_cap
@@ -307,6 +338,12 @@ cdef class AdmissionQueue:
             raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
         if on_expired is not None and not callable(on_expired):
             raise TypeError("on_expired must be callable or None")
+        if on_dropped is not None and not callable(on_dropped):
+            raise TypeError("on_dropped must be callable or None")
+        if on_expired is not None and on_dropped is not None:
+            raise ValueError("pass on_expired or on_dropped, not both (on_dropped is told about expired items too)")
+        use_vegas, floor = _limit_option(limit, min_concurrency, concurrency)
+        kept = _reserved_option(reserved, concurrency)
         # One extra entry so a max_queue of 0 still gets a valid allocation.
         ring_cap = waiting if waiting > 0 else 1
         ring = <Entry *>malloc(ring_cap * sizeof(Entry))
@@ -327,8 +364,16 @@ cdef class AdmissionQueue:
         self._max_queue = waiting
         self._lifo = order == "lifo"
         self._on_expired = on_expired
+        self._on_dropped = on_dropped
         self._shutdown = False
         memset(&self._c, 0, sizeof(Counters))
+        self._use_vegas = use_vegas
+        self._min_concurrency = floor
+        prazo_vegas_init(&self._vegas, floor, concurrency)
+        prazo_store(&self._limit, prazo_vegas_limit(&self._vegas) if use_vegas else concurrency)
+        self._reserved = kept
+        self._critical_in_flight = 0
+        self._critical_waiting = 0
         self._ring_cap = ring_cap
         self._ready_cap = concurrency
         self._ring_head = self._ring_count = 0
@@ -372,6 +417,29 @@ cdef class AdmissionQueue:
         _check_initialised(self)
         return self._shutdown
 
+    @property
+    def limit(self):
+        """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
+        _check_initialised(self)
+        return prazo_load(&self._limit)
+
+    @property
+    def limit_policy(self):
+        """The ``limit`` argument: ``"fixed"`` or ``"vegas"``."""
+        _check_initialised(self)
+        return "vegas" if self._use_vegas else "fixed"
+
+    @property
+    def min_concurrency(self):
+        _check_initialised(self)
+        return self._min_concurrency
+
+    @property
+    def reserved(self):
+        """Slots kept for critical arrivals (normal ones borrow them while the class is idle)."""
+        _check_initialised(self)
+        return self._reserved
+
     def qsize(self):
         """Entries waiting for a slot (not counting the ones holding one)."""
         _check_initialised(self)
@@ -379,9 +447,12 @@ cdef class AdmissionQueue:
 
     def full(self):
         """True when an arrival now would get ``QueueFull``."""
+        cdef bint full
         _check_initialised(self)
-        return (prazo_load(&self._c.in_flight) >= self._max_concurrency
-                and prazo_load(&self._c.queued) >= self._max_queue)
+        pthread_mutex_lock(&self._mutex)
+        full = self._ring_count >= self._max_queue and not self._may_start(False)
+        pthread_mutex_unlock(&self._mutex)
+        return full
 
     def stats(self):
         """A consistent snapshot of the counters: they balance in every snapshot.
@@ -396,16 +467,19 @@ cdef class AdmissionQueue:
         cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
         cdef prazo_atomic_i64 *copied = <prazo_atomic_i64 *>&copy
         cdef Py_ssize_t i
+        cdef int64_t limit
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         for i in range(_N_COUNTERS):
             prazo_store(&copied[i], prazo_load(&fields[i]))
+        limit = prazo_load(&self._limit)
         pthread_mutex_unlock(&self._mutex)
         snapshot = {}
         for i in range(_N_COUNTERS):
             snapshot[_COUNTER_NAMES[i]] = prazo_load(&copied[i])
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
+        snapshot["limit"] = limit
         snapshot["max_queue"] = self._max_queue
         return snapshot
 
@@ -414,27 +488,76 @@ cdef class AdmissionQueue:
     cdef void _ring_push(self, Entry entry) noexcept nogil:
         self._ring[(self._ring_head + self._ring_count) % self._ring_cap] = entry
         self._ring_count += 1
+        if entry.critical:
+            self._critical_waiting += 1
         prazo_add(&self._c.queued, 1)
         prazo_raise_peak(&self._c.peak_queued, self._ring_count)
 
     cdef Entry _ring_pop_next(self) noexcept nogil:
-        cdef Entry entry
-        if self._lifo:
-            entry = self._ring[(self._ring_head + self._ring_count - 1) % self._ring_cap]
-        else:
-            entry = self._ring[self._ring_head]
+        return self._ring_take(self._ring_next_position())
+
+    cdef Py_ssize_t _ring_next_position(self) noexcept nogil:
+        """Where the next entry to serve waits: the oldest critical one, else the line's end by order."""
+        cdef Py_ssize_t i
+        if self._critical_waiting > 0:
+            # O(n), and only while a critical entry waits.
+            for i in range(self._ring_count):
+                if self._ring[(self._ring_head + i) % self._ring_cap].critical:
+                    return i
+        return self._ring_count - 1 if self._lifo else 0
+
+    cdef Entry _ring_take(self, Py_ssize_t position) noexcept nogil:
+        """Take the entry ``position`` places from the head out of the line (O(1) at either end)."""
+        cdef Entry entry = self._ring[(self._ring_head + position) % self._ring_cap]
+        if position == 0:
             self._ring_head = (self._ring_head + 1) % self._ring_cap
-        self._ring_count -= 1
-        prazo_add(&self._c.queued, -1)
+            self._ring_count -= 1
+            prazo_add(&self._c.queued, -1)
+            if entry.critical:
+                self._critical_waiting -= 1
+        else:
+            self._ring_remove_at(position)
         return entry
 
     cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil:
         """Take the entry ``position`` places from the head out of the line, keeping the order."""
         cdef Py_ssize_t j
+        if self._ring[(self._ring_head + position) % self._ring_cap].critical:
+            self._critical_waiting -= 1
         for j in range(position, self._ring_count - 1):
             self._ring[(self._ring_head + j) % self._ring_cap] = self._ring[(self._ring_head + j + 1) % self._ring_cap]
         self._ring_count -= 1
         prazo_add(&self._c.queued, -1)
+
+    cdef bint _evict_newest_normal(self, Expired *dropped) noexcept nogil:
+        """Make room in a full line for a critical arrival: push out its newest normal waiter.
+
+        A gate waiter is woken to raise ``QueueFull("evicted-by-critical")``;
+        a work item goes to ``dropped`` (for ``on_dropped``; one item always
+        fits on its stack). False when every waiter is critical.
+        """
+        cdef Py_ssize_t i = self._ring_count
+        cdef Entry entry
+        while i > 0:
+            i -= 1
+            entry = self._ring[(self._ring_head + i) % self._ring_cap]
+            if not entry.critical:
+                self._ring_remove_at(i)
+                prazo_add(&self._c.evicted, 1)
+                self._dismiss(entry, _EVICTED, dropped)
+                return True
+        return False
+
+    cdef bint _may_start(self, bint critical) noexcept nogil:
+        """Whether an entry of this class may take a slot now (limit and reservation)."""
+        return prazo_priority_may_start(
+            prazo_load(&self._c.in_flight), prazo_load(&self._limit), self._reserved, critical,
+            self._critical_in_flight + self._critical_waiting)
+
+    cdef void _on_service_sample(self, int64_t service_ns, int64_t now) noexcept nogil:
+        """One slot's service time (mutex held), before its slot is handed over."""
+        if self._use_vegas:
+            prazo_store(&self._limit, prazo_vegas_sample(&self._vegas, service_ns, prazo_load(&self._c.in_flight)))
 
     cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil:
         """Take a gate waiter out of the middle of the line."""
@@ -449,19 +572,25 @@ cdef class AdmissionQueue:
         self._ready_count += 1
         pthread_cond_signal(&self._ready_cond)
 
-    cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil:
-        """Count an arrival and decide: start now, wait, or refuse."""
+    cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
+        """Count an arrival and decide: start now, wait, or refuse.
+
+        A critical arrival into a full line evicts the newest normal waiter
+        (its work item, if it is one, lands in ``dropped``) and waits.
+        """
         if self._shutdown:
             return _ADMIT_SHUTDOWN
         prazo_add(&self._c.offered, 1)
         if now >= deadline_ns:
             prazo_add(&self._c.expired_on_arrival, 1)
             return _ADMIT_EXPIRED
-        if prazo_load(&self._c.in_flight) < self._max_concurrency:
+        if self._may_start(critical):
             prazo_add(&self._c.in_flight, 1)
+            if critical:
+                self._critical_in_flight += 1
             prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             return _ADMIT_START
-        if self._ring_count >= self._max_queue:
+        if self._ring_count >= self._max_queue and not (critical and self._evict_newest_normal(dropped)):
             prazo_add(&self._c.rejected_full, 1)
             return _ADMIT_FULL
         return _ADMIT_WAIT
@@ -487,41 +616,55 @@ cdef class AdmissionQueue:
         expired.count += 1
         return True
 
-    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil:
-        """Give the slot in hand to the next live entry, or free it.
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted, bint critical) noexcept nogil:
+        """A slot of this class comes back: hand free slots to the next live entries while they may start.
 
         The whole hand-over happens here, with the mutex held and before any
         Python code runs: every expired entry met on the way leaves the line
         (work items into ``expired``, for the caller to report after
-        unlocking), and the slot reaches its new holder. A gate waiter given
-        the slot is returned in ``granted`` for the caller to signal after
-        unlocking.
+        unlocking), and each slot reaches its new holder. Usually one slot
+        moves; several when the limit has just risen. The first gate waiter
+        given a slot is returned in ``granted`` for the caller to signal after
+        unlocking; any further one is signalled here (it cannot wake before
+        the mutex is let go anyway).
         """
         cdef Entry entry
+        cdef Py_ssize_t position
+        if critical:
+            self._critical_in_flight -= 1
+        prazo_add(&self._c.in_flight, -1)
         while self._ring_count > 0:
-            entry = self._ring_pop_next()
+            position = self._ring_next_position()
+            if not self._may_start(self._ring[(self._ring_head + position) % self._ring_cap].critical):
+                break
+            entry = self._ring_take(position)
             # Out of memory for reporting, an expired work item takes the
             # slot like a live one; get() then finds it expired and passes
             # the slot on, so it still never starts and the slot is not lost.
             if now >= entry.deadline_ns and self._dismiss(entry, _EXPIRED, expired):
                 prazo_add(&self._c.expired_in_queue, 1)
                 continue
+            prazo_add(&self._c.in_flight, 1)
+            if entry.critical:
+                self._critical_in_flight += 1
+            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
-                entry.waiter.handed = True
-                granted[0] = entry.waiter
+                if granted[0] == NULL:
+                    entry.waiter.handed = True
+                    granted[0] = entry.waiter
+                else:
+                    pthread_cond_signal(&entry.waiter.cond)
             else:
                 self._ready_push(entry)
-            return
-        prazo_add(&self._c.in_flight, -1)
         if self._shutdown and prazo_load(&self._c.in_flight) == 0:
             pthread_cond_broadcast(&self._ready_cond)
 
-    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil:
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired, bint critical) noexcept nogil:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
-        self._hand_over(now, expired, &granted)
+        self._hand_over(now, expired, &granted, critical)
         pthread_mutex_unlock(&self._mutex)
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
@@ -529,12 +672,13 @@ cdef class AdmissionQueue:
 
     # -- reporting expired work items (GIL held, mutex not held) ----------------
 
-    cdef int _report(self, Expired *expired) except -1:
-        """Call ``on_expired`` once per item, in line order, and free ``expired``.
+    cdef int _report(self, Expired *expired, bint evicted=False) except -1:
+        """Tell ``on_expired`` (or ``on_dropped``) about each item, in line order, and free ``expired``.
 
         A callback's Exception is logged. A BaseException (KeyboardInterrupt,
         SystemExit) does not stop the others from being told either; the
-        first one is raised once every item has been reported.
+        first one is raised once every item has been reported. Evicted items
+        go to ``on_dropped`` only.
         """
         cdef Py_ssize_t i
         cdef object item
@@ -542,10 +686,14 @@ cdef class AdmissionQueue:
         for i in range(expired.count):
             item = <object>expired.items[i]
             Py_DECREF(item)  # the ring's reference; `item` keeps one of its own
-            if self._on_expired is None:
+            if self._on_dropped is None and (evicted or self._on_expired is None):
                 continue
             try:
-                self._on_expired(item)
+                if self._on_dropped is not None:
+                    self._on_dropped(item, QueueFull(REASON_EVICTED) if evicted
+                                     else DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
+                else:
+                    self._on_expired(item)
             except Exception:
                 _log_callback_error(item)
             except BaseException as exc:
@@ -558,12 +706,17 @@ cdef class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
-    def slot(self, deadline=None, *, now_ns=None):
-        """A context manager holding one slot for the body of a ``with``."""
+    def slot(self, deadline=None, *, critical=False, now_ns=None):
+        """A context manager holding one slot for the body of a ``with``.
+
+        Its ``__exit__`` gives the slot back with the slot's own start time,
+        so the queue learns the body's service time (``limit="vegas"``).
+        """
         _check_initialised(self)
         cdef Slot s = Slot.__new__(Slot)
         s._queue = self
         s._deadline_ns = _deadline_ns(deadline)
+        s._critical = _critical(critical)
         if now_ns is None:
             s._fake_now = False
         else:
@@ -571,35 +724,55 @@ cdef class AdmissionQueue:
             s._fake_now = True
         return s
 
-    def acquire(self, deadline=None, *, now_ns=None):
+    def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
+
+        Returns the monotonic time (ns) at which the slot started: pass it
+        back as ``release(started_ns=...)`` so the queue learns the service
+        time. A ``critical`` arrival may use the reserved slots and is served
+        first; release its slot with ``release(critical=True)``.
 
         Raises ``QueueFull`` at once when the line is full, and
         ``DeadlineExceeded`` when the deadline passes before a slot is granted
         (on arrival, while waiting, or just as the slot arrives).
         """
         _check_initialised(self)
-        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+        return self._acquire_class(_deadline_ns(deadline), _clock(now_ns), _critical(critical))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
-        """Take a slot; returns the monotonic time at which it started."""
+        """Take a normal slot; returns the monotonic time at which it started."""
+        return self._acquire_class(deadline_ns, now, False)
+
+    cdef int64_t _acquire_class(self, int64_t deadline_ns, int64_t now, bint critical) except? -1:
+        """Take a slot of this class; returns the monotonic time at which it started."""
         cdef int outcome
+        cdef Expired dropped
         # A signal that arrived before this call (e.g. while this thread waited
         # for the GIL) is raised now, before the slot is taken: after the
         # return it would be raised in the caller, with the slot leaked.
         PyErr_CheckSignals()
+        _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(deadline_ns, now)
+        outcome = self._admit(deadline_ns, now, critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.started, 1)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
             return now
         if outcome != _ADMIT_WAIT:
             pthread_mutex_unlock(&self._mutex)
             raise _admission_error(outcome)
-        return self._wait_in_line(deadline_ns, now)
+        if dropped.count == 0:
+            return self._wait_in_line(deadline_ns, now, critical)
+        # A work item was evicted to make room: it is answered before this
+        # thread waits (the waiter is already in line, so nothing is lost).
+        try:
+            return self._wait_in_line(deadline_ns, now, critical)
+        finally:
+            self._report(&dropped, True)
 
-    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1:
+    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now, bint critical) except? -1:
         """Called with the mutex held; returns the start time of a started slot, or raises."""
         cdef Waiter waiter
         cdef Entry entry
@@ -610,11 +783,13 @@ cdef class AdmissionQueue:
             raise OSError("pthread_cond_init failed")
         waiter.state = _WAITING
         waiter.handed = False
+        waiter.critical = critical
         prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
         entry.item = NULL
         entry.waiter = &waiter
+        entry.critical = critical
         self._ring_push(entry)
         pthread_mutex_unlock(&self._mutex)
         try:
@@ -637,6 +812,8 @@ cdef class AdmissionQueue:
             raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
+        if state == _EVICTED:
+            raise QueueFull(REASON_EVICTED)
         # Granted. The deadline is checked once more now that this thread
         # holds the GIL again, as close as it gets to running the body.
         pthread_mutex_lock(&self._mutex)
@@ -644,13 +821,15 @@ cdef class AdmissionQueue:
         now = prazo_monotonic_ns()
         if now < deadline_ns:
             self._start(entry.enqueued_ns, now)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
             return now
         # The time ran out while this thread woke up: it never starts, and
         # the slot moves on.
         prazo_add(&self._c.expired_in_queue, 1)
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         self._report(&expired)
         raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
 
@@ -704,7 +883,7 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, -1)
             prazo_add(&self._c.cancelled, 1)
             waiter.state = _CANCELLED
-            self._hand_over_unlock(prazo_monotonic_ns(), expired)
+            self._hand_over_unlock(prazo_monotonic_ns(), expired, waiter.critical)
             return
         pthread_mutex_unlock(&self._mutex)
 
@@ -727,20 +906,43 @@ cdef class AdmissionQueue:
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
-    def release(self, *, now_ns=None):
-        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+    def release(self, *, critical=False, started_ns=None, now_ns=None):
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
+
+        ``started_ns`` (what ``acquire()`` returned) makes the slot's service
+        time a sample for ``limit="vegas"``; ``critical`` must match the
+        ``acquire(critical=...)`` of the slot.
+        """
         _check_initialised(self)
-        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+        cdef int64_t now = -1 if now_ns is None else _clock(now_ns)
+        self._release_class(now, now_ns is None, _started(started_ns), _critical(critical))
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
+        return self._release_class(now, real_clock, -1, False)
+
+    cdef int _release_sampled(self, int64_t now, bint real_clock, int64_t started_ns) except -1:
+        """``_release``, with the slot's start time (< 0: none) as a service-time sample."""
+        return self._release_class(now, real_clock, started_ns, False)
+
+    cdef int _release_class(self, int64_t now, bint real_clock, int64_t started_ns, bint critical) except -1:
         cdef Expired expired
+        if real_clock and started_ns >= 0:
+            now = prazo_monotonic_ns()
+            real_clock = False
         pthread_mutex_lock(&self._mutex)
         if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release() called more times than a slot was taken")
+        if critical and self._critical_in_flight <= 0:
+            pthread_mutex_unlock(&self._mutex)
+            raise ValueError("release(critical=True) called with no critical slot taken")
         prazo_add(&self._c.completed, 1)
+        if started_ns >= 0:
+            self._on_service_sample(now - started_ns if now > started_ns else 0, now)
         if self._ring_count == 0:
             # Nobody waits: the common case needs no clock read at all.
+            if critical:
+                self._critical_in_flight -= 1
             prazo_add(&self._c.in_flight, -1)
             if self._shutdown and prazo_load(&self._c.in_flight) == 0:
                 pthread_cond_broadcast(&self._ready_cond)
@@ -749,30 +951,36 @@ cdef class AdmissionQueue:
         if real_clock:
             now = prazo_monotonic_ns()
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         return self._report(&expired)
 
     # -- work-queue face -------------------------------------------------------
 
-    def put(self, item, deadline=None, *, now_ns=None):
+    def put(self, item, deadline=None, *, critical=False, now_ns=None):
         """Offer ``item``; never blocks.
 
         A free slot is assigned to it at once (so rejection never depends on
         how fast consumers wake up); otherwise it waits in line. Raises
-        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``. A
+        ``critical`` item is served first and may push the newest normal item
+        out of a full line (reported to ``on_dropped``); finish it with
+        ``task_done(critical=True)``.
         """
         cdef Entry entry
         cdef int outcome
+        cdef Expired dropped
         _check_initialised(self)
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
+        entry.critical = _critical(critical)
         # A pending signal is raised before the item is queued, not after (see _acquire).
         PyErr_CheckSignals()
         entry.item = <PyObject *>item
         entry.waiter = NULL
         Py_INCREF(item)
+        _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns)
+        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns, entry.critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.assigned, 1)
             self._ready_push(entry)
@@ -782,10 +990,12 @@ cdef class AdmissionQueue:
         if outcome != _ADMIT_START and outcome != _ADMIT_WAIT:
             Py_DECREF(item)
             raise _admission_error(outcome)
+        if dropped.count:
+            self._report(&dropped, True)
 
-    def put_nowait(self, item, deadline=None, *, now_ns=None):
+    def put_nowait(self, item, deadline=None, *, critical=False, now_ns=None):
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
-        self.put(item, deadline, now_ns=now_ns)
+        self.put(item, deadline, critical=critical, now_ns=now_ns)
 
     def get(self, block=True, timeout=None, *, now_ns=None):
         """Take the next live item that holds a slot; pair with ``task_done()``.
@@ -824,6 +1034,8 @@ cdef class AdmissionQueue:
                 now = fake_now if use_fake else prazo_monotonic_ns()
                 if now < entry.deadline_ns:
                     self._start(entry.enqueued_ns, now)
+                    if entry.critical:
+                        prazo_add(&self._c.critical_started, 1)
                     pthread_mutex_unlock(&self._mutex)
                     item = <object>entry.item
                     Py_DECREF(item)  # the ring's reference moves to `item`
@@ -833,7 +1045,7 @@ cdef class AdmissionQueue:
                 _expired_init(&expired)
                 expired.items[0] = entry.item
                 expired.count = 1
-                self._hand_over_unlock(now, &expired)
+                self._hand_over_unlock(now, &expired, entry.critical)
                 self._report(&expired)
                 continue
             if self._shutdown and self._ring_count == 0:
@@ -862,10 +1074,11 @@ cdef class AdmissionQueue:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns=None):
-        """Give back the slot of an item taken by ``get()``."""
+    def task_done(self, *, critical=False, started_ns=None, now_ns=None):
+        """Give back the slot of an item taken by ``get()`` (see ``release()`` for the keywords)."""
         _check_initialised(self)
-        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+        cdef int64_t now = -1 if now_ns is None else _clock(now_ns)
+        self._release_class(now, now_ns is None, _started(started_ns), _critical(critical))
 
     def expire_overdue(self, *, now_ns=None):
         """Remove every waiting entry whose deadline has passed; return how many.
@@ -889,6 +1102,8 @@ cdef class AdmissionQueue:
                 count += 1
                 prazo_add(&self._c.expired_in_queue, 1)
                 prazo_add(&self._c.queued, -1)
+                if entry.critical:
+                    self._critical_waiting -= 1
                 self._dismiss(entry, _EXPIRED, &expired)
             else:
                 self._ring[(self._ring_head + kept) % self._ring_cap] = entry
@@ -948,6 +1163,7 @@ cdef class AdmissionQueue:
                 self._dismiss(entry, _CANCELLED, &items)
             self._ring_count = 0
             self._ring_head = 0
+            self._critical_waiting = 0
         pthread_cond_broadcast(&self._ready_cond)
         pthread_mutex_unlock(&self._mutex)
         cancelled = []
@@ -1039,6 +1255,8 @@ cdef int _clear_queue(PyObject *o) noexcept:
             queue._ready_count -= 1
             prazo_add(&queue._c.assigned, -1)
             prazo_add(&queue._c.in_flight, -1)
+            if entry.critical:
+                queue._critical_in_flight -= 1
             prazo_add(&queue._c.cancelled, 1)
             dropped.items[dropped.count] = entry.item
             dropped.count += 1

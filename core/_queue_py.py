@@ -178,8 +178,8 @@ def _validate_started_ns(started_ns: object) -> int | None:
         return None
     if isinstance(started_ns, bool) or not isinstance(started_ns, int):
         raise TypeError(f"started_ns must be an int of monotonic nanoseconds, not {type(started_ns).__name__}")
-    if not _INT64_MIN <= started_ns <= _INT64_MAX:
-        raise ValueError("started_ns is out of range for a 64-bit monotonic clock")
+    if not 0 <= started_ns <= _INT64_MAX:
+        raise ValueError(f"started_ns must be a monotonic time >= 0 (what acquire() returned), got {started_ns}")
     return started_ns
 
 

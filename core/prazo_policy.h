@@ -183,8 +183,14 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
  * limit from the same samples.
  *
  * Samples are aggregated in windows of PRAZO_VEGAS_WINDOW: a window's rtt is
- * the MINIMUM service time in it (one slow sample, a GC pause, cannot move
- * the limit) and its demand the largest in_flight seen. Once per window:
+ * the MEAN service time in it (integer division) and its demand the largest
+ * in_flight seen. The mean, not the minimum: under the GIL the scheduling of
+ * CPU-bound threads is unfair, so some requests run their 10 ms nearly
+ * alone while others wait for the GIL many times that; the minimum of a
+ * window stays near the no-load time at any concurrency (measured: the limit
+ * then climbs to 16+), while the mean is exactly what Little's law says it
+ * is, in_flight / throughput, and grows with the concurrency. Averaging 16
+ * samples also damps the noise of single ones. Once per window:
  *
  *   rtt_noload = the smallest window rtt since the last probe;
  *   queue      = ceil(limit * (rtt - rtt_noload) / rtt)   (Vegas' queue estimate)
@@ -221,7 +227,7 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
 struct prazo_vegas {
     int64_t min_limit, max_limit, limit;
     int64_t rtt_noload_ns;     /* 0 = not measured yet */
-    int64_t window_min_ns;     /* smallest sample of the window being filled */
+    int64_t window_sum_ns;     /* sum of the samples of the window being filled */
     int64_t window_count;
     int64_t window_demand;     /* largest in_flight seen in the window */
     int64_t windows;           /* windows decided since the last probe */
@@ -239,7 +245,7 @@ static inline void prazo_vegas_init(struct prazo_vegas *v, int64_t min_limit, in
     v->max_limit = max_limit;
     v->limit = start;
     v->rtt_noload_ns = 0;
-    v->window_min_ns = 0;
+    v->window_sum_ns = 0;
     v->window_count = 0;
     v->window_demand = 0;
     v->windows = 0;
@@ -334,16 +340,16 @@ static inline int64_t prazo_vegas_sample(struct prazo_vegas *v, int64_t service_
         service_ns = 1;
     if (service_ns > PRAZO_VEGAS_MAX_SAMPLE_NS)
         service_ns = PRAZO_VEGAS_MAX_SAMPLE_NS;
-    if (v->window_count == 0 || service_ns < v->window_min_ns)
-        v->window_min_ns = service_ns;
+    v->window_sum_ns += service_ns;
     if (v->window_count == 0 || in_flight > v->window_demand)
         v->window_demand = in_flight;
     v->window_count += 1;
     if (v->window_count < PRAZO_VEGAS_WINDOW)
         return v->limit;
-    rtt = v->window_min_ns;
+    rtt = v->window_sum_ns / PRAZO_VEGAS_WINDOW;
     demand = v->window_demand;
     v->window_count = 0;
+    v->window_sum_ns = 0;
     return prazo_vegas_decide(v, rtt, demand);
 }
 

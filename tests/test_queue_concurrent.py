@@ -755,6 +755,128 @@ def test_one_hand_over_whatever_the_callbacks_do(
 # -- stats() snapshots ----------------------------------------------------------------------------
 
 
+# -- priority classes and the adaptive limit under real threads ------------------------------
+
+
+@pytest.mark.parametrize("seed", [5, 8191])
+@pytest.mark.parametrize("limit", ["fixed", "vegas"])
+def test_critical_arrivals_reserved_slots_and_the_vegas_limit_with_real_threads(
+    impl: QueueClass, seed: int, limit: str
+) -> None:
+    """Gate callers and producers/consumers, a quarter of them critical, on a queue with
+    reserved slots (and, under Vegas, a limit moved by their real service times).
+
+    Every arrival has one outcome (evicted ones included), every dropped work
+    item is reported once, no more than ``max_concurrency`` bodies run, the
+    counters match what the callers saw, and no slot leaks: at the end the
+    critical class is idle, so normal arrivals may borrow every slot again.
+    """
+    rng = random.Random(seed)
+    max_concurrency = rng.randint(3, 6)
+    reserved = rng.randint(1, max_concurrency - 1)
+    q = impl(
+        max_concurrency,
+        rng.randint(2, 8),
+        limit=limit,
+        reserved=reserved,
+        on_dropped=lambda item, error: dropped.append((item, error.reason)),
+    )
+    dropped: list[tuple[Any, str]] = []
+    ledger, meter = Ledger(), ConcurrencyMeter()
+    critical_starts = Counter[bool]()
+    starts_lock = threading.Lock()
+    callers, producers, consumers, attempts = 10, 2, 3, 40
+    put_outcomes: Counter[str] = Counter()
+    done = threading.Event()
+
+    def run_body(critical: bool) -> None:
+        with starts_lock:
+            critical_starts[critical] += 1
+        with meter:
+            time.sleep(rng.uniform(0.0, 0.002))
+
+    def caller(thread_seed: int) -> None:
+        thread_rng = random.Random(thread_seed)
+        for _ in range(attempts):
+            critical = thread_rng.random() < 0.25
+            deadline = Deadline.after_ms(thread_rng.uniform(0.5, 20.0))
+            try:
+                if thread_rng.random() < 0.5:
+                    with q.slot(deadline, critical=critical) as slot:
+                        ledger.note_start(deadline.ns, slot.started_ns)
+                        run_body(critical)
+                    continue
+                started = q.acquire(deadline, critical=critical)
+            except (QueueFull, DeadlineExceeded) as exc:
+                ledger.note_error(exc)
+                continue
+            try:
+                ledger.note_start(deadline.ns, started)
+                run_body(critical)
+            finally:
+                q.release(critical=critical, started_ns=started)
+
+    def producer(thread_seed: int) -> None:
+        thread_rng = random.Random(thread_seed)
+        for index in range(attempts):
+            critical = thread_rng.random() < 0.25
+            try:
+                q.put((thread_seed, index, critical), Deadline.after_ms(thread_rng.uniform(0.5, 20.0)), critical=critical)
+                outcome = "queued"
+            except (QueueFull, DeadlineExceeded) as exc:
+                outcome = outcome_name(exc)
+            with starts_lock:
+                put_outcomes[outcome] += 1
+            time.sleep(thread_rng.uniform(0.0, 0.001))
+
+    def consumer() -> int:
+        taken = 0
+        while not (done.is_set() and q.qsize() == 0 and q.stats()["assigned"] == 0):
+            try:
+                item = q.get(timeout=0.01)
+            except queue.Empty:
+                q.expire_overdue()
+                continue
+            started = time.monotonic_ns()
+            taken += 1
+            try:
+                run_body(item[2])
+            finally:
+                q.task_done(critical=item[2], started_ns=started)
+        return taken
+
+    with stats_monitor(q, balance=True):
+        workers = [spawn(consumer) for _ in range(consumers)]
+        join_all(
+            [spawn(caller, seed * 100 + index) for index in range(callers)]
+            + [spawn(producer, seed * 1000 + index) for index in range(producers)]
+        )
+        done.set()
+        taken = sum(join_all(workers))
+
+    stats = assert_at_rest(q)
+    assert_no_late_start(ledger)
+    assert meter.peak <= max_concurrency and meter.current == 0
+    assert q.min_concurrency <= q.limit <= max_concurrency
+    # Every put item: taken, or dropped (expired or evicted) exactly once, or refused at once.
+    queued = put_outcomes["queued"]
+    assert taken + len(dropped) == queued, (taken, len(dropped), put_outcomes)
+    assert len({item for item, _ in dropped}) == len(dropped)
+    assert {reason for _, reason in dropped} <= {"expired-in-queue", "evicted-by-critical"}
+    evicted_items = sum(reason == "evicted-by-critical" for _, reason in dropped)
+    assert stats["evicted"] == evicted_items + ledger.outcomes["evicted-by-critical"]
+    assert stats["started"] == ledger.outcomes["started"] + taken
+    assert stats["critical_started"] == critical_starts[True]
+    assert stats["offered"] == callers * attempts + producers * attempts
+    # The critical class is idle again: normal arrivals borrow every slot under the limit.
+    for _ in range(q.limit):
+        q.acquire(Deadline.after_ms(50))
+    assert q.stats()["in_flight"] == q.limit
+    for _ in range(q.limit):
+        q.release()
+    assert_at_rest(q)
+
+
 def test_stats_snapshots_balance_while_other_threads_write(impl: QueueClass) -> None:
     """A monitor reads ``stats()`` as fast as it can while gate callers and a
     producer/consumer pair work the same queue: every snapshot must balance

@@ -10,12 +10,20 @@ invariants of DESIGN.md hold:
 
 1. no item is returned by ``get`` at a time >= its deadline;
 2. ``0 <= in_flight <= max_concurrency`` and ``0 <= queued <= max_queue``;
-3. conservation: ``offered == started + rejected_full + expired + cancelled + queued + assigned``;
-4. work conservation: never an idle slot while an entry waits;
-5. start order is FIFO (LIFO) among live items: the model serves its line
-   from the oldest (newest) end, and every returned item must be the model's;
-6. both twins give the same outcome, the same ``on_expired`` reports and the
-   same ``stats()`` for every step.
+3. conservation: ``offered == started + rejected_full + expired + evicted + cancelled + queued + assigned``;
+4. work conservation: never a slot free *for an entry's class* (under the
+   current limit, outside the reserved share for a normal entry while the
+   critical class is active) while that entry waits;
+5. start order per policy: critical entries first (FIFO among them), then
+   FIFO (LIFO) among normal live items: the model serves its line the same
+   way, and every returned item must be the model's;
+6. both twins give the same outcome, the same ``on_expired`` / ``on_dropped``
+   reports and the same ``stats()`` (the Vegas ``limit`` included) for every step.
+
+Runs cover ``reserved`` slots with critical and normal arrivals (a critical
+arrival into a full line evicts the newest normal item), and ``limit="vegas"``,
+fed by the service times of ``release``/``task_done(started_ns=...)`` on the
+fake clock.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from hypothesis.stateful import (
 )
 from prazo.core import (
     NS_PER_MS,
+    REASON_EVICTED,
+    REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
     REASON_QUEUE_FULL,
     Deadline,
@@ -47,6 +57,7 @@ from prazo.core import (
     QueueFull,
     ShutDown,
 )
+from prazo.core._policy_py import Vegas
 from prazo.core._queue_py import NO_DEADLINE_NS, AdmissionQueue
 
 # What a step answered: ("returned", value) or ("raised", exception name, reason).
@@ -94,24 +105,42 @@ class Entry:
     item: int
     deadline_ns: int
     enqueued_ns: int
+    critical: bool = False
+
+
+@dataclass
+class Held:
+    """A slot the machine holds: its class and when it started (for the service-time sample)."""
+
+    critical: bool
+    started_ns: int
 
 
 class QueueModel:
     """The admission queue of ``_queue_py``'s docstring, written as plainly as possible.
 
     Each method returns what the operation returns, or raises
-    ``StepRefused`` with the outcome the real queue must raise; expired work
-    items are appended to ``reports`` in the order ``on_expired`` must see them.
+    ``StepRefused`` with the outcome the real queue must raise; work items
+    leaving the line without a slot are appended to ``reports`` as
+    ``(item, reason)`` in the order the callbacks must see them. The Vegas
+    arithmetic itself is ``_policy_py.Vegas`` (tested on its own); the model
+    checks that the queue feeds it the right samples and obeys its limit.
     """
 
-    def __init__(self, max_concurrency: int, max_queue: int, order: str) -> None:
+    def __init__(
+        self, max_concurrency: int, max_queue: int, order: str, *, vegas: bool, min_concurrency: int, reserved: int
+    ) -> None:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.lifo = order == "lifo"
+        self.vegas = Vegas(min_concurrency, max_concurrency) if vegas else None
+        self.limit = self.vegas.limit if self.vegas is not None else max_concurrency
+        self.reserved = reserved
+        self.critical_in_flight = 0
         self.waiting: list[Entry] = []
         self.ready: list[Entry] = []
         self.shut = False
-        self.reports: list[int] = []
+        self.reports: list[tuple[int, str]] = []
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
 
     def _count(self, name: str, delta: int = 1) -> None:
@@ -124,55 +153,86 @@ class QueueModel:
         """Slots taken by a started gate arrival or an item returned by get."""
         return self.counters["in_flight"] - self.counters["assigned"]
 
-    def would_wait(self, deadline_ns: int, now: int) -> bool:
+    def may_start(self, critical: bool) -> bool:
+        """POLICIES.md 1.4: critical up to the limit; normal below limit - reserved, or up to it while borrowing."""
+        in_flight = self.counters["in_flight"]
+        if in_flight >= self.limit:
+            return False
+        critical_active = self.critical_in_flight + sum(entry.critical for entry in self.waiting)
+        return critical or critical_active == 0 or in_flight < self.limit - self.reserved
+
+    def would_wait(self, deadline_ns: int, now: int, critical: bool) -> bool:
         """True when a gate arrival now would block (so the machine must not make it)."""
-        return (
-            not self.shut
-            and now < deadline_ns
-            and self.counters["in_flight"] >= self.max_concurrency
-            and self.counters["queued"] < self.max_queue
+        if self.shut or now >= deadline_ns or self.may_start(critical):
+            return False
+        return self.counters["queued"] < self.max_queue or (
+            critical and any(not entry.critical for entry in self.waiting)
         )
 
-    def _admit(self, deadline_ns: int, now: int) -> bool:
+    def _admit(self, deadline_ns: int, now: int, critical: bool) -> bool:
         if self.shut:
             raise StepRefused(raised(ShutDown))
         self._count("offered")
         if now >= deadline_ns:
             self._count("expired_on_arrival")
             raise StepRefused(raised(DeadlineExceeded, REASON_EXPIRED_ON_ARRIVAL))
-        if self.counters["in_flight"] < self.max_concurrency:
+        if self.may_start(critical):
             self._count("in_flight")
+            self.critical_in_flight += critical
             return True
         if self.counters["queued"] >= self.max_queue:
-            self._count("rejected_full")
-            raise StepRefused(raised(QueueFull, REASON_QUEUE_FULL))
+            normal = [entry for entry in self.waiting if not entry.critical]
+            if not (critical and normal):
+                self._count("rejected_full")
+                raise StepRefused(raised(QueueFull, REASON_QUEUE_FULL))
+            # The newest normal waiter makes room for the critical arrival.
+            self.waiting.remove(normal[-1])
+            self._count("queued", -1)
+            self._count("evicted")
+            self.reports.append((normal[-1].item, REASON_EVICTED))
         return False
 
-    def _hand_over(self, now: int) -> None:
+    def _next(self) -> Entry:
+        critical = [entry for entry in self.waiting if entry.critical]
+        if critical:
+            return critical[0]
+        return self.waiting[-1] if self.lifo else self.waiting[0]
+
+    def _grant(self, now: int) -> None:
+        """Hand free slots to the next waiting entries while they may start."""
         while self.waiting:
-            entry = self.waiting.pop() if self.lifo else self.waiting.pop(0)
+            entry = self._next()
+            if not self.may_start(entry.critical):
+                return
+            self.waiting.remove(entry)
             self._count("queued", -1)
             if now >= entry.deadline_ns:
                 self._count("expired_in_queue")
-                self.reports.append(entry.item)
+                self.reports.append((entry.item, REASON_EXPIRED_IN_QUEUE))
                 continue
+            self._count("in_flight")
+            self.critical_in_flight += entry.critical
             self._count("assigned")
             self.ready.append(entry)
-            return
+
+    def _free_slot(self, critical: bool, now: int) -> None:
+        self.critical_in_flight -= critical
         self._count("in_flight", -1)
+        self._grant(now)
 
     def put(self, entry: Entry, now: int) -> None:
-        if self._admit(entry.deadline_ns, now):
+        if self._admit(entry.deadline_ns, now, entry.critical):
             self._count("assigned")
             self.ready.append(entry)
         else:
             self.waiting.append(entry)
             self._count("queued")
 
-    def acquire(self, deadline_ns: int, now: int) -> None:
-        if self._admit(deadline_ns, now):
+    def acquire(self, deadline_ns: int, now: int, critical: bool) -> int:
+        if self._admit(deadline_ns, now, critical):
             self._count("started")
-            return
+            self._count("critical_started", critical)
+            return now
         raise AssertionError("the machine must never make a gate arrival that waits")
 
     def get(self, now: int) -> int:
@@ -181,28 +241,33 @@ class QueueModel:
             self._count("assigned", -1)
             if now >= entry.deadline_ns:
                 self._count("expired_in_queue")
-                self.reports.append(entry.item)
-                self._hand_over(now)
+                self.reports.append((entry.item, REASON_EXPIRED_IN_QUEUE))
+                self._free_slot(entry.critical, now)
                 continue
             self._count("started")
+            self._count("critical_started", entry.critical)
             self._count("queue_wait_ns_total", now - entry.enqueued_ns)
             return entry.item
         if self.shut and not self.waiting:
             raise StepRefused(raised(ShutDown))
         raise StepRefused(raised(queue.Empty))
 
-    def release(self, now: int) -> None:
+    def release(self, now: int, held: Held | None, sampled: bool) -> None:
         if self.held <= 0:
             raise StepRefused(raised(ValueError))
+        assert held is not None
         self._count("completed")
-        self._hand_over(now)
+        if sampled and self.vegas is not None:
+            # The in_flight the sample sees includes the slot being released.
+            self.limit = self.vegas.sample(max(0, now - held.started_ns), self.counters["in_flight"])
+        self._free_slot(held.critical, now)
 
     def expire_overdue(self, now: int) -> int:
         overdue = [entry for entry in self.waiting if now >= entry.deadline_ns]
         self.waiting = [entry for entry in self.waiting if now < entry.deadline_ns]
         self._count("queued", -len(overdue))
         self._count("expired_in_queue", len(overdue))
-        self.reports.extend(entry.item for entry in overdue)
+        self.reports.extend((entry.item, REASON_EXPIRED_IN_QUEUE) for entry in overdue)
         return len(overdue)
 
     def cancel(self, item: int) -> bool:
@@ -234,11 +299,14 @@ class QueueModel:
 class LockstepMachine(RuleBasedStateMachine):
     """Drives two twins and the model with the same steps on one fake clock.
 
-    Subclassed per run by ``lockstep_machine`` to set the twins and the order.
+    Subclassed per run by ``lockstep_machine`` to set the twins, the order,
+    the limit policy and the callback (``on_expired`` or ``on_dropped``).
     """
 
     twin_classes: tuple[QueueClass, QueueClass]
     order: str
+    limit: str
+    callback: str
 
     def __init__(self) -> None:
         super().__init__()
@@ -248,15 +316,45 @@ class LockstepMachine(RuleBasedStateMachine):
         self.deadlines: dict[int, int] = {}
         # The very objects put, so cancel() can find them by identity.
         self.items: list[int] = []
+        self.critical_items: set[int] = set()
+        # Slots started (gate) or taken (get) and not yet given back.
+        self.held: list[Held] = []
 
-    @initialize(max_concurrency=st.integers(1, 3), max_queue=st.integers(0, 4))
-    def create(self, max_concurrency: int, max_queue: int) -> None:
+    @initialize(data=st.data(), max_queue=st.integers(0, 4))
+    def create(self, data: st.DataObject, max_queue: int) -> None:
+        vegas = self.limit == "vegas"
+        # Above 4 under Vegas, so the limit (starting at 4) has room to grow.
+        max_concurrency = data.draw(st.integers(1, 7 if vegas else 4), label="max_concurrency")
+        reserved = data.draw(st.integers(0, max_concurrency - 1), label="reserved")
+        floor = data.draw(st.integers(1, max_concurrency), label="min_concurrency") if vegas else 1
         self.reports: tuple[list[Any], list[Any]] = ([], [])
-        self.queues: list[AdmissionQueue] = [
-            twin(max_concurrency, max_queue, order=self.order, on_expired=reports.append)
-            for twin, reports in zip(self.twin_classes, self.reports)
-        ]
-        self.model = QueueModel(max_concurrency, max_queue, self.order)
+        self.queues: list[AdmissionQueue] = []
+        for twin, reports in zip(self.twin_classes, self.reports):
+            callbacks: dict[str, Any] = (
+                {"on_expired": reports.append}
+                if self.callback == "on_expired"
+                else {"on_dropped": lambda item, error, reports=reports: reports.append((item, error.reason))}
+            )
+            self.queues.append(
+                twin(
+                    max_concurrency,
+                    max_queue,
+                    order=self.order,
+                    limit=self.limit,
+                    min_concurrency=floor,
+                    reserved=reserved,
+                    **callbacks,
+                )
+            )
+        self.model = QueueModel(
+            max_concurrency, max_queue, self.order, vegas=vegas, min_concurrency=floor, reserved=reserved
+        )
+
+    def expected_reports(self) -> list[Any]:
+        if self.callback == "on_dropped":
+            return list(self.model.reports)
+        # on_expired hears about expired items only, never about evicted ones.
+        return [item for item, reason in self.model.reports if reason != REASON_EVICTED]
 
     def step(self, operation: Callable[[AdmissionQueue], Any], model_step: Callable[[], Any]) -> Outcome:
         """Apply one operation to both twins and the model; all three must agree."""
@@ -266,7 +364,7 @@ class LockstepMachine(RuleBasedStateMachine):
         for q, reports in zip(self.queues, self.reports):
             reports.clear()
             assert outcome_of(partial(operation, q)) == expected, f"{q!r} disagrees with the model"
-            assert reports == self.model.reports, f"{q!r} reported other expired items"
+            assert reports == self.expected_reports(), f"{q!r} reported other dropped items"
         return expected
 
     def deadline(self, budget_ms: int | None) -> tuple[Deadline | None, int]:
@@ -277,16 +375,18 @@ class LockstepMachine(RuleBasedStateMachine):
 
     # -- work-queue face ---------------------------------------------------------
 
-    @rule(budget_ms=BUDGETS_MS)
-    def put(self, budget_ms: int | None) -> None:
+    @rule(budget_ms=BUDGETS_MS, critical=st.booleans())
+    def put(self, budget_ms: int | None, critical: bool) -> None:
         deadline, deadline_ns = self.deadline(budget_ms)
         item, now = self.next_item, self.clock.ns
         self.next_item += 1
         self.items.append(item)
         self.deadlines[item] = deadline_ns
+        if critical:
+            self.critical_items.add(item)
         self.step(
-            lambda q: q.put(item, deadline, now_ns=now),
-            lambda: self.model.put(Entry(item, deadline_ns, now), now),
+            lambda q: q.put(item, deadline, critical=critical, now_ns=now),
+            lambda: self.model.put(Entry(item, deadline_ns, now, critical), now),
         )
 
     @rule(nowait=st.booleans())
@@ -299,13 +399,20 @@ class LockstepMachine(RuleBasedStateMachine):
         if outcome[0] == "returned":
             # Invariant 1: a returned item starts strictly before its deadline.
             assert now < self.deadlines[outcome[1]]
+            self.held.append(Held(outcome[1] in self.critical_items, now))
 
-    @rule(as_task_done=st.booleans())
-    def finish(self, as_task_done: bool) -> None:
+    @rule(data=st.data(), as_task_done=st.booleans(), sampled=st.booleans())
+    def finish(self, data: st.DataObject, as_task_done: bool, sampled: bool) -> None:
         now = self.clock.ns
+        held = self.held.pop(data.draw(st.integers(0, len(self.held) - 1), label="slot")) if self.held else None
+        keywords: dict[str, Any] = {"now_ns": now}
+        if held is not None:
+            keywords["critical"] = held.critical
+            if sampled:
+                keywords["started_ns"] = held.started_ns
         self.step(
-            (lambda q: q.task_done(now_ns=now)) if as_task_done else (lambda q: q.release(now_ns=now)),
-            lambda: self.model.release(now),
+            (lambda q: q.task_done(**keywords)) if as_task_done else (lambda q: q.release(**keywords)),
+            lambda: self.model.release(now, held, sampled),
         )
 
     @precondition(lambda self: self.items)
@@ -321,13 +428,47 @@ class LockstepMachine(RuleBasedStateMachine):
 
     # -- gate face, only where it cannot block ----------------------------------------
 
-    @rule(budget_ms=BUDGETS_MS)
-    def acquire(self, budget_ms: int | None) -> None:
+    @rule(budget_ms=BUDGETS_MS, critical=st.booleans())
+    def acquire(self, budget_ms: int | None, critical: bool) -> None:
         deadline, deadline_ns = self.deadline(budget_ms)
         now = self.clock.ns
-        if self.model.would_wait(deadline_ns, now):
+        if self.model.would_wait(deadline_ns, now, critical):
             return
-        self.step(lambda q: q.acquire(deadline, now_ns=now), lambda: self.model.acquire(deadline_ns, now))
+        outcome = self.step(
+            lambda q: q.acquire(deadline, critical=critical, now_ns=now),
+            lambda: self.model.acquire(deadline_ns, now, critical),
+        )
+        if outcome[0] == "returned":
+            assert outcome[1] == now, "acquire() returns the start time"
+            self.held.append(Held(critical, now))
+
+    @precondition(lambda self: self.limit == "vegas")
+    @rule(slots=st.integers(1, 7), service_ms=st.lists(st.integers(0, 40), min_size=1, max_size=4))
+    def serve_burst(self, slots: int, service_ms: list[int]) -> None:
+        """Take up to ``slots`` slots at once, then give them back with service-time samples.
+
+        The Vegas limit moves once per 16 samples and only grows when the
+        demand reaches half of it: bursts get there within a run.
+        """
+        started: list[Held] = []
+        for _ in range(slots):
+            now = self.clock.ns
+            if self.model.would_wait(NO_DEADLINE_NS, now, False):
+                break
+            outcome = self.step(
+                partial(lambda q, now: q.acquire(now_ns=now), now=now),
+                partial(self.model.acquire, NO_DEADLINE_NS, now, False),
+            )
+            if outcome[0] != "returned":
+                break
+            started.append(Held(False, now))
+        for index, held in enumerate(started):
+            self.clock.advance(service_ms[index % len(service_ms)])
+            now = self.clock.ns
+            self.step(
+                partial(lambda q, now, start: q.release(started_ns=start, now_ns=now), now=now, start=held.started_ns),
+                partial(self.model.release, now, held, True),
+            )
 
     # -- time and lifecycle -------------------------------------------------------------
 
@@ -350,9 +491,11 @@ class LockstepMachine(RuleBasedStateMachine):
         reference, candidate = (q.stats() for q in self.queues)
         assert reference == candidate
         assert {name: reference[name] for name in COUNTER_NAMES} == self.model.counters
+        assert reference["limit"] == self.model.limit
         for q in self.queues:
             assert q.qsize() == self.model.counters["queued"]
             assert q.is_shutdown == self.model.shut
+            assert q.limit == self.model.limit
 
     @invariant()
     def bounds_conservation_and_no_stranded_waiter(self) -> None:
@@ -360,15 +503,23 @@ class LockstepMachine(RuleBasedStateMachine):
         assert 0 <= stats["in_flight"] <= stats["max_concurrency"]
         assert 0 <= stats["queued"] <= stats["max_queue"]
         assert 0 <= stats["assigned"] <= stats["in_flight"]
+        assert self.model.vegas is None or self.model.vegas.min_limit <= stats["limit"] <= stats["max_concurrency"]
         assert_conservation(stats)
-        if stats["in_flight"] < stats["max_concurrency"]:
+        # Work conservation w.r.t. the current limit and the reservation.
+        for entry in self.model.waiting:
+            assert not self.model.may_start(entry.critical), f"a waiter that may start is stranded: {stats}"
+        if stats["in_flight"] < stats["limit"] - self.model.reserved:
             assert stats["queued"] == 0, f"an idle slot while entries wait: {stats}"
 
 
-def lockstep_machine(twins: tuple[QueueClass, QueueClass], line_order: str) -> type[LockstepMachine]:
+def lockstep_machine(
+    twins: tuple[QueueClass, QueueClass], line_order: str, limit_policy: str = "fixed", reporting: str = "on_expired"
+) -> type[LockstepMachine]:
     class Lockstep(LockstepMachine):
         twin_classes = twins
         order = line_order
+        limit = limit_policy
+        callback = reporting
 
     return Lockstep
 
@@ -378,4 +529,23 @@ def test_twins_agree_with_each_other_and_the_model(twin_pair: tuple[QueueClass, 
     run_state_machine_as_test(
         lockstep_machine(twin_pair, order),
         settings=settings(max_examples=200, stateful_step_count=50, deadline=None),
+    )
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_twins_agree_under_priority_classes_with_on_dropped(
+    twin_pair: tuple[QueueClass, QueueClass], order: str
+) -> None:
+    run_state_machine_as_test(
+        lockstep_machine(twin_pair, order, reporting="on_dropped"),
+        settings=settings(max_examples=150, stateful_step_count=60, deadline=None),
+    )
+
+
+@pytest.mark.parametrize("order", ["fifo", "lifo"])
+def test_twins_agree_under_the_vegas_limit(twin_pair: tuple[QueueClass, QueueClass], order: str) -> None:
+    # Longer runs: the limit moves once per window of 16 service-time samples.
+    run_state_machine_as_test(
+        lockstep_machine(twin_pair, order, limit_policy="vegas", reporting="on_dropped"),
+        settings=settings(max_examples=100, stateful_step_count=200, deadline=None),
     )
