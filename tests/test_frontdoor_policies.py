@@ -10,6 +10,7 @@ so many ms".
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import socket
 import threading
@@ -23,6 +24,7 @@ from _server_harness import CLIENT_TIMEOUT_S, Burst, Outcome, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
+from prazo.bindings.servers.settings import ServerSettings
 
 pytestmark = pytest.mark.slow
 
@@ -361,6 +363,34 @@ def test_a_fixed_limit_is_the_thread_count(start: Any) -> None:
 
 
 # -- the options --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySettings(ServerSettings):
+    """ServerSettings carrying queue-policy fields, as ``prazo serve`` builds them from its flags."""
+
+    order: str = "lifo"
+    critical_paths: tuple[str, ...] = ("/critical",)
+
+
+def test_the_policy_fields_of_the_settings_configure_the_front_door(start: Any) -> None:
+    app = Recorder()
+    server = start(app, settings=PolicySettings(threads=1, max_queue=4), threads=None, max_queue=None)
+    assert (server.policies["order"], server.policies["critical_paths"]) == ("lifo", ("/critical",))
+    held = hold_worker(server, app)
+    waiters = [enqueue(server, path) for path in ("/b", "/c", "/critical")]
+    app.release.set()
+    assert [outcome_of(b).status for b in (held, *waiters)] == [200] * 4
+    assert app.paths == ["/hold", "/critical", "/c", "/b"]
+    assert settled(server)["critical_started"] == 1
+
+
+def test_create_server_arguments_win_over_the_settings() -> None:
+    server = create_server(Recorder(), port=0, settings=PolicySettings(threads=2, max_queue=1), order="fifo")
+    try:
+        assert (server.policies["order"], server.policies["critical_paths"]) == ("fifo", ("/critical",))
+    finally:
+        server.shutdown(1.0)
 
 
 @pytest.mark.parametrize(
