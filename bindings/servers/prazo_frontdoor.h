@@ -658,8 +658,36 @@ static void fd_line_dropped_wake(struct fd_server *srv)
         pthread_cond_broadcast(&srv->ready);
 }
 
-/* Is this head of the critical class? Its raw path (before '?', not
- * percent-decoded) is one of cfg.critical_paths, or cfg.critical_header says "critical". */
+static int fd_hex(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch |= 0x20;
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* 1 when the raw path, percent-decoded as urllib's unquote_to_bytes does it
+ * (a '%' not followed by two hex digits stays as it is), is `want`. */
+static int fd_decoded_path_is(const char *raw, size_t n, const char *want, size_t want_len)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++, j++) {
+        unsigned char ch = (unsigned char)raw[i];
+        int hi = ch == '%' && i + 2 < n ? fd_hex((unsigned char)raw[i + 1]) : -1;
+        int lo = hi >= 0 ? fd_hex((unsigned char)raw[i + 2]) : -1;
+        if (lo >= 0) {
+            ch = (unsigned char)(hi * 16 + lo);
+            i += 2;
+        }
+        if (j >= want_len || (unsigned char)want[j] != ch)
+            return 0;
+    }
+    return j == want_len;
+}
+
+/* Is this head of the critical class? Its path (what the workers' PATH_INFO
+ * holds: before '?', percent-decoded) is one of cfg.critical_paths, or
+ * cfg.critical_header says "critical". */
 static int fd_is_critical(const struct fd_server *srv, const struct fd_conn *c)
 {
     if (srv->cfg.critical_header) {
@@ -693,7 +721,7 @@ static int fd_is_critical(const struct fd_server *srv, const struct fd_conn *c)
             len = (size_t)(q - path);
         for (const char *p = srv->cfg.critical_paths, *end = p + srv->cfg.critical_paths_len; len && p < end;) {
             size_t plen = strlen(p);
-            if (plen == len && memcmp(p, path, len) == 0)
+            if (fd_decoded_path_is(path, len, p, plen))
                 return 1;
             p += plen + 1;
         }
