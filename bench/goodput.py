@@ -4,7 +4,16 @@ Usage::
 
     prazo bench goodput [--quick] [--json] [--plot FILE.png]
         [--servers waitress,prazo-waitress,...] [--apps cpu,io] [--loads 0.5,1,2,3,5,10] [--seconds 4]
+        [--workload steady,mixed,drop] [--drop-seconds 30]
     prazo bench goodput --target 127.0.0.1:8000 --app cpu [--stats-dir DIR] [--name mine]
+
+**Workloads** (issue 11; ``prazo.bench.goodput_workloads`` says exactly how
+each is cut and what its goodput % is of): ``steady`` (the default: one 1 s
+budget), ``mixed`` (half the clients 200 ms, half 2 s; figures per class),
+``drop`` (the app 3x slower in the middle third of a 30 s window; figures per
+third). **Policies**: ``<server>+<policy>`` runs a prazo server with one of
+``POLICIES`` (``prazo-waitress+adaptive``, ``frontdoor+best``, ...); those are
+not in the default run, name them with ``--servers``.
 
 **Measuring a server that is already running** (a front-door prototype, say):
 start it on any port with one of the two apps, ``prazo.bench.goodput_apps:cpu``
@@ -32,7 +41,8 @@ not the backlog a stock server works off after the load stops).
 
 Columns: ``goodput/s`` = complete 200s within the client's budget per second
 of the window; ``good%`` = that as a share of the capacity measured in the
-same run (it can pass 100 by the noise of the capacity run); ``late%`` = app
+same run (it can pass 100 by the noise of the capacity run); ``late`` = the
+count of app runs finished in the window after their client's deadline, and ``late%`` = app
 runs finished in the window after their client's deadline — wasted work,
 exact for every server (the client's give-up time travels in a bench-only
 header, on the machine's shared monotonic clock); ``late(srv)%`` = finished
@@ -40,7 +50,8 @@ after the deadline the server itself knew (``prazo.deadline``; on a stock
 server the time it handed the request to the app plus the budget header —
 this UNDER-counts, the app cannot see the time spent in the kernel's backlog
 or the server's queue); ``p99`` = 99th percentile latency of the good
-answers; then what the others got: ``503``, ``504``, ``408`` (refusals, by
+answers, and ``p99x`` = that / the unloaded p99 (one client, one request at a
+time, on the same server); then what the others got: ``503``, ``504``, ``408`` (refusals, by
 reason in the JSON), ``t/o`` (no answer within the budget: the client gave
 up), ``err`` (connection refused/reset or closed without an answer); ``lag``
 = the load generator's p99 lateness in sending, and ``gen cpu`` its CPU use
@@ -54,6 +65,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -72,12 +84,25 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from prazo.bench.goodput_apps import ENV_STATS_DIR, read_stats
+from prazo.bench.goodput_apps import ENV_STATS_DIR, read_stats, write_slowdown
+from prazo.bench.goodput_workloads import (
+    DROP_FACTOR,
+    MIXED,
+    WORKLOADS,
+    Phase,
+    class_of,
+    drop_phases,
+    loadgen_arguments,
+    percentile,
+    slice_figures,
+    timeline,
+)
 from prazo.bench.loadgen import OUTCOMES, LoadResult, run_in_subprocess
 
 __all__ = [
     "APPS",
     "DRAIN_S",
+    "POLICIES",
     "SERVERS",
     "GoodputSettings",
     "NoCapacity",
@@ -85,8 +110,11 @@ __all__ = [
     "ServerSpec",
     "add_bench_goodput_arguments",
     "bench_goodput",
+    "load_points",
     "percentile",
     "plot",
+    "plot_paths",
+    "policy_environment",
     "render_table",
     "run_bench_goodput",
     "summarize",
@@ -125,9 +153,18 @@ class GoodputSettings:
     capacity_budget_ms: float = 10_000.0
     max_requests: int = 50_000
     seed: int = 1
+    workloads: tuple[str, ...] = ("steady",)
+    # The drop workload's measured window: a third at full speed, a third with
+    # the app DROP_FACTOR x slower, a third to recover; and its loads (None: ``loads``).
+    drop_seconds: float = 30.0
+    drop_loads: tuple[float, ...] | None = None
+
+    def loads_of(self, workload: str) -> tuple[float, ...]:
+        """The offered loads of ``workload`` (drop points are long: they may have loads of their own)."""
+        return self.drop_loads if workload == "drop" and self.drop_loads else self.loads
 
 
-QUICK = GoodputSettings(loads=QUICK_LOADS, seconds=2.5, capacity_seconds=1.0)
+QUICK = GoodputSettings(loads=QUICK_LOADS, seconds=2.5, capacity_seconds=1.0, drop_seconds=9.0)
 
 
 # -- the servers ------------------------------------------------------------------
@@ -176,28 +213,90 @@ def _stock_waitress(app: str, port: int, s: GoodputSettings) -> Process:
     return Process(_python("-m", "waitress", f"--listen=127.0.0.1:{port}", f"--threads={s.threads}", app))
 
 
-def _prazo_serve(server: str) -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
+def _prazo_serve(server: str, policy: str = "") -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
     def processes(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
         argv = _python(
             "-m", "prazo.bindings.servers.serve", app, "--server", server, "--host", "127.0.0.1",
             "--port", str(port), "--threads", str(s.threads), "--max-queue", str(s.max_queue),
-            "--shutdown-timeout", "1",
+            "--shutdown-timeout", "1", *POLICIES.get(policy, ()),
         )  # fmt: skip
         return [Process(argv)]
 
     return processes
 
 
-def _gunicorn(worker: str) -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
+def _gunicorn(worker: str, policy: str = "") -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
     def processes(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
         argv = _python(
             "-m", "gunicorn", "-k", worker, "--threads", str(s.threads), "--workers", "1",
             "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "1", "--no-control-socket",
             "--log-level", "warning", app,
         )  # fmt: skip
-        return [Process(argv, {"PRAZO_MAX_QUEUE": str(s.max_queue)})]
+        return [Process(argv, {"PRAZO_MAX_QUEUE": str(s.max_queue), **policy_environment(policy)})]
 
     return processes
+
+
+# The queue policies of issue 11 as `prazo serve` options, one configuration
+# each, measured beside the plain fixed FIFO queue: `<server>+<policy>`.
+POLICIES: dict[str, tuple[str, ...]] = {
+    # Doomed-work skip: answer 504 at once a request whose remaining budget is
+    # under the live p90 of this queue's service times.
+    "doomed": ("--expected-service-ms", "p90"),
+    # Adaptive LIFO + CoDel (Fail at Scale), at the contract's defaults
+    # (target 5 ms, interval 100 ms).
+    "adaptive": ("--order", "adaptive"),
+    # The Vegas adaptive concurrency limit, between 1 and --threads.
+    "vegas": ("--limit", "vegas", "--min-concurrency", "1"),
+    # The pick, from the preliminary pass (NOTES-bench-policies.md): adaptive
+    # LIFO is what holds goodput and p99 on mixed budgets and through a drop;
+    # a CoDel target near the service time (50 ms, not 5) sheds less at 1x;
+    # the doomed skip costs nothing and stops starting dead work. Not Vegas:
+    # it read the app's 3x slowdown as queueing and cut the limit, 13 % goodput in the drop.
+    "best": ("--order", "adaptive", "--codel-target-ms", "50", "--expected-service-ms", "p90"),
+}
+POLICY_TITLES = {
+    "doomed": "doomed-work skip, learned p90",
+    "adaptive": "adaptive LIFO + CoDel",
+    "vegas": "Vegas adaptive limit",
+    "best": "adaptive LIFO + CoDel (target 50 ms) + doomed-work skip (p90)",
+}
+
+
+def policy_environment(policy: str) -> dict[str, str]:
+    """``POLICIES[policy]`` as the ``PRAZO_*`` environment variables (for servers started without ``prazo serve``)."""
+    options = POLICIES.get(policy, ())
+    return {
+        "PRAZO_" + flag.removeprefix("--").replace("-", "_").upper(): value
+        for flag, value in zip(options[::2], options[1::2])
+    }
+
+
+def _serve_knows(policy: str) -> Callable[[], str | None]:
+    def unavailable() -> str | None:
+        from prazo.bindings.servers.serve import build_serve_parser
+
+        try:
+            _, unknown = build_serve_parser().parse_known_args([*POLICIES[policy], "m:app"])
+        except SystemExit:
+            unknown = list(POLICIES[policy])
+        return None if not unknown else f"`prazo serve` has no {' '.join(POLICIES[policy])} on this branch"
+
+    return unavailable
+
+
+def _front_door_policies() -> str | None:
+    # `prazo serve` may know the flags while the front door does not read them
+    # (it would silently measure the plain FIFO queue under a policy's name).
+    from prazo.bindings.servers.frontdoor import create_server
+
+    if "order" in inspect.signature(create_server).parameters:
+        return None
+    return "the front door takes no queue policies on this branch"
+
+
+def _both(*checks: Callable[[], str | None]) -> Callable[[], str | None]:
+    return lambda: next((why for why in (check() for check in checks) if why is not None), None)
 
 
 def _granian(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
@@ -250,6 +349,31 @@ def _haproxy_label(queue_timeout: str) -> Callable[[], str]:
 
 _waitress_ok = _missing_module("waitress", "pip install 'prazo[servers]'")
 _gunicorn_ok = _missing_module("gunicorn", "pip install 'prazo[servers]'")
+_PRAZO_WORKER = "prazo.bindings.servers.gunicorn.AdmissionWorker"
+
+
+def _policy_specs() -> list[ServerSpec]:
+    """``<server>+<policy>`` for each prazo server and each of ``POLICIES`` (not in the default run)."""
+    bases: list[tuple[str, str, Callable[[str], Callable[[str, int, GoodputSettings, Path], list[Process]]], Any]] = [
+        ("prazo-waitress", "prazo waitress embedding", lambda p: _prazo_serve("waitress", p), _waitress_ok),
+        ("prazo-gunicorn", "prazo gunicorn AdmissionWorker", lambda p: _gunicorn(_PRAZO_WORKER, p), _gunicorn_ok),
+        ("frontdoor", "prazo front door", lambda p: _prazo_serve("prazo", p), _both(_no_front_door, _front_door_policies)),
+    ]
+    return [
+        ServerSpec(
+            f"{base}+{policy}",
+            _fixed(f"{title} + {POLICY_TITLES[policy]}"),
+            processes(policy),
+            _both(installed, _serve_knows(policy)),
+            default=False,
+        )
+        for base, title, processes, installed in bases
+        for policy in POLICIES
+    ]
+
+
+def _fixed(text: str) -> Callable[[], str]:
+    return lambda: text
 
 # The comparison, in table order. Adding a server is one entry here.
 SERVERS: dict[str, ServerSpec] = {
@@ -268,7 +392,7 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec(
             "prazo-gunicorn",
             lambda: "prazo gunicorn AdmissionWorker",
-            _gunicorn("prazo.bindings.servers.gunicorn.AdmissionWorker"),
+            _gunicorn(_PRAZO_WORKER),
             _gunicorn_ok,
         ),
         ServerSpec("frontdoor", lambda: "prazo front door", _prazo_serve("prazo"), _no_front_door),
@@ -280,6 +404,7 @@ SERVERS: dict[str, ServerSpec] = {
         ),
         ServerSpec("haproxy", _haproxy_label("200ms"), _haproxy(200), _no_haproxy),
         ServerSpec("haproxy-1s", _haproxy_label("1s"), _haproxy(1000), _no_haproxy, default=False),
+        *_policy_specs(),
     )
 }
 
@@ -356,14 +481,6 @@ def started(spec: ServerSpec, app: str, settings: GoodputSettings) -> Iterator[_
 # -- one point --------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """The nearest-rank percentile (``fraction`` in 0..1) of ``values``, None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
-
-
 @dataclass
 class PointResult:
     """One server x app x load: what the clients got and what the app did."""
@@ -391,6 +508,18 @@ class PointResult:
     loadgen_kept_schedule: bool
     loadgen_niceness: int
     load_avg_1m: float
+    workload: str = "steady"
+    # p99 of one client at a time on the same server; p99_ms / it.
+    unloaded_p99_ms: float | None = None
+    p99_ratio: float | None = None
+    # App runs that finished after their client had given up (count; late_runs_pct is its share).
+    late_runs: int | None = None
+    # drop: the capacity with the app slowed down.
+    slow_capacity_per_s: float | None = None
+    # mixed: one entry per budget class; drop: one per phase (slice_figures).
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # drop: good answers per second and their p99 in 1 s bins of the window (``timeline``).
+    timeline: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -411,21 +540,63 @@ def summarize(
     seconds: float,
     budget_ms: float,
     warmup_s: float = 0.0,
+    workload: str = "steady",
+    unloaded_p99_ms: float | None = None,
+    slow_capacity_per_s: float | None = None,
+    phase_stats: dict[str, dict[str, int] | None] | None = None,
 ) -> PointResult:
     """The point's figures from the generator's records and the app's counters (None: not measured).
 
     Only requests scheduled in the window ``[warmup_s, warmup_s + seconds)``
     count: the first arrivals meet an empty server, whose queue fills with
-    requests that are answered in time for free, once.
+    requests that are answered in time for free, once. ``workload="mixed"``:
+    a request is good within its class's budget, and ``slices`` has each
+    class against its share of the capacity; ``"drop"``: the phases of
+    ``drop_phases(seconds)`` by scheduled time, ``phase_stats`` the app's
+    counters over each, and the whole window's capacity is the time-weighted
+    mean of ``capacity_per_s`` and ``slow_capacity_per_s``.
     """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
     start_ns, end_ns = int(warmup_s * 1e9), int((warmup_s + seconds) * 1e9)
     records = [r for r in load.records if start_ns <= r[0] < end_ns]
-    good_latencies = [r[4] / 1e6 for r in records if r[5] == "ok" and r[4] <= budget_ms * 1e6]
+    budget_ns = budget_ms * 1e6
+
+    def budget_ns_of(record: Sequence[Any]) -> float:
+        budget_class = class_of(record[6]) if workload == "mixed" and len(record) > 6 else None
+        return budget_ns if budget_class is None else budget_class.budget_ms * 1e6
+
+    slices: dict[str, dict[str, Any]] = {}
+    whole_capacity = capacity_per_s
+    slow = slow_capacity_per_s if slow_capacity_per_s is not None else capacity_per_s / DROP_FACTOR
+    if workload == "mixed":
+        for budget_class in MIXED:
+            members = [r for r in records if len(r) > 6 and class_of(r[6]) == budget_class]
+            slices[budget_class.name] = {
+                "budget_ms": budget_class.budget_ms,
+                "share": budget_class.share,
+                **slice_figures(
+                    members, seconds, capacity_per_s * budget_class.share, budget_ns_of, unloaded_p99_ms
+                ),
+            }
+    elif workload == "drop":
+        phases = drop_phases(seconds)
+        whole_capacity = sum((slow if ph.slow else capacity_per_s) * (ph.end_s - ph.start_s) for ph in phases) / seconds
+        for phase in phases:
+            lo, hi = start_ns + int(phase.start_s * 1e9), start_ns + int(phase.end_s * 1e9)
+            slices[phase.name] = slice_figures(
+                [r for r in records if lo <= r[0] < hi],
+                phase.end_s - phase.start_s,
+                slow if phase.slow else capacity_per_s,
+                budget_ns_of,
+                unloaded_p99_ms,
+                (phase_stats or {}).get(phase.name),
+            )
+    whole = slice_figures(records, seconds, whole_capacity, budget_ns_of, unloaded_p99_ms, app_stats)
     outcomes = Counter(r[5] for r in records)
     refusals = Counter(f"{r[2]} {r[3]}".strip() for r in records if r[5] == "refused")
     errors = Counter(str(r[3]) for r in records if r[5] == "error")
     lag_p99 = percentile([(r[1] - r[0]) / 1e6 for r in load.records], 0.99)
-    goodput = len(good_latencies) / seconds
     runs = app_stats["runs"] if app_stats is not None else None
     return PointResult(
         server=server,
@@ -433,12 +604,12 @@ def summarize(
         offered_x=offered_x,
         capacity_per_s=round(capacity_per_s, 2),
         seconds=seconds,
-        requests=len(records),
-        offered_per_s=round(len(records) / seconds, 2),
-        good=len(good_latencies),
-        goodput_per_s=round(goodput, 2),
-        goodput_pct=None if capacity_per_s <= 0 else round(100 * goodput / capacity_per_s, 1),
-        p99_ms=None if not good_latencies else round(percentile(good_latencies, 0.99) or 0.0, 1),
+        requests=whole["requests"],
+        offered_per_s=whole["offered_per_s"],
+        good=whole["good"],
+        goodput_per_s=whole["goodput_per_s"],
+        goodput_pct=whole["goodput_pct"],
+        p99_ms=whole["p99_ms"],
         outcomes={name: outcomes.get(name, 0) for name in OUTCOMES},
         refusals=dict(refusals),
         errors=dict(errors),
@@ -451,6 +622,13 @@ def summarize(
         loadgen_kept_schedule=lag_p99 is None or lag_p99 <= MAX_LAG_P99_MS,
         loadgen_niceness=load.niceness,
         load_avg_1m=round(os.getloadavg()[0], 2),
+        workload=workload,
+        unloaded_p99_ms=unloaded_p99_ms,
+        p99_ratio=whole["p99_ratio"],
+        late_runs=whole["late_runs"],
+        slow_capacity_per_s=None if workload != "drop" else round(slow, 2),
+        slices=slices,
+        timeline=timeline(records, start_ns, seconds, budget_ns_of) if workload == "drop" else {},
     )
 
 
@@ -491,7 +669,7 @@ class NoCapacity(RuntimeError):
     """The capacity run got no good answer: there is nothing to offer a multiple of."""
 
 
-def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
+def measure_capacity(target: _Target, settings: GoodputSettings, clients: int | None = None) -> float:
     """Answers per second of a closed loop of ``3 x threads`` clients with generous budgets, best of three.
 
     Three per thread keep every thread busy despite a new connection per
@@ -500,7 +678,7 @@ def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
     of the machine can only lower a run's figure, hence the best of three.
     """
     argv = [
-        "--host", target.host, "--port", str(target.port), "--closed", str(3 * settings.threads),
+        "--host", target.host, "--port", str(target.port), "--closed", str(clients or 3 * settings.threads),
         "--seconds", repr(settings.capacity_seconds), "--budget-ms", repr(settings.capacity_budget_ms),
     ]  # fmt: skip
     best = 0.0
@@ -519,59 +697,139 @@ def measure_capacity(target: _Target, settings: GoodputSettings) -> float:
     return best
 
 
+def measure_unloaded_p99(target: _Target, settings: GoodputSettings) -> float | None:
+    """p99 latency (ms) of one client sending one request at a time: the service time with no queueing at all.
+
+    The lowest of ``CAPACITY_RUNS`` runs' p99s: another tenant of the machine
+    can only raise a run's figure (by 100 ms and more for the CPU app on a
+    busy 2-CPU machine, measured), as it can only lower a capacity run's.
+    """
+    argv = [
+        "--host", target.host, "--port", str(target.port), "--closed", "1",
+        "--seconds", repr(settings.capacity_seconds), "--budget-ms", repr(settings.capacity_budget_ms),
+    ]  # fmt: skip
+    p99s = []
+    for _run in range(CAPACITY_RUNS):
+        load = run_in_subprocess(argv, _loadgen_timeout(settings.capacity_seconds, settings.capacity_budget_ms))
+        p99 = percentile([r[4] / 1e6 for r in load.records if r[5] == "ok"], 0.99)
+        if p99 is not None:
+            p99s.append(p99)
+    return round(min(p99s), 1) if p99s else None
+
+
+def measure_slow_capacity(target: _Target, settings: GoodputSettings) -> float:
+    """The capacity with the app ``DROP_FACTOR`` x slower (the drop workload's middle third)."""
+    if target.stats_dir is None:
+        raise ValueError("the drop workload needs the server's stats directory (--stats-dir)")
+    now = time.monotonic_ns()
+    write_slowdown(target.stats_dir, now, now + 3600 * 10**9, DROP_FACTOR)
+    try:
+        return measure_capacity(target, settings)
+    finally:
+        write_slowdown(target.stats_dir, 0, 0, 1.0)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a server does with one app before any load: capacity, unloaded p99, capacity slowed down (drop)."""
+
+    capacity_per_s: float
+    unloaded_p99_ms: float | None
+    slow_capacity_per_s: float | None
+
+
+def measure_baseline(target: _Target, settings: GoodputSettings) -> Baseline:
+    """The capacity, then the unloaded p99, then (when the drop workload is asked for) the slowed capacity.
+
+    Each the best of ``CAPACITY_RUNS`` runs of ``capacity_seconds``.
+    """
+    capacity = measure_capacity(target, settings)
+    unloaded = measure_unloaded_p99(target, settings)
+    slow = measure_slow_capacity(target, settings) if "drop" in settings.workloads else None
+    return Baseline(capacity, unloaded, slow)
+
+
 def run_point(
-    target: _Target, server: str, app: str, offered_x: float, capacity: float, s: GoodputSettings
+    target: _Target,
+    server: str,
+    app: str,
+    offered_x: float,
+    baseline: Baseline,
+    s: GoodputSettings,
+    workload: str = "steady",
 ) -> PointResult:
-    """Offer ``offered_x`` times ``capacity`` to ``target`` open loop; the point's figures.
+    """Offer ``offered_x`` times the capacity to ``target`` open loop, as ``workload`` says; the point's figures.
 
     The app's counters are read when the measured window opens (after the
-    warm-up) and when it closes: the late runs are those of the steady state,
-    not of the server's first second or of the backlog it works off after the
-    load stops. A point whose generator fell behind its schedule is run once
-    more (``attempts``), then reported as it is.
+    warm-up), at each phase boundary (drop) and when it closes: the late runs
+    are those of the steady state, not of the server's first second or of the
+    backlog it works off after the load stops. ``drop``: the slowdown window
+    is written once the load's time zero is known.
     """
-    marks: list[dict[str, int] | None] = [None, None]
+    seconds = s.drop_seconds if workload == "drop" else s.seconds
+    phases: tuple[Phase, ...] = drop_phases(seconds) if workload == "drop" else ()
+    # Counter readings at the window's boundaries, in time order.
+    bounds = sorted({0.0, seconds, *(b for ph in phases for b in (ph.start_s, ph.end_s))})
+    marks: dict[float, dict[str, int] | None] = {}
     argv = [
-        "--host", target.host, "--port", str(target.port), "--rate", repr(offered_x * capacity),
-        "--seconds", repr(s.warmup_s + s.seconds), "--budget-ms", repr(s.budget_ms),
-        "--max-requests", str(s.max_requests), "--seed", str(s.seed),
+        "--host", target.host, "--port", str(target.port), "--rate", repr(offered_x * baseline.capacity_per_s),
+        "--seconds", repr(s.warmup_s + seconds), "--max-requests", str(s.max_requests), "--seed", str(s.seed),
+        *loadgen_arguments(workload, s.budget_ms),
     ]  # fmt: skip
-    load = run_in_subprocess(
-        argv,
-        _loadgen_timeout(s.warmup_s + s.seconds, s.budget_ms),
-        at=(
-            (s.warmup_s, lambda: marks.__setitem__(0, _stats(target))),
-            (s.warmup_s + s.seconds, lambda: marks.__setitem__(1, _stats(target))),
-        ),
-    )
+
+    def on_begin(origin_ns: int) -> None:
+        for phase in phases:
+            if phase.slow and target.stats_dir is not None:
+                at_ns = origin_ns + int((s.warmup_s + phase.start_s) * 1e9)
+                write_slowdown(target.stats_dir, at_ns, at_ns + int((phase.end_s - phase.start_s) * 1e9), DROP_FACTOR)
+
+    try:
+        load = run_in_subprocess(
+            argv,
+            _loadgen_timeout(s.warmup_s + seconds, 2 * max(s.budget_ms, *(c.budget_ms for c in MIXED))),
+            at=[(s.warmup_s + b, lambda b=b: marks.__setitem__(b, _stats(target))) for b in bounds],
+            on_begin=on_begin,
+        )
+    finally:
+        if phases and target.stats_dir is not None:
+            write_slowdown(target.stats_dir, 0, 0, 1.0)
     return summarize(
         load,
-        _delta(marks[1], marks[0]),
+        _delta(marks.get(seconds), marks.get(0.0)),
         server=server,
         app=app,
         offered_x=offered_x,
-        capacity_per_s=capacity,
-        seconds=s.seconds,
+        capacity_per_s=baseline.capacity_per_s,
+        seconds=seconds,
         budget_ms=s.budget_ms,
         warmup_s=s.warmup_s,
+        workload=workload,
+        unloaded_p99_ms=baseline.unloaded_p99_ms,
+        slow_capacity_per_s=baseline.slow_capacity_per_s,
+        phase_stats={ph.name: _delta(marks.get(ph.end_s), marks.get(ph.start_s)) for ph in phases},
     )
 
 
 def run_server_app(
     spec: ServerSpec, app: str, settings: GoodputSettings, progress: Callable[[PointResult], None]
 ) -> list[PointResult]:
-    """Capacity, then every load, each on a fresh server."""
+    """The baseline, then every workload at every load, each point on a fresh server.
+
+    A point whose generator fell behind its schedule is run once more
+    (``ATTEMPTS``), then reported as it is.
+    """
     with started(spec, app, settings) as target:
-        capacity = measure_capacity(target, settings)
+        baseline = measure_baseline(target, settings)
     results = []
-    for offered_x in settings.loads:
-        for _attempt in range(ATTEMPTS):
-            with started(spec, app, settings) as target:
-                result = run_point(target, spec.name, app, offered_x, capacity, settings)
-            if result.loadgen_kept_schedule:
-                break
-        progress(result)
-        results.append(result)
+    for workload in settings.workloads:
+        for offered_x in settings.loads_of(workload):
+            for _attempt in range(ATTEMPTS):
+                with started(spec, app, settings) as target:
+                    result = run_point(target, spec.name, app, offered_x, baseline, settings, workload)
+                if result.loadgen_kept_schedule:
+                    break
+            progress(result)
+            results.append(result)
     return results
 
 
@@ -579,17 +837,18 @@ def run_target(
     target: _Target, name: str, app: str, settings: GoodputSettings, progress: Callable[[PointResult], None]
 ) -> list[PointResult]:
     """The same on a server started by someone else (never restarted: the bench waits between points)."""
-    capacity = measure_capacity(target, settings)
+    baseline = measure_baseline(target, settings)
     _drain(target)
     results = []
-    for offered_x in settings.loads:
-        for _attempt in range(ATTEMPTS):
-            result = run_point(target, name, app, offered_x, capacity, settings)
-            _drain(target)
-            if result.loadgen_kept_schedule:
-                break
-        progress(result)
-        results.append(result)
+    for workload in settings.workloads:
+        for offered_x in settings.loads_of(workload):
+            for _attempt in range(ATTEMPTS):
+                result = run_point(target, name, app, offered_x, baseline, settings, workload)
+                _drain(target)
+                if result.loadgen_kept_schedule:
+                    break
+            progress(result)
+            results.append(result)
     return results
 
 
@@ -604,31 +863,47 @@ def _refusals_of(result: PointResult, status: str) -> int:
     return sum(count for key, count in result.refusals.items() if key.split(" ", 1)[0] == status)
 
 
+_SERVER_WIDTH = 23  # "prazo-gunicorn+adaptive"
 TABLE_HEADER = (
-    f"{'server':<15} {'app':<4} {'load':>5} {'offer/s':>8} {'cap/s':>6} {'goodput/s':>9} {'good%':>6} "
-    f"{'late%':>6} {'late(srv)%':>10} {'p99 ms':>7} {'503':>5} {'504':>5} {'408':>4} {'t/o':>5} {'err':>5} "
-    f"{'lag p99':>8} {'gen cpu':>7}"
+    f"{'server':<{_SERVER_WIDTH}} {'work':<6} {'app':<4} {'load':>5} {'offer/s':>8} {'cap/s':>6} {'goodput/s':>9} "
+    f"{'good%':>6} {'late':>5} {'late%':>6} {'late(srv)%':>10} {'p99 ms':>7} {'p99x':>5} {'503':>5} {'504':>5} "
+    f"{'408':>4} {'t/o':>5} {'err':>5} {'lag p99':>8} {'gen cpu':>7}"
 )
 
 
 def render_row(r: PointResult) -> str:
-    """One table line; a point whose load generator fell behind is flagged ``!!``."""
+    """One table line (and one more per class or phase); a point whose load generator fell behind is flagged ``!!``."""
     flag = "" if r.loadgen_kept_schedule else "  !! LOAD GENERATOR FELL BEHIND: point invalid"
+    late = "-" if r.late_runs is None else str(r.late_runs)
+    line = (
+        f"{r.server:<{_SERVER_WIDTH}} {r.workload:<6} {r.app:<4} {r.offered_x:>4g}x {r.offered_per_s:>8.1f} "
+        f"{r.capacity_per_s:>6.1f} {r.goodput_per_s:>9.1f} {_num(r.goodput_pct):>6} {late:>5} "
+        f"{_num(r.late_runs_pct):>6} {_num(r.late_server_view_pct):>10} {_num(r.p99_ms):>7} "
+        f"{_num(r.p99_ratio):>5} {_refusals_of(r, '503'):>5} {_refusals_of(r, '504'):>5} "
+        f"{_refusals_of(r, '408'):>4} {r.outcomes['timeout']:>5} {r.outcomes['error'] + r.outcomes['status']:>5} "
+        f"{_num(r.loadgen_lag_p99_ms, 2):>6}ms {r.loadgen_cpu_pct:>6.0f}%{flag}"
+    )
+    return "\n".join([line, *(render_slice(name, figures) for name, figures in r.slices.items())])
+
+
+def render_slice(name: str, f: dict[str, Any]) -> str:
+    """A class's (mixed) or a phase's (drop) figures, under its point's line."""
+    budget = f" {f['budget_ms']:g} ms" if "budget_ms" in f else f" {f['seconds']:g} s"
+    late = "" if f.get("late_runs") is None else f", late runs {f['late_runs']} of {f['app_runs']}"
     return (
-        f"{r.server:<15} {r.app:<4} {r.offered_x:>4g}x {r.offered_per_s:>8.1f} {r.capacity_per_s:>6.1f} "
-        f"{r.goodput_per_s:>9.1f} {_num(r.goodput_pct):>6} {_num(r.late_runs_pct):>6} "
-        f"{_num(r.late_server_view_pct):>10} {_num(r.p99_ms):>7} {_refusals_of(r, '503'):>5} "
-        f"{_refusals_of(r, '504'):>5} {_refusals_of(r, '408'):>4} {r.outcomes['timeout']:>5} "
-        f"{r.outcomes['error'] + r.outcomes['status']:>5} {_num(r.loadgen_lag_p99_ms, 2):>6}ms "
-        f"{r.loadgen_cpu_pct:>6.0f}%{flag}"
+        f"{'':>{_SERVER_WIDTH}}   {name}{budget}: goodput {f['goodput_per_s']:.1f}/s = {_num(f['goodput_pct'])} % of "
+        f"{f['capacity_per_s']:.1f}/s, p99 {_num(f['p99_ms'])} ms ({_num(f['p99_ratio'])}x), "
+        f"refused {f['refused']}, t/o {f['timeout']}, err {f['error']}{late}"
     )
 
 
 def render_table(results: Sequence[PointResult], settings: GoodputSettings, labels: dict[str, str]) -> str:
     """The whole report: parameters, one line per point, the servers' names, and the caveats."""
+    classes = ", ".join(f"{c.share:.0%} {c.budget_ms:g} ms" for c in MIXED)
     lines = [
         f"prazo bench goodput: {settings.threads} worker threads, prazo queue {settings.max_queue}, client budget "
-        f"{settings.budget_ms:g} ms, {settings.seconds:g} s of Poisson arrivals per point after "
+        f"{settings.budget_ms:g} ms (mixed: {classes}), {settings.seconds:g} s of Poisson arrivals per point "
+        f"(drop: {settings.drop_seconds:g} s, the app {DROP_FACTOR:g}x slower in the middle third) after "
         f"{settings.warmup_s:g} s of warm-up, capacity: best of {CAPACITY_RUNS} "
         f"{settings.capacity_seconds:g} s closed-loop runs; {os.cpu_count()} CPUs, load average "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -637,15 +912,20 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
     ]
     previous = None
     for r in results:
-        if previous is not None and (r.server, r.app) != previous:
+        if previous is not None and (r.workload, r.server, r.app) != previous:
             lines.append("")
-        previous = (r.server, r.app)
+        previous = (r.workload, r.server, r.app)
         lines.append(render_row(r))
     lines.append("")
-    lines.extend(f"  {name:<15} {label}" for name, label in labels.items())
+    lines.extend(f"  {name:<{_SERVER_WIDTH}} {label}" for name, label in labels.items())
     lines.append(
-        "late% = app runs finished after the client's deadline (exact); late(srv)% = after the deadline the "
-        "server knew — on stock servers it UNDER-counts (the app cannot see time spent in the kernel backlog)."
+        "late = app runs finished after the client's deadline (count), late% = their share of the runs (exact); "
+        "late(srv)% = after the deadline the server knew — on stock servers it UNDER-counts (the app cannot see "
+        "time spent in the kernel backlog). p99x = p99 of the good answers / the unloaded p99 (one client at a time)."
+    )
+    lines.append(
+        "good% is of the closed-loop capacity; a mixed class's of its share of it; drop: the drop third's of the "
+        "capacity measured slowed down, the whole window's of the time-weighted mean."
     )
     behind = [r for r in results if not r.loadgen_kept_schedule]
     if behind:
@@ -656,21 +936,47 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
     return "\n".join(lines)
 
 
-def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> None:
-    """Goodput (% of capacity) against offered load, one panel per app, a line per server.
+# What the dashed line of each workload's goodput panel is: one slice per point.
+PLOT_SLICE = {"mixed": "short", "drop": "drop"}
+PLOT_SLICE_TITLE = {
+    "mixed": "dashed: the 200 ms class, % of its share",
+    "drop": "dashed: inside the drop, % of the slowed capacity",
+}
 
-    The dashed line is the ideal (every answer good up to the capacity, then
-    the capacity); hollow markers are points whose load generator fell behind.
+
+def plot_paths(path: str, workloads: Sequence[str]) -> dict[str, str]:
+    """One PNG per workload: ``path`` itself for one, ``STEM-<workload>.png`` beside it for several."""
+    if len(workloads) == 1:
+        return {workloads[0]: path}
+    target = Path(path)
+    return {w: str(target.with_name(f"{target.stem}-{w}{target.suffix or '.png'}")) for w in workloads}
+
+
+def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], workload: str = "steady") -> None:
+    """``workload``'s points: goodput (% of capacity) and p99 / unloaded p99 against offered load.
+
+    One column per app, a line per server. Goodput: the dashed grey line is
+    the ideal (every answer good up to the capacity, then the capacity); for
+    mixed and drop a dashed line per server is the short class / the drop
+    third (``PLOT_SLICE``). Hollow markers are points whose load generator
+    fell behind.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
+    results = [r for r in results if r.workload == workload]
+    if workload == "drop" and all(r.timeline for r in results):
+        plot_timelines(results, path, labels)
+        return
     apps = list(dict.fromkeys(r.app for r in results))
-    figure, axes = plt.subplots(1, len(apps), figsize=(6.5 * len(apps), 4.8), squeeze=False)
+    figure, axes = plt.subplots(2, len(apps), figsize=(6.5 * len(apps), 8.4), squeeze=False, sharex="col")
     top = max([110.0, *(r.goodput_pct + 5 for r in results if r.goodput_pct is not None)])
-    for axis, app in zip(axes[0], apps):
+    part = PLOT_SLICE.get(workload)
+    for column, app in enumerate(apps):
+        axis, ratio_axis = axes[0][column], axes[1][column]
         loads = sorted({r.offered_x for r in results if r.app == app})
         axis.plot(loads, [100 * min(1.0, x) for x in loads], linestyle="--", color="grey", linewidth=1, label="ideal")
         for server in dict.fromkeys(r.server for r in results if r.app == app):
@@ -681,6 +987,7 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> N
                 marker="o",
                 label=labels.get(server, server),
             )
+            color = line.get_color()
             void = [r for r in points if not r.loadgen_kept_schedule]
             axis.plot(
                 [r.offered_x for r in void],
@@ -689,20 +996,105 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> N
                 marker="o",
                 markersize=10,
                 markerfacecolor="white",
-                color=line.get_color(),
-                markeredgecolor=line.get_color(),
+                color=color,
+                markeredgecolor=color,
             )
-        axis.set_xscale("log")
-        axis.set_xticks(loads, [f"{x:g}x" for x in loads])
-        axis.set_xlabel("offered load (x capacity measured in the same run)")
-        axis.set_ylabel("goodput (% of capacity, answers within 1 s)")
-        axis.set_title(APP_TITLES.get(app, app))
+            if part is not None:
+                sliced = [(r.offered_x, r.slices[part]["goodput_pct"]) for r in points if part in r.slices]
+                if sliced:
+                    axis.plot(*zip(*sliced), linestyle="--", marker=".", color=color, linewidth=1)
+            ratios = [(r.offered_x, r.p99_ratio) for r in points if r.p99_ratio is not None]
+            if ratios:
+                ratio_axis.plot(*zip(*ratios), marker="o", color=color)
+        for each in (axis, ratio_axis):
+            each.set_xscale("log")
+            each.set_xticks(loads, [f"{x:g}x" for x in loads])
+            each.xaxis.set_minor_formatter(NullFormatter())
+        axis.set_ylabel("goodput (% of capacity, answers within their budget)")
+        axis.set_title(f"{APP_TITLES.get(app, app)}, {workload}" + (f"\n{PLOT_SLICE_TITLE[workload]}" if part else ""))
         axis.set_ylim(0, top)
         axis.grid(True, alpha=0.3)
+        ratio_axis.axhline(1.5, linestyle="--", color="grey", linewidth=1)
+        _ratio_scale(ratio_axis)
+        ratio_axis.set_xlabel("offered load (x capacity measured in the same run)")
+        ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
+        ratio_axis.grid(True, alpha=0.3, which="both")
     # One legend under the panels: inside, it would hide the lines at 0 %.
     handles, names = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, names, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.06 + 0.035 * math.ceil(len(names) / 3), 1, 1))
+    columns = 1 if len(apps) == 1 else 3
+    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _ratio_scale(axis: Any) -> None:
+    # p99 ratios span 1-50: log scale, plain numbers at 1, 2, 5, 10, 20, 50.
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    axis.set_yscale("log")
+    axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.yaxis.set_major_formatter(ScalarFormatter())
+    axis.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_timelines(results: Sequence[PointResult], path: str, labels: dict[str, str]) -> None:
+    """Drop points over time: goodput (% of each server's normal capacity) and p99 / unloaded p99, per second.
+
+    One column per app and load, a line per server; the drop third is
+    shaded, the dashed grey line is the ideal (the capacity, slowed in the
+    drop: the first server's measured ratio).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    columns = list(dict.fromkeys((r.app, r.offered_x) for r in results))
+    figure, axes = plt.subplots(2, len(columns), figsize=(6.5 * len(columns), 8.4), squeeze=False, sharex="col")
+    for column, (app, offered_x) in enumerate(columns):
+        axis, ratio_axis = axes[0][column], axes[1][column]
+        points = [r for r in results if r.app == app and r.offered_x == offered_x]
+        phases = drop_phases(points[0].seconds)
+        for each in (axis, ratio_axis):
+            for phase in phases:
+                if phase.slow:
+                    each.axvspan(phase.start_s, phase.end_s, color="grey", alpha=0.12)
+        first = points[0]
+        slowed = 100 * (first.slow_capacity_per_s or 0) / first.capacity_per_s if first.capacity_per_s else 0
+        axis.step(
+            [0.0, *(ph.start_s for ph in phases[1:]), first.seconds],
+            [100.0, *(slowed if ph.slow else 100.0 for ph in phases[1:]), 100.0],
+            where="post",
+            linestyle="--",
+            color="grey",
+            linewidth=1,
+            label="ideal",
+        )
+        for r in points:
+            width = r.timeline["bin_s"][0]
+            centres = [width * (i + 0.5) for i in range(len(r.timeline["good_per_s"]))]
+            share = [100 * g / r.capacity_per_s if r.capacity_per_s else 0 for g in r.timeline["good_per_s"]]
+            (line,) = axis.plot(centres, share, marker=".", label=labels.get(r.server, r.server))
+            ratios = [
+                (t, p / r.unloaded_p99_ms)
+                for t, p in zip(centres, r.timeline["p99_ms"])
+                if p is not None and r.unloaded_p99_ms
+            ]
+            if ratios:
+                ratio_axis.plot(*zip(*ratios), marker=".", color=line.get_color())
+        axis.set_ylabel("goodput (% of the normal capacity, answers within 1 s)")
+        axis.set_title(f"{APP_TITLES.get(app, app)}, drop at {offered_x:g}x\nshaded: the app {DROP_FACTOR:g}x slower")
+        axis.set_ylim(0, max(130.0, *(100 * max(r.timeline["good_per_s"]) / r.capacity_per_s + 5 for r in points)))
+        axis.grid(True, alpha=0.3)
+        ratio_axis.axhline(1.5, linestyle="--", color="grey", linewidth=1)
+        _ratio_scale(ratio_axis)
+        ratio_axis.set_xlabel("seconds into the measured window (scheduled time of the request)")
+        ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
+        ratio_axis.grid(True, alpha=0.3, which="both")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    ncol = 1 if len(columns) == 1 else 3
+    figure.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / ncol), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
@@ -727,7 +1119,12 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", default=False, help=f"loads {','.join(map(str, QUICK_LOADS))} of 2.5 s each"
     )
     parser.add_argument("--json", action="store_true", default=False, help="one JSON object per point on stdout")
-    parser.add_argument("--plot", metavar="FILE.png", default=None, help="goodput vs offered load (needs matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="goodput and p99 ratio vs offered load (needs matplotlib); several workloads: FILE-<workload>.png each",
+    )
     parser.add_argument(
         "--servers",
         default=None,
@@ -735,10 +1132,30 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--apps", default="cpu,io", help="cpu, io or both (default cpu,io)")
     parser.add_argument(
+        "--workload",
+        default="steady",
+        help=f"comma-separated, of {','.join(WORKLOADS)} (default steady; see prazo.bench.goodput_workloads)",
+    )
+    parser.add_argument(
+        "--drop-seconds",
+        type=float,
+        default=None,
+        help="seconds measured per drop point, the app slowed in the middle third (default 30)",
+    )
+    parser.add_argument(
+        "--drop-loads", type=_float_list, default=None, help="the drop workload's loads (default: --loads)"
+    )
+    parser.add_argument(
         "--loads", type=_float_list, default=None, help="multiples of capacity (default 0.5,1,2,3,5,10)"
     )
     parser.add_argument(
         "--seconds", type=float, default=None, help="seconds measured per point, after 1 s of warm-up (default 4)"
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="FILE,...",
+        default=None,
+        help="measure nothing: the table and --plot from the points of earlier --json runs (one JSON object a line)",
     )
     parser.add_argument("--target", metavar="HOST:PORT", default=None, help="measure a server already running")
     parser.add_argument("--app", choices=tuple(APPS), default=None, help="with --target: the app it serves")
@@ -774,12 +1191,20 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
         raise ValueError(f"--apps must name some of {','.join(APPS)}, got {args.apps!r}")
     if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
         raise ValueError(f"--seconds must be a finite number > 0, got {args.seconds}")
+    if args.drop_seconds is not None and not (math.isfinite(args.drop_seconds) and args.drop_seconds > 0):
+        raise ValueError(f"--drop-seconds must be a finite number > 0, got {args.drop_seconds}")
+    workloads = tuple(dict.fromkeys(name.strip() for name in args.workload.split(",") if name.strip()))
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise ValueError(f"--workload must name some of {','.join(WORKLOADS)}, got {args.workload!r}")
     settings = replace(
         settings,
         servers=tuple(servers),
         apps=apps,
         loads=args.loads or settings.loads,
         seconds=args.seconds or settings.seconds,
+        workloads=workloads,
+        drop_seconds=args.drop_seconds or settings.drop_seconds,
+        drop_loads=args.drop_loads,
     )
     return settings, notes
 
@@ -791,13 +1216,55 @@ def _parse_target(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def load_points(paths: Sequence[str]) -> list[PointResult]:
+    """The points of earlier ``--json`` runs (lines that are not a JSON object are skipped); ValueError when none."""
+    points = []
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                if line.lstrip().startswith("{"):
+                    points.append(PointResult(**json.loads(line)))
+    if not points:
+        raise ValueError(f"--from-json: no point in {', '.join(paths)}")
+    return points
+
+
+def _report(
+    results: list[PointResult], settings: GoodputSettings, labels: dict[str, str], args: argparse.Namespace, out: TextIO
+) -> None:
+    if not args.json:
+        print(render_table(results, settings, labels), file=out)
+    if args.plot:
+        workloads = [w for w in WORKLOADS if any(r.workload == w for r in results)]
+        for workload, path in plot_paths(args.plot, workloads).items():
+            plot(results, path, labels, workload)
+            print(f"plot written to {path}", file=sys.stderr)
+
+
 def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     """Run the benchmark as ``args`` (from ``add_bench_goodput_arguments``) say; print the table or JSON."""
+    if args.from_json:
+        try:
+            points = load_points([path for path in args.from_json.split(",") if path])
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
+            return 2
+        known = {name: SERVERS[name].label() if name in SERVERS else name for name in (r.server for r in points)}
+        seconds = {r.workload: r.seconds for r in points}
+        loaded = replace(
+            GoodputSettings(),
+            seconds=seconds.get("steady", seconds.get("mixed", GoodputSettings.seconds)),
+            drop_seconds=seconds.get("drop", GoodputSettings.drop_seconds),
+        )
+        _report(points, loaded, known, argparse.Namespace(json=False, plot=args.plot), out)
+        return 0
     try:
         settings, notes = _settings_from(args)
         target = None if args.target is None else _parse_target(args.target)
         if target is not None and args.app is None:
             raise ValueError("--target needs --app cpu|io (the app that server runs)")
+        if target is not None and "drop" in settings.workloads and args.stats_dir is None:
+            raise ValueError("--workload drop with --target needs --stats-dir (the slowdown schedule is written there)")
     except ValueError as exc:
         print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
         return 2
@@ -827,11 +1294,7 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     except NoCapacity as exc:
         print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
         return 1
-    if not args.json:
-        print(render_table(results, settings, labels), file=out)
-    if args.plot:
-        plot(results, args.plot, labels)
-        print(f"plot written to {args.plot}", file=sys.stderr)
+    _report(results, settings, labels, args, out)
     return 0 if all(r.loadgen_kept_schedule for r in results) else 1
 
 

@@ -25,13 +25,25 @@ without sending it a request that admission might refuse. Per run:
   which under-counts, since the app cannot see how long the request waited
   in the kernel's backlog or the server's own queue;
 * ``started_late``: started after the client's deadline (the client was
-  already gone before the work began).
+  already gone before the work began);
+* ``slowed``: ran inside a slowdown window (below).
 
 Without the variable nothing is recorded.
+
+**A capacity drop on a schedule** (the ``drop`` workload of ``prazo bench
+goodput``). The bench writes a window into ``<dir>/slowdown.bin``
+(``write_slowdown``: start and end on CLOCK_MONOTONIC, shared by every
+process of the machine, and a factor); a run that *starts* inside it does
+``factor`` times its work (30 ms of CPU instead of 10, a 150 ms sleep instead
+of 50). Every process maps the file, so one write reaches every worker of
+every server at once, including a server the bench did not start (``--target``
+with ``--stats-dir``); the window is absolute, so the bench can set it when it
+knows its load's time zero, after the server started.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -46,12 +58,15 @@ __all__ = [
     "ENV_STATS_DIR",
     "GIVE_UP_HEADER",
     "IO_WORK_MS",
+    "SLOWDOWN_FILE",
     "STATS_FIELDS",
     "AppStats",
     "burn_cpu",
     "cpu",
     "io",
     "read_stats",
+    "slowdown_factor",
+    "write_slowdown",
 ]
 
 ENV_STATS_DIR = "PRAZO_GOODPUT_STATS_DIR"
@@ -60,8 +75,11 @@ _GIVE_UP_KEY = "HTTP_" + GIVE_UP_HEADER.upper().replace("-", "_")
 _BUDGET_KEY = "HTTP_X_REQUEST_BUDGET_MS"
 CPU_WORK_MS = 10.0
 IO_WORK_MS = 50.0
-STATS_FIELDS = ("runs", "late_client", "late_server", "started_late", "work_ns", "late_work_ns")
+STATS_FIELDS = ("runs", "late_client", "late_server", "started_late", "work_ns", "late_work_ns", "slowed")
 _LAYOUT = struct.Struct(f"<{len(STATS_FIELDS)}q")
+SLOWDOWN_FILE = "slowdown.bin"
+# start_ns, end_ns (CLOCK_MONOTONIC), factor in thousandths; start 0 = no window.
+_SLOWDOWN = struct.Struct("<3q")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -80,7 +98,14 @@ class AppStats:
                 file.flush()
                 self._map = mmap.mmap(file.fileno(), _LAYOUT.size)
 
-    def record(self, started_ns: int, finished_ns: int, give_up_ns: int | None, server_deadline_ns: int | None) -> None:
+    def record(
+        self,
+        started_ns: int,
+        finished_ns: int,
+        give_up_ns: int | None,
+        server_deadline_ns: int | None,
+        slowed: bool = False,
+    ) -> None:
         late_client = give_up_ns is not None and finished_ns > give_up_ns
         with self._lock:
             values = self._values
@@ -90,6 +115,7 @@ class AppStats:
             values[3] += give_up_ns is not None and started_ns > give_up_ns
             values[4] += finished_ns - started_ns
             values[5] += (finished_ns - started_ns) if late_client else 0
+            values[6] += slowed
             if self._map is not None:
                 _LAYOUT.pack_into(self._map, 0, *values)
 
@@ -129,6 +155,61 @@ def _process_stats() -> AppStats:
     return _stats
 
 
+def write_slowdown(directory: str | os.PathLike[str], start_ns: int, end_ns: int, factor: float) -> None:
+    """From ``start_ns`` to ``end_ns`` (CLOCK_MONOTONIC) every app run of ``directory``'s servers works ``factor`` x.
+
+    ``start_ns == end_ns == 0`` clears the window. Written in place (never
+    replaced): the apps keep the file mapped.
+    """
+    for name, value in (("start_ns", start_ns), ("end_ns", end_ns)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"{name} must be an int >= 0 (monotonic ns), got {value!r}")
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    if end_ns < start_ns:
+        raise ValueError(f"end_ns must be >= start_ns, got {start_ns} .. {end_ns}")
+    path = Path(directory) / SLOWDOWN_FILE
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # One write of the whole record: a reader sees the old window or the new one.
+        os.pwrite(descriptor, _SLOWDOWN.pack(start_ns, end_ns, round(factor * 1000)), 0)
+    finally:
+        os.close(descriptor)
+
+
+_slowdown_map: mmap.mmap | None = None
+_slowdown_pid = -1
+
+
+def _mapped_slowdown() -> mmap.mmap | None:
+    # Mapped once per process when the file exists; looked for again at every
+    # run until then (a server measured with --target may start first).
+    global _slowdown_map, _slowdown_pid
+    if _slowdown_pid == os.getpid():
+        return _slowdown_map
+    directory = os.environ.get(ENV_STATS_DIR)
+    if not directory:
+        return None
+    try:
+        with open(Path(directory) / SLOWDOWN_FILE, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), _SLOWDOWN.size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # missing, or not yet written to its full size
+        return None
+    with _stats_lock:
+        if _slowdown_pid != os.getpid():
+            _slowdown_map, _slowdown_pid = mapped, os.getpid()
+    return _slowdown_map
+
+
+def slowdown_factor(now_ns: int) -> float:
+    """How many times its normal work a run starting at ``now_ns`` does (1.0 outside any window)."""
+    mapped = _mapped_slowdown()
+    if mapped is None:
+        return 1.0
+    start_ns, end_ns, milli = _SLOWDOWN.unpack_from(mapped, 0)
+    return milli / 1000 if start_ns and start_ns <= now_ns < end_ns and milli > 0 else 1.0
+
+
 def burn_cpu(ms: float) -> int:
     """Spin ``ms`` of this thread's CPU time in pure Python (holding the GIL, as templates and ORMs do)."""
     end = time.thread_time_ns() + int(ms * 1_000_000)
@@ -149,7 +230,7 @@ def _server_deadline_ns(environ: dict[str, Any], handed_ns: int) -> int | None:
         return None
 
 
-def _make_app(work: Callable[[], object]) -> WSGIApp:
+def _make_app(work: Callable[[float], object]) -> WSGIApp:
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         handed_ns = time.monotonic_ns()
         if environ.get("PATH_INFO") == "/ping":
@@ -158,13 +239,14 @@ def _make_app(work: Callable[[], object]) -> WSGIApp:
         raw = environ.get(_GIVE_UP_KEY, "")
         give_up_ns = int(raw) if raw.isdigit() else None
         server_deadline_ns = _server_deadline_ns(environ, handed_ns)
-        work()
-        _process_stats().record(handed_ns, time.monotonic_ns(), give_up_ns, server_deadline_ns)
+        factor = slowdown_factor(handed_ns)
+        work(factor)
+        _process_stats().record(handed_ns, time.monotonic_ns(), give_up_ns, server_deadline_ns, factor != 1.0)
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
         return [b"ok"]
 
     return app
 
 
-cpu = _make_app(lambda: burn_cpu(CPU_WORK_MS))
-io = _make_app(lambda: time.sleep(IO_WORK_MS / 1000))
+cpu = _make_app(lambda factor: burn_cpu(CPU_WORK_MS * factor))
+io = _make_app(lambda factor: time.sleep(IO_WORK_MS * factor / 1000))

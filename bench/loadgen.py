@@ -574,17 +574,24 @@ class LoadGenerator:
 
 
 def run_in_subprocess(
-    argv: list[str], timeout_s: float, at: Sequence[tuple[float, Callable[[], object]]] = ()
+    argv: list[str],
+    timeout_s: float,
+    at: Sequence[tuple[float, Callable[[], object]]] = (),
+    on_begin: Callable[[int], object] | None = None,
 ) -> LoadResult:
     """Run the generator in its own process with ``argv`` (as on its command line) and read its result.
 
     Each ``(seconds, callback)`` of ``at`` is called that long after the
     schedule's time zero, in order (e.g. to read a server's counters when
-    the measured window opens and when it closes).
+    the measured window opens and when it closes). ``on_begin(origin_ns)``
+    is called as soon as time zero is set (it is ``_START_SLACK_S`` ahead),
+    e.g. to schedule something on the same clock.
     """
     generator = LoadGenerator(argv).start()
     try:
         origin_ns = generator.begin()
+        if on_begin is not None:
+            on_begin(origin_ns)
         for seconds, callback in sorted(at, key=lambda pair: pair[0]):
             time.sleep(max(0.0, (origin_ns + int(seconds * 1e9) - time.monotonic_ns()) / 1e9))
             callback()
