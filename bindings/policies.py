@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from prazo.core import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS
+
 from .headers import environ_key, is_ambiguous_header_name
 
 __all__ = [
@@ -47,9 +49,6 @@ __all__ = [
 
 _log = logging.getLogger("prazo.policies")
 
-# AdmissionQueue's defaults, for the configurations that spell every option out (ServerSettings).
-DEFAULT_CODEL_TARGET_MS = 5.0
-DEFAULT_CODEL_INTERVAL_MS = 100.0
 
 ORDERS = ("fifo", "lifo", "adaptive")
 LIMITS = ("fixed", "vegas")
@@ -186,7 +185,9 @@ class CriticalClassifier:
             return cls(header=checked_header_name(critical, name))
         if callable(critical):
             return cls(function=critical)
-        raise TypeError(f"{name} must be None, a callable(environ) -> bool or a header name, not {type(critical).__name__}")
+        raise TypeError(
+            f"{name} must be None, a callable(environ) -> bool or a header name, not {type(critical).__name__}"
+        )
 
     def __call__(self, environ: Mapping[str, Any]) -> bool:
         if self.paths and environ.get("PATH_INFO", "") in self.paths:
@@ -199,7 +200,9 @@ class CriticalClassifier:
             try:
                 return bool(self.function(environ))
             except Exception:  # noqa: BLE001 - a broken classifier makes the request normal, never a 500
-                _log.exception("prazo: the critical classifier %r raised; the request is served as normal", self.function)
+                _log.exception(
+                    "prazo: the critical classifier %r raised; the request is served as normal", self.function
+                )
         return False
 
     def __repr__(self) -> str:

@@ -22,6 +22,7 @@ import sys
 import warnings
 from typing import NamedTuple
 
+from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
 from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_context, deadline_scope
 from .errors import (
     REASON_DEADLINE_EXCEEDED,
@@ -40,6 +41,8 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_CODEL_INTERVAL_MS",
+    "DEFAULT_CODEL_TARGET_MS",
     "IMPLEMENTATION",
     "NS_PER_MS",
     "NS_PER_SECOND",
@@ -62,9 +65,11 @@ __all__ = [
     "QueueFull",
     "ShutDown",
     "WindowedHistogram",
+    "codel_option_ns",
     "current_deadline",
     "deadline_context",
     "deadline_scope",
+    "expected_service_option",
     "extension_wanted",
     "load_histogram_twin",
     "load_twin",

@@ -411,7 +411,7 @@ def test_create_server_arguments_win_over_the_settings() -> None:
         ({"codel_target_ms": 7}, ValueError, "codel_target_ms"),
         ({"order": "adaptive", "codel_interval_ms": -1}, ValueError, "codel_interval_ms"),
         ({"critical_paths": "/healthz"}, TypeError, "critical_paths"),
-        ({"critical_paths": ["healthz"]}, ValueError, "critical path"),
+        ({"critical_paths": ["healthz"]}, ValueError, "critical_paths"),
         ({"critical_header": "X Bad"}, ValueError, "critical_header"),
     ],
 )

@@ -63,6 +63,8 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from prazo.core import (
+    DEFAULT_CODEL_INTERVAL_MS,
+    DEFAULT_CODEL_TARGET_MS,
     REASON_EVICTED,
     REASON_INSUFFICIENT_BUDGET,
     REASON_SHED,
@@ -70,15 +72,12 @@ from prazo.core import (
     DeadlineExceeded,
     QueueFull,
     ShutDown,
-)
-from prazo.core._policy_py import (
-    DEFAULT_CODEL_INTERVAL_MS,
-    DEFAULT_CODEL_TARGET_MS,
     codel_option_ns,
     expected_service_option,
 )
 
 from ..headers import is_ambiguous_header_name
+from ..policies import LIMITS, ORDERS, checked_choice, checked_header_name, checked_paths
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .dispatcher import SERVER_STATS_KEY
 from .heads import MAX_HEAD_BYTES
@@ -154,40 +153,16 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "critical_header": None,
     "critical_paths": (),
 }
-_ORDERS = ("fifo", "lifo", "adaptive")
-_LIMITS = ("fixed", "vegas")
-_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-def _choice(value: object, name: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
-def _critical_header(value: object) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"critical_header must be a header name (str) or None, not {type(value).__name__}")
-    if not value or not set(value) <= _TOKEN_CHARS:
-        raise ValueError(f"critical_header must be a valid HTTP header name, got {value!r}")
-    return value.encode("ascii")
 
 
 def _critical_paths(value: object) -> list[bytes]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError("critical_paths must be an iterable of paths (str), not a single string")
-    paths: list[bytes] = []
-    for path in value:
-        if not isinstance(path, str):
-            raise TypeError(f"critical_paths holds paths as str, not {type(path).__name__}")
-        if not path.startswith("/") or any(ch in path for ch in " \t\r\n\0?"):
-            raise ValueError(f"a critical path starts with '/' and has no spaces, controls or query, got {path!r}")
-        paths.append(path.encode("latin-1"))
-    return paths
+    # The engine compares the raw request target's path: a space, a control
+    # character or a query could never match one.
+    paths = checked_paths(value, "critical_paths")
+    for path in paths:
+        if any(ch in path for ch in " \t\r\n\0?"):
+            raise ValueError(f"a critical path has no spaces, controls or query, got {path!r}")
+    return [path.encode("latin-1") for path in paths]
 
 
 def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]:
@@ -197,16 +172,17 @@ def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]
     values are checked and converted by the core's own helpers, so the front
     door accepts exactly what ``AdmissionQueue`` accepts.
     """
-    order = _choice(options["order"], "order", _ORDERS)
+    order = checked_choice(options["order"], "order", ORDERS)
     adaptive = order == "adaptive"
     fixed_ns, permille = expected_service_option(options["expected_service_ms"])
-    limit = _choice(options["limit"], "limit", _LIMITS)
+    limit = checked_choice(options["limit"], "limit", LIMITS)
     min_concurrency = checked_count(options["min_concurrency"], "min_concurrency", 1)
     if min_concurrency > threads:
         raise ValueError(f"min_concurrency must be <= threads ({threads}), got {min_concurrency}")
     reserved = checked_count(options["reserved"], "reserved", 0)
     if reserved >= threads:
         raise ValueError(f"reserved must be < threads ({threads}), got {reserved}")
+    header = options["critical_header"]
     return {
         "order": order,
         "codel_target_ns": codel_option_ns(
@@ -220,7 +196,7 @@ def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]
         "vegas": limit == "vegas",
         "min_concurrency": min_concurrency,
         "reserved": reserved,
-        "critical_header": _critical_header(options["critical_header"]),
+        "critical_header": None if header is None else checked_header_name(header, "critical_header").encode("ascii"),
         "critical_paths": _critical_paths(options["critical_paths"]),
     }
 
