@@ -55,11 +55,12 @@ ASAN_DIR := build/asan
 # scenario at 300 ms per request) do not hold at ASan's speed on a loaded machine, and
 # the queue and middleware code they run is covered here already. The front door's are
 # in: its engine is C of its own, and its timings are generous enough for ASan.
-ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py \
+ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_queue_policies_dequeue.py \
+	tests/test_queue_policies_admission.py tests/test_queue_policies_combined.py \
 	tests/test_queue_waiters.py tests/test_queue_stats_gc.py tests/test_queue_concurrent.py \
 	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py \
 	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
-	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py
+	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py tests/test_frontdoor_policies.py
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)

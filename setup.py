@@ -118,7 +118,8 @@ def _extensions():
         Extension(
             "prazo.bindings.servers._frontdoor_c",
             ["bindings/servers/_frontdoor_c.pyx", PICOHTTPPARSER + ".c"],
-            include_dirs=["bindings/servers", os.path.dirname(PICOHTTPPARSER)],
+            # core/: prazo_policy.h, the queue policies' arithmetic the engine shares with the C twin.
+            include_dirs=["bindings/servers", "core", os.path.dirname(PICOHTTPPARSER)],
             **options,
         ),
     ]

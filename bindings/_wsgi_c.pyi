@@ -4,6 +4,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.policies import CriticalClassifier
 from prazo.bindings.wsgi import AdmissionMiddleware, Environ, MiddlewareCounters, StartResponse, WSGIApp
 from prazo.core import LatencyHistogram
 
@@ -16,7 +17,7 @@ class ListBody:
     def __next__(self) -> bytes: ...
     def close(self) -> None: ...
 
-class TimedQueueRelease:
+class QueueRelease:
     def __call__(self) -> None: ...
 
 class CompiledPath:
@@ -28,5 +29,6 @@ class CompiledPath:
         bypass: Iterable[str],
         counters: MiddlewareCounters,
         retry_after_s: int,
+        critical: CriticalClassifier | None = None,
     ) -> None: ...
     def record_latency(self, request_duration: LatencyHistogram, queue_wait: LatencyHistogram) -> None: ...

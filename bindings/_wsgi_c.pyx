@@ -8,6 +8,8 @@ steps in C for the request a service sees most:
 * no budget header, or a plain integer ``X-Request-Budget-Ms`` (digits,
   optionally padded with spaces or tabs, no ``grpc-timeout`` or Envoy header
   beside it);
+* not a critical request (the middleware's ``critical=`` classifier runs
+  here, once, and a critical request goes to the Python path with its class);
 * the middleware's queue is the C twin (``prazo.core._queue_c``), which it
   calls directly, and the slot is granted;
 * the app returns a list or a tuple.
@@ -51,7 +53,7 @@ from prazo.core import (
     deadline_context,
 )
 
-__all__ = ["CompiledPath", "ListBody", "TimedQueueRelease", "serve", "supports"]
+__all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "supports"]
 
 
 cdef extern from "prazo_slots.h":
@@ -217,6 +219,7 @@ cdef class ListBody:
     cdef AdmissionQueue _queue   # holds the slot; None once released
     cdef LatencyHistogram _duration  # where the request's duration goes; None while latency recording is off
     cdef int64_t _arrival_ns
+    cdef int64_t _started_ns         # when the slot started: the release is a service-time sample
 
     def __len__(self):
         return self._length
@@ -254,13 +257,7 @@ cdef class ListBody:
             return 0
         self._queue = None
         self._items = None
-        if self._duration is None:
-            return queue._release(-1, True)
-        try:
-            queue._release(-1, True)
-        finally:
-            _record_since(self._duration, self._arrival_ns)
-        return 0
+        return _release_slot(queue, self._started_ns, self._duration, self._arrival_ns)
 
 
 @cython.final
@@ -281,9 +278,11 @@ cdef class CompiledPath:
     cdef object _retry_after_s
     cdef LatencyHistogram _duration     # the C twin's histograms, None while latency recording is off
     cdef LatencyHistogram _queue_wait
+    cdef object _critical               # the middleware's CriticalClassifier, None when no request is critical
 
-    def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s):
+    def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s, critical=None):
         _bind_python_side()
+        self._critical = critical
         self._app = app
         self._queue = queue
         self._bypass = frozenset(bypass) or None
@@ -306,7 +305,7 @@ cdef class CompiledPath:
 
     cdef object _serve(self, object middleware, object environ, object start_response):
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
-        cdef int64_t budget_ns, arrival_ns, deadline_ns
+        cdef int64_t budget_ns, arrival_ns, deadline_ns, started_ns
         cdef object source = None
         cdef object outer
         if type(environ) is not dict:
@@ -314,19 +313,23 @@ cdef class CompiledPath:
         cdef dict env = <dict>environ
         if self._bypass is not None and env.get("PATH_INFO", "") in self._bypass:
             return middleware._call_python(environ, start_response)
+        # Classified once, here; from now on every hand-over says "normal"
+        # (False), so the Python path never runs the classifier again.
+        if self._critical is not None and self._critical(env):
+            return middleware._serve_python(environ, start_response, True)
         if _GRPC_TIMEOUT_KEY in env or _ENVOY_TIMEOUT_KEY in env:
-            return middleware._call_python(environ, start_response)
+            return middleware._serve_python(environ, start_response, False)
         if _BUDGET_KEY in env:
             budget_ns = _integer_budget_ns(env[_BUDGET_KEY], self._max_budget_ms)
             if budget_ns < 0:
-                return middleware._call_python(environ, start_response)
+                return middleware._serve_python(environ, start_response, False)
             source = _BUDGET_HEADER
         else:
             budget_ns = self._default_budget_ns
         arrival_ns = prazo_monotonic_ns()
         if budget_ns > INT64_MAX - arrival_ns:
             # Beyond what a Deadline holds: the Python path says so its own way.
-            return middleware._call_python(environ, start_response)
+            return middleware._serve_python(environ, start_response, False)
         deadline_ns = arrival_ns + budget_ns
         # request_deadline's rule: an earlier deadline already current wins,
         # so stacked admission never waits past the outer layer's deadline.
@@ -335,12 +338,14 @@ cdef class CompiledPath:
             deadline_ns = _deadline_ns(outer)
         env[_BUDGET_SOURCE_KEY] = source
         try:
-            self._queue._acquire(deadline_ns, arrival_ns)
+            started_ns = self._queue._acquire(deadline_ns, arrival_ns)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
             return _reject(exc, start_response, self._counters, self._retry_after_s)
-        return self._run_admitted(env, start_response, deadline_ns, arrival_ns)
+        return self._run_admitted(env, start_response, deadline_ns, arrival_ns, started_ns)
 
-    cdef object _run_admitted(self, dict environ, object start_response, int64_t deadline_ns, int64_t arrival_ns):
+    cdef object _run_admitted(
+        self, dict environ, object start_response, int64_t deadline_ns, int64_t arrival_ns, int64_t started_ns
+    ):
         """``prazo.bindings.wsgi.run_admitted`` for a request holding a slot of ``self._queue``."""
         cdef object context, deadline, outer, result
         cdef int64_t queue_wait_ns = prazo_monotonic_ns() - arrival_ns
@@ -363,27 +368,26 @@ cdef class CompiledPath:
             finally:
                 PyContext_Exit(context)
         except (DeadlineExceeded, DownstreamOverloaded) as exc:
-            self._release_admitted(arrival_ns)
+            _release_slot(self._queue, started_ns, self._duration, arrival_ns)
             return _refuse(exc, start_response, self._counters, self._retry_after_s)
         except BaseException:
-            self._release_admitted(arrival_ns)
+            _release_slot(self._queue, started_ns, self._duration, arrival_ns)
             raise
         if type(result) is list or type(result) is tuple:
-            return _list_body(result, self._queue, self._duration, arrival_ns)
-        release = self._queue.release
-        if self._duration is not None:
-            release = _timed_release(self._queue, self._duration, arrival_ns)
+            return _list_body(result, self._queue, self._duration, arrival_ns, started_ns)
+        release = _queue_release(self._queue, started_ns, self._duration, arrival_ns)
         return _AdmittedResponse(result, context, start_response, release, self._counters, self._retry_after_s)
 
-    cdef int _release_admitted(self, int64_t arrival_ns) except -1:
-        """Give the slot back when the app raised (and record the request's duration when asked to)."""
-        if self._duration is None:
-            return self._queue._release(-1, True)
-        try:
-            self._queue._release(-1, True)
-        finally:
-            _record_since(self._duration, arrival_ns)
-        return 0
+
+cdef int _release_slot(AdmissionQueue queue, int64_t started_ns, LatencyHistogram duration, int64_t arrival_ns) except -1:
+    """Give a slot back with its start time as a service-time sample; record the request's duration if asked."""
+    if duration is None:
+        return queue._release_sampled(-1, True, started_ns)
+    try:
+        queue._release_sampled(-1, True, started_ns)
+    finally:
+        _record_since(duration, arrival_ns)
+    return 0
 
 
 cdef inline void _record_since(LatencyHistogram histogram, int64_t start_ns) noexcept:
@@ -393,33 +397,37 @@ cdef inline void _record_since(LatencyHistogram histogram, int64_t start_ns) noe
 
 
 @cython.final
-cdef class TimedQueueRelease:
-    """``prazo.bindings.wsgi.TimedRelease`` for a slot of the C queue: release it, record the duration.
+cdef class QueueRelease:
+    """The release of a slot of the C queue, with its start time as a service-time sample.
 
-    What a body that runs app code releases its slot through when latency
-    recording is on; ``AdmittedResponse`` calls it exactly once.
+    What a body that runs app code releases its slot through
+    (``AdmittedResponse`` calls it exactly once); with latency recording on
+    it also records the request's duration, as ``prazo.bindings.wsgi.TimedRelease``.
     """
 
     cdef AdmissionQueue _queue
-    cdef LatencyHistogram _duration
-    cdef int64_t _start_ns
+    cdef LatencyHistogram _duration   # None while latency recording is off
+    cdef int64_t _arrival_ns
+    cdef int64_t _started_ns
 
     def __call__(self):
-        try:
-            self._queue._release(-1, True)
-        finally:
-            _record_since(self._duration, self._start_ns)
+        _release_slot(self._queue, self._started_ns, self._duration, self._arrival_ns)
 
 
-cdef inline TimedQueueRelease _timed_release(AdmissionQueue queue, LatencyHistogram duration, int64_t start_ns):
-    cdef TimedQueueRelease release = TimedQueueRelease.__new__(TimedQueueRelease)
+cdef inline QueueRelease _queue_release(
+    AdmissionQueue queue, int64_t started_ns, LatencyHistogram duration, int64_t arrival_ns
+):
+    cdef QueueRelease release = QueueRelease.__new__(QueueRelease)
     release._queue = queue
     release._duration = duration
-    release._start_ns = start_ns
+    release._arrival_ns = arrival_ns
+    release._started_ns = started_ns
     return release
 
 
-cdef inline ListBody _list_body(object items, AdmissionQueue queue, LatencyHistogram duration, int64_t arrival_ns):
+cdef inline ListBody _list_body(
+    object items, AdmissionQueue queue, LatencyHistogram duration, int64_t arrival_ns, int64_t started_ns
+):
     cdef ListBody body = ListBody.__new__(ListBody)
     body._items = items
     body._index = 0
@@ -427,6 +435,7 @@ cdef inline ListBody _list_body(object items, AdmissionQueue queue, LatencyHisto
     body._queue = queue
     body._duration = duration
     body._arrival_ns = arrival_ns
+    body._started_ns = started_ns
     return body
 
 

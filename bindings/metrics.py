@@ -85,6 +85,12 @@ _SPECS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "prazo_queue_max_concurrency": (_GAUGE, _Q, "Slots: items that may run at once."),
     "prazo_queue_max_queue": (_GAUGE, _Q, "Places in the waiting line."),
     "prazo_queue_saturation": (_GAUGE, _Q, "in_flight / max_concurrency: at 1 every further arrival waits."),
+    "prazo_queue_limit": (_GAUGE, _Q, "The concurrency limit in force (moves with limit='vegas'; else max_concurrency)."),
+    "prazo_queue_expected_service_seconds": (
+        _GAUGE,
+        _Q,
+        "Expected service time of the doomed-work skip (0: off, or not learned yet).",
+    ),
     # A middleware or a server embedding.
     "prazo_wsgi_invalid_budget_headers": (_COUNTER, _Q, "Budget headers that did not parse (ignored)."),
     "prazo_wsgi_bypassed": (_COUNTER, _Q, "Requests on a bypass path (never queued)."),
@@ -168,6 +174,13 @@ _REFUSAL_KEYS = {
     "queue-full": "rejected_full",
     "expired-on-arrival": "expired_on_arrival",
     "expired-in-queue": "expired_in_queue",
+}
+# Outcomes of the queue policies: exported when stats() has them (a queue
+# built before the policies existed, or a server's own line, may not).
+_POLICY_REFUSAL_KEYS = {
+    "insufficient-budget": "insufficient_budget",
+    "shed-standing-queue": "shed",
+    "evicted-by-critical": "evicted",
 }
 _REQUIRED_QUEUE_KEYS = frozenset({*_QUEUE_KEYS.values(), *_REFUSAL_KEYS.values(), "queue_wait_ns_total"})
 _RESPONSE_KEYS = {"503": "responses_503", "504": "responses_504"}
@@ -271,6 +284,13 @@ def _add_queue(families: _Families, name: str, stats: Mapping[str, Any], owner: 
         families[family].add_metric(labels, stats[key])
     for reason, key in _REFUSAL_KEYS.items():
         families["prazo_queue_refused"].add_metric([name, reason], stats[key])
+    for reason, key in _POLICY_REFUSAL_KEYS.items():
+        if key in stats:
+            families["prazo_queue_refused"].add_metric([name, reason], stats[key])
+    if "limit" in stats:
+        families["prazo_queue_limit"].add_metric(labels, stats["limit"])
+    if "expected_service_ns" in stats:
+        families["prazo_queue_expected_service_seconds"].add_metric(labels, stats["expected_service_ns"] / NS_PER_SECOND)
     families["prazo_queue_wait_seconds"].add_metric(labels, stats["queue_wait_ns_total"] / NS_PER_SECOND)
     families["prazo_queue_saturation"].add_metric(labels, stats["in_flight"] / stats["max_concurrency"])
     for family, key in _OPTIONAL_KEYS.items():

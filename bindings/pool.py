@@ -17,7 +17,10 @@ the outgoing clients of ``prazo.bindings.clients`` see it.
 
 The work-queue face of ``prazo.core.AdmissionQueue`` does the bookkeeping:
 ``put`` admits, ``get`` hands a worker the next live item, ``task_done``
-releases the slot and ``on_expired`` reports items that timed out in line.
+releases the slot (with the task's start time, a service-time sample for the
+learned policies) and ``on_dropped`` reports items that left the line without
+a slot (expired, insufficient budget, shed), each with the error to fail its
+future with.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from prazo.core import (
-    REASON_EXPIRED_IN_QUEUE,
     AdmissionQueue,
     Deadline,
     DeadlineExceeded,
@@ -41,6 +43,7 @@ from prazo.core import (
     deadline_context,
 )
 
+from .policies import queue_options
 from .reaper import DeadlineReaper
 
 __all__ = ["AdmissionPool"]
@@ -181,11 +184,14 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
             # rather than at the next deadline it was sleeping towards.
             reaper.wake()
             return
+        started_ns = time.monotonic_ns()
         item.claim()
         future = item.future
         if state.cancelling:
             future.cancel()
         if not future.set_running_or_notify_cancel():
+            # No sample: a cancelled task did no work, and would teach the
+            # learned policies a service time of zero.
             q.task_done()
             state.count_cancelled()
             del item, future
@@ -203,7 +209,7 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
         finally:
             # The slot goes back before the future is settled, so a caller who
             # waits for result() and submits again never meets its own slot.
-            q.task_done()
+            q.task_done(started_ns=started_ns)
             if request_duration is not None:
                 request_duration.record(time.monotonic_ns() - item.submitted_ns)
         if ok:
@@ -229,6 +235,14 @@ class AdmissionPool(Executor):
       future fails with ``DeadlineExceeded`` (``reason`` is
       ``expired-on-arrival`` or ``expired-in-queue``), at the latest about one
       millisecond after the deadline even while it is still in line;
+    * the queue policies of ``AdmissionQueue`` (``order``, ``codel_target_ms``,
+      ``codel_interval_ms``, ``expected_service_ms``, ``limit``,
+      ``min_concurrency``, ``reserved``; None keeps the queue's default) are
+      passed through; an item the queue drops fails its future with the
+      queue's error: ``DeadlineExceeded("insufficient-budget")`` when its
+      budget is below ``expected_service_ms``, ``QueueFull("shed-standing-queue")``
+      when ``order="adaptive"`` sheds it. Each task's run time (from the
+      moment a worker takes it to the end of ``fn``) is a service-time sample;
     * ``fn`` runs in a copy of the submitter's context with the item's
       deadline current (``current_deadline()``);
     * ``stats()`` reports the queue's counters and the pool's own;
@@ -261,6 +275,12 @@ class AdmissionPool(Executor):
         order: str = "fifo",
         thread_name_prefix: str = "prazo-pool",
         record_latency: bool = False,
+        codel_target_ms: float | None = None,
+        codel_interval_ms: float | None = None,
+        expected_service_ms: float | str | None = None,
+        limit: str | None = None,
+        min_concurrency: int | None = None,
+        reserved: int | None = None,
     ) -> None:
         self._max_workers = _validate_count(max_workers, "max_workers", 1, "max_workers must be greater than 0")
         if not isinstance(record_latency, bool):
@@ -271,10 +291,23 @@ class AdmissionPool(Executor):
         self._state = _WorkerState(record_latency)
         state = self._state
 
-        def fail_expired(item: _WorkItem) -> None:
-            item.fail_unstarted(DeadlineExceeded(REASON_EXPIRED_IN_QUEUE), state)
+        def fail_dropped(item: _WorkItem, error: BaseException) -> None:
+            item.fail_unstarted(error, state)
 
-        self._queue = AdmissionQueue(max_workers, max_queue, order=order, on_expired=fail_expired)
+        self._queue = AdmissionQueue(
+            max_workers,
+            max_queue,
+            on_dropped=fail_dropped,
+            order=order,
+            **queue_options(
+                codel_target_ms=codel_target_ms,
+                codel_interval_ms=codel_interval_ms,
+                expected_service_ms=expected_service_ms,
+                limit=limit,
+                min_concurrency=min_concurrency,
+                reserved=reserved,
+            ),
+        )
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._shutdown = False

@@ -37,7 +37,8 @@ class DeadlineReaper:
     the lock of the line's owner) remembers that ``item`` waits until
     ``deadline_ns``; once a deadline passes and its item is still unclaimed,
     the thread calls ``q.expire_overdue()``, which hands every overdue item to
-    the queue's ``on_expired``. An item sets ``claimed`` once it left the
+    the queue's ``on_dropped`` (or ``on_expired``); with the queue's
+    doomed-work skip on, it also looks at the item's effective deadline. An item sets ``claimed`` once it left the
     line (started, refused, cancelled). ``stop()`` ends the thread once
     nothing is watched; ``wake()`` makes it look again now.
 
@@ -57,6 +58,12 @@ class DeadlineReaper:
 
     def watch_locked(self, deadline_ns: int, item: Claimable) -> None:
         heapq.heappush(self._heap, (deadline_ns, next(self._seq), item))
+        # With the doomed-work skip the queue drops an item at its effective
+        # deadline (deadline - expected service time): look then too. The
+        # estimate may move before then, so the deadline itself stays watched.
+        expected_ns = self._queue.expected_service_ns
+        if expected_ns > 0:
+            heapq.heappush(self._heap, (deadline_ns - expected_ns, next(self._seq), item))
         if len(self._heap) > 2 * self._queue.qsize() + 1024:
             self._prune_claimed_locked()
         if self._thread is None:

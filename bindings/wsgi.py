@@ -16,15 +16,18 @@ Wrap any WSGI application::
 Each request gets a deadline when it reaches the middleware (see
 ``prazo.bindings.headers.BudgetPolicy``) and is then answered one of:
 
-=======  ======================  ==============================================
-status   ``X-Prazo-Reason``      when
-=======  ======================  ==============================================
-503      ``queue-full``          every slot busy and the waiting line full
-504      ``expired-on-arrival``  the caller's budget was already used up
-504      ``expired-in-queue``    the deadline passed while waiting for a slot
-504      *the app's reason*      the app raised ``DeadlineExceeded``
-503      *the app's reason*      the app raised ``DownstreamOverloaded``
-=======  ======================  ==============================================
+=======  =======================  =============================================
+status   ``X-Prazo-Reason``       when
+=======  =======================  =============================================
+503      ``queue-full``           every slot busy and the waiting line full
+503      ``shed-standing-queue``  ``order="adaptive"``: waited longer than CoDel allows
+503      ``evicted-by-critical``  a critical request took its place in a full line
+504      ``expired-on-arrival``   the caller's budget was already used up
+504      ``expired-in-queue``     the deadline passed while waiting for a slot
+504      ``insufficient-budget``  less budget left than ``expected_service_ms``
+504      *the app's reason*       the app raised ``DeadlineExceeded``
+503      *the app's reason*       the app raised ``DownstreamOverloaded``
+=======  =======================  =============================================
 
 A 503 carries ``Retry-After``. The app is never called for a request refused
 by the queue. Everything else is the app's own response.
@@ -68,6 +71,7 @@ from types import GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
+from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
     NS_PER_MS,
@@ -284,9 +288,17 @@ def _refuse(
     """Answer a refusal the app raised; call it inside the ``except`` that caught ``exc``."""
     if counters is not None:
         counters.add("app_deadline_exceeded" if isinstance(exc, DeadlineExceeded) else "app_downstream_overloaded")
-    # With exc_info, PEP 3333 makes the server replace headers not yet sent,
-    # or re-raise ``exc`` if they were: exactly the rule we want.
-    body = send_rejection(start_response, exc, retry_after_s=retry_after_s, exc_info=sys.exc_info())
+    exc_info = sys.exc_info()
+    try:
+        body = send_rejection(start_response, exc, retry_after_s=retry_after_s)
+    except Exception:  # noqa: BLE001 - the server's way of saying "already started" (AssertionError, RuntimeError)
+        # The app had started its response: PEP 3333 wants exc_info now, and
+        # the server replaces headers not yet sent or re-raises ``exc`` if they
+        # were. Not passed up front: a server must re-raise whenever it gets
+        # exc_info without a response started (werkzeug's test client does).
+        body = send_rejection(start_response, exc, retry_after_s=retry_after_s, exc_info=exc_info)
+    finally:
+        del exc_info
     if counters is not None:
         counters.count_response(exc)
     return body
@@ -549,6 +561,7 @@ def _compiled_path_for(
     bypass: frozenset[str],
     counters: MiddlewareCounters,
     retry_after_s: int,
+    critical: CriticalClassifier | None,
 ) -> Any:
     """The ``_wsgi_c.CompiledPath`` a middleware runs on, or None for the Python path (see ``fast_path``)."""
     if fast_path is not None and not isinstance(fast_path, bool):
@@ -560,23 +573,10 @@ def _compiled_path_for(
     elif not _COMPILED_PATH.supports(queue):
         missing = f"the C twin of the admission queue, not {type(queue).__module__}.{type(queue).__qualname__}"
     else:
-        return _COMPILED_PATH.CompiledPath(app, queue, policy, bypass, counters, retry_after_s)
+        return _COMPILED_PATH.CompiledPath(app, queue, policy, bypass, counters, retry_after_s, critical)
     if fast_path:
         raise ValueError(f"fast_path=True needs {missing}")
     return None
-
-
-def _validate_bypass(bypass: object) -> frozenset[str]:
-    # A bare string is iterable too, and would silently bypass "/", "h", ...
-    if isinstance(bypass, (str, bytes)) or not isinstance(bypass, Iterable):
-        raise TypeError(f"bypass must be an iterable of path strings, not {type(bypass).__name__}")
-    paths = frozenset(bypass)
-    for path in paths:
-        if not isinstance(path, str):
-            raise TypeError(f"bypass paths must be str, not {type(path).__name__}")
-        if not path.startswith("/"):
-            raise ValueError(f"bypass paths must start with '/', got {path!r}")
-    return paths
 
 
 class AdmissionMiddleware:
@@ -595,7 +595,23 @@ class AdmissionMiddleware:
       ``prazo.queue_wait_ms`` and ``prazo.budget_source`` in the environ;
       ``DeadlineExceeded`` / ``DownstreamOverloaded`` raised by the app become
       504 / 503 while no output has been sent;
-    - the slot is held until the body is exhausted, closed or raises.
+    - the slot is held until the body is exhausted, closed or raises, and
+      its service time (start to release) is a sample for the queue's
+      learned policies.
+
+    The queue policies are ``AdmissionQueue``'s, passed through (None keeps
+    the queue's default): ``order="adaptive"`` (adaptive LIFO with CoDel
+    shedding, ``codel_target_ms`` / ``codel_interval_ms``: 503
+    ``shed-standing-queue``), ``expected_service_ms`` (a number or
+    ``"p50"``/``"p90"``/``"p95"``/``"p99"``: a request with less budget left
+    never waits or starts, 504 ``insufficient-budget``), ``limit="vegas"``
+    with ``min_concurrency`` (an adaptive concurrency limit) and ``reserved``
+    (slots only critical requests use). ``critical`` says which requests are
+    critical: a callable ``environ -> bool`` (one that raises makes the
+    request normal and is logged), or a header name (critical when its value
+    is ``critical``, case-insensitive — a client can send it, so trust it only
+    behind a proxy that strips it). A critical request that finds the line
+    full pushes out the newest normal waiter (503 ``evicted-by-critical``).
 
     Requests whose ``PATH_INFO`` is exactly one of ``bypass`` skip the queue
     (never 503/504 from admission) but still get a deadline, its scope and
@@ -639,6 +655,13 @@ class AdmissionMiddleware:
         retry_after_s: int = 1,
         fast_path: bool | None = None,
         record_latency: bool = False,
+        codel_target_ms: float | None = None,
+        codel_interval_ms: float | None = None,
+        expected_service_ms: float | str | None = None,
+        limit: str | None = None,
+        min_concurrency: int | None = None,
+        reserved: int | None = None,
+        critical: Callable[[Environ], object] | str | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
@@ -648,15 +671,28 @@ class AdmissionMiddleware:
         self._queue_wait = LatencyHistogram() if record_latency else None
         self._app = app
         self._policy = BudgetPolicy(default_budget_ms, max_budget_ms)
-        self._queue = self.queue_class(max_concurrency, max_queue, order=order)
+        self._queue = self.queue_class(
+            max_concurrency,
+            max_queue,
+            order=order,
+            **queue_options(
+                codel_target_ms=codel_target_ms,
+                codel_interval_ms=codel_interval_ms,
+                expected_service_ms=expected_service_ms,
+                limit=limit,
+                min_concurrency=min_concurrency,
+                reserved=reserved,
+            ),
+        )
+        self._critical = CriticalClassifier.from_option(critical)
         # Bound once: every request calls both.
         self._acquire = self._queue.acquire
         self._release = self._queue.release
-        self._bypass = _validate_bypass(bypass)
+        self._bypass = frozenset(checked_paths(bypass, "bypass"))
         self._retry_after_s = _validate_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
         self._compiled = _compiled_path_for(
-            fast_path, app, self._queue, self._policy, self._bypass, self._counters, self._retry_after_s
+            fast_path, app, self._queue, self._policy, self._bypass, self._counters, self._retry_after_s, self._critical
         )
         if self._compiled is not None and record_latency:
             self._compiled.record_latency(self._request_duration, self._queue_wait)
@@ -695,8 +731,21 @@ class AdmissionMiddleware:
         """The queue's counters merged with the middleware's own."""
         return {**self._queue.stats(), **self._counters.snapshot()}
 
+    @property
+    def critical(self) -> CriticalClassifier | None:
+        """What decides which requests are critical (``critical=``), or None when none are."""
+        return self._critical
+
     def _call_python(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Serve one request on the Python path: every request, or those the compiled path hands over."""
+        return self._serve_python(environ, start_response, None)
+
+    def _serve_python(self, environ: Environ, start_response: StartResponse, critical: bool | None) -> Iterable[bytes]:
+        """``_call_python`` for a request whose class is known (``critical`` True/False) or not yet (None).
+
+        The compiled path hands a request over with its class once it has
+        classified it, so a classifier runs once per request.
+        """
         arrival_ns = time.monotonic_ns()
         deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
         if self._bypass and environ.get("PATH_INFO", "") in self._bypass:
@@ -711,12 +760,22 @@ class AdmissionMiddleware:
                 self._counters,
                 self._retry_after_s,
             )
+        if critical is None:
+            critical = self._critical is not None and self._critical(environ)
         try:
-            self._acquire(deadline)
+            # critical= only when set: the keyword is the core's, and a normal
+            # request needs nothing beyond the plain acquire/release pair.
+            started_ns = self._acquire(deadline, critical=True) if critical else self._acquire(deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
             return _reject(exc, start_response, self._counters, self._retry_after_s)
         queue_wait_ns = time.monotonic_ns() - arrival_ns
-        release: Callable[[], object] = self._release
+        # started_ns makes the request's service time a sample for the
+        # learned doomed-work skip and the Vegas limit.
+        release: Callable[[], object] = (
+            partial(self._release, critical=True, started_ns=started_ns)
+            if critical
+            else partial(self._release, started_ns=started_ns)
+        )
         if self._request_duration is not None and self._queue_wait is not None:
             self._queue_wait.record(queue_wait_ns)
             release = TimedRelease(release, self._request_duration.record, arrival_ns)

@@ -22,14 +22,18 @@ import sys
 import warnings
 from typing import NamedTuple
 
+from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
 from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_context, deadline_scope
 from .errors import (
     REASON_DEADLINE_EXCEEDED,
     REASON_DOWNSTREAM_OVERLOADED,
+    REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
+    REASON_INSUFFICIENT_BUDGET,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     REASON_QUEUE_FULL,
+    REASON_SHED,
     DeadlineExceeded,
     DownstreamOverloaded,
     QueueFull,
@@ -37,15 +41,20 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_CODEL_INTERVAL_MS",
+    "DEFAULT_CODEL_TARGET_MS",
     "IMPLEMENTATION",
     "NS_PER_MS",
     "NS_PER_SECOND",
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DOWNSTREAM_OVERLOADED",
+    "REASON_EVICTED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
+    "REASON_INSUFFICIENT_BUDGET",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
     "REASON_QUEUE_FULL",
+    "REASON_SHED",
     "TWINS",
     "AdmissionQueue",
     "Deadline",
@@ -56,9 +65,11 @@ __all__ = [
     "QueueFull",
     "ShutDown",
     "WindowedHistogram",
+    "codel_option_ns",
     "current_deadline",
     "deadline_context",
     "deadline_scope",
+    "expected_service_option",
     "extension_wanted",
     "load_histogram_twin",
     "load_twin",

@@ -6,8 +6,12 @@ Same API and same observable outcomes as the Python twin; what differs is how:
 * the waiting line is a ring of ``max_queue`` C entries allocated once, and
   the hand-off buffer a ring of ``max_concurrency`` entries;
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
-  entry leaves from the middle of the line) and never while Python code runs
-  or while this thread waits for the GIL, so correctness never rests on the GIL;
+  entry leaves from the middle of the line or while a critical entry waits or
+  evicts, O(entries shed) when CoDel sheds,
+  and a bounded rescan of the histogram buckets every 16th learned service
+  sample) and never while Python code runs or while this thread waits for the
+  GIL, so correctness never rests on the GIL; the policy arithmetic is plain C
+  from ``prazo_policy.h``, shared with the front door;
 * counters are C11 atomics written under the mutex: ``qsize()`` and
   ``full()`` read one or two without it, ``stats()`` copies them all under it
   so that every snapshot balances;
@@ -44,14 +48,27 @@ cdef extern from "Python.h":
 import queue as _stdlib_queue
 
 from ._checkpoint import checkpoint as _checkpoint
+from ._policy_py import (
+    DEFAULT_CODEL_INTERVAL_MS,
+    DEFAULT_CODEL_TARGET_MS,
+    checked_started_ns,
+    codel_option_ns,
+    critical_option,
+    expected_service_option,
+    limit_option,
+    reserved_option,
+)
 from .deadline import Deadline as _Deadline
 from .errors import (
     DeadlineExceeded,
     QueueFull,
     ShutDown,
+    REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
+    REASON_INSUFFICIENT_BUDGET,
     REASON_QUEUE_FULL,
+    REASON_SHED,
 )
 
 __all__ = ["AdmissionQueue", "Slot", "NO_DEADLINE_NS"]
@@ -64,11 +81,15 @@ cdef object _Empty = _stdlib_queue.Empty
 # even while it waits for a slot with no deadline.
 cdef int64_t _SIGNAL_SLICE_NS = 100000000
 
+# Entry states; the last four are also why an entry left the line without a slot.
 cdef enum:
     _WAITING = 0
     _GRANTED = 1
-    _EXPIRED = 2
-    _CANCELLED = 3
+    _CANCELLED = 2
+    _EXPIRED = 3
+    _INSUFFICIENT = 4
+    _SHED = 5
+    _EVICTED = 6
 
 # Outcomes of the admission decision, computed with the mutex held.
 cdef enum:
@@ -77,6 +98,7 @@ cdef enum:
     _ADMIT_SHUTDOWN = 2
     _ADMIT_EXPIRED = 3
     _ADMIT_FULL = 4
+    _ADMIT_INSUFFICIENT = 5
 
 # A get() timeout this long (about 31.7 years) or longer waits like timeout=None.
 cdef double _UNBOUNDED_TIMEOUT_S = 1e9
@@ -95,6 +117,10 @@ _COUNTER_NAMES = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "insufficient_budget",
+    "shed",
+    "evicted",
+    "critical_started",
 )
 
 # Counters is a struct of atomics only, in the order of _COUNTER_NAMES.
@@ -139,6 +165,23 @@ cdef inline int64_t _clock(object now_ns) except? -1:
         raise ValueError("now_ns is out of range for a 64-bit monotonic clock") from None
 
 
+cdef inline int64_t _started(object started_ns) except? -2:
+    """``release(started_ns=)`` as the C side spells it: -1 for None (no sample)."""
+    if started_ns is None:
+        return -1
+    if type(started_ns) is int and 0 <= started_ns <= INT64_MAX:
+        return started_ns
+    return checked_started_ns(started_ns)  # the other ints, and the errors naming the argument
+
+
+cdef inline bint _critical(object critical) except -1:
+    if critical is False:
+        return False
+    if critical is True:
+        return True
+    return critical_option(critical)  # the error naming the argument
+
+
 cdef object _validate_size(object value, str name, int minimum):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -154,7 +197,24 @@ cdef object _admission_error(int outcome):
         return ShutDown("the admission queue is shut down")
     if outcome == _ADMIT_EXPIRED:
         return DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
+    if outcome == _ADMIT_INSUFFICIENT:
+        return DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
     return QueueFull(REASON_QUEUE_FULL)
+
+
+cdef object _drop_error(int state):
+    """The exception that answers an entry dropped from the line in ``state``."""
+    if state == _INSUFFICIENT:
+        return DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
+    if state == _SHED:
+        return QueueFull(REASON_SHED)
+    if state == _EVICTED:
+        return QueueFull(REASON_EVICTED)
+    return DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+
+
+cdef inline int _drop_state(int verdict) noexcept nogil:
+    return _EXPIRED if verdict == PRAZO_VERDICT_EXPIRED else _INSUFFICIENT
 
 
 cdef inline int _check_initialised(AdmissionQueue queue) except -1:
@@ -163,10 +223,10 @@ cdef inline int _check_initialised(AdmissionQueue queue) except -1:
     return 0
 
 
-cdef void _log_callback_error(object item):
+cdef void _log_callback_error(str name, object item):
     import logging
 
-    logging.getLogger("prazo").exception("prazo: on_expired callback raised for %r", item)
+    logging.getLogger("prazo").exception("prazo: %s callback raised for %r", name, item)
 
 
 cdef int _check_interrupts() except -1:
@@ -194,17 +254,17 @@ cdef inline void _expired_init(Expired *expired) noexcept nogil:
 cdef bint _expired_reserve(Expired *expired, Py_ssize_t needed) noexcept nogil:
     """Make room for ``needed`` items in all; False when memory ran out."""
     cdef Py_ssize_t cap = expired.cap
-    cdef PyObject **grown
+    cdef Dropped *grown
     if needed <= cap:
         return True
     while cap < needed:
         cap *= 2
     if expired.items == expired.on_stack:
-        grown = <PyObject **>malloc(cap * sizeof(PyObject *))
+        grown = <Dropped *>malloc(cap * sizeof(Dropped))
         if grown != NULL:
-            memcpy(grown, expired.on_stack, expired.count * sizeof(PyObject *))
+            memcpy(grown, expired.on_stack, expired.count * sizeof(Dropped))
     else:
-        grown = <PyObject **>realloc(expired.items, cap * sizeof(PyObject *))
+        grown = <Dropped *>realloc(expired.items, cap * sizeof(Dropped))
     if grown == NULL:
         return False
     expired.items = grown
@@ -231,6 +291,7 @@ cdef class Slot:
     cdef int64_t _now_ns
     cdef bint _fake_now
     cdef bint _held
+    cdef bint _critical
     cdef readonly int64_t started_ns
 
     def __cinit__(self):
@@ -242,15 +303,17 @@ cdef class Slot:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
         if self._held:
             raise RuntimeError("this slot is already held; call q.slot() again for another")
-        self.started_ns = self._queue._acquire(
-            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns())
+        self.started_ns = self._queue._acquire_class(
+            self._deadline_ns, self._now_ns if self._fake_now else prazo_monotonic_ns(), self._critical)
         self._held = True
         return self
 
     def __exit__(self, exc_type, exc, tb):
         if self._held:
             self._held = False
-            self._queue._release(-1, True)
+            # A service-time sample only on the real clock: a slot entered on
+            # a fake clock has a start that the real release time cannot meet.
+            self._queue._release_class(-1, True, -1 if self._fake_now else self.started_ns, self._critical)
         return None
 
 
@@ -270,11 +333,17 @@ cdef class AdmissionQueue:
         ...
         q.task_done()                        # releases the slot
 
-    ``on_expired(item)`` is called (outside any lock, in whichever thread
-    noticed) for every work item whose deadline passed while it waited, once
-    the hand-over that met it is complete, in line order. A callback's
-    Exception is logged; the first BaseException is raised once every item
-    has been reported.
+    ``on_dropped(item, error)`` is called (outside any lock, in whichever
+    thread noticed) for every work item that leaves the line without a slot
+    (expired, insufficient budget, shed, evicted by a critical arrival), once
+    the operation that met it is complete, in the order met; ``error`` is the
+    exception to answer it with. ``on_expired(item)`` is the older form
+    without the error (both at once are refused): it is called for the items
+    that expired, had too little budget or were shed, but NOT for evicted
+    ones. A callback's Exception is logged; the first BaseException is raised
+    once every item has been reported. The policies (``order="adaptive"``,
+    ``expected_service_ms``, ``limit="vegas"``, ``reserved``) are described
+    in ``_queue_py.py``.
 
     A waiter interrupted by an exception (a signal handler's, or one raised
     into its thread) leaves the line counted ``cancelled`` and passes on a
@@ -286,12 +355,19 @@ cdef class AdmissionQueue:
         # and _ring == NULL says no C resource is owned yet.
         self._ring = NULL
         self._ready = NULL
+        self._estimate = NULL
         self._initialised = False
 
-    def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None):
+    def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None, on_dropped=None,
+                 codel_target_ms=DEFAULT_CODEL_TARGET_MS, codel_interval_ms=DEFAULT_CODEL_INTERVAL_MS,
+                 expected_service_ms=None, limit="fixed", min_concurrency=1, reserved=0):
         cdef Entry *ring
         cdef Entry *ready
+        cdef prazo_service_estimate *estimate = NULL
         cdef Py_ssize_t concurrency, waiting, ring_cap
+        cdef int64_t target_ns, interval_ns, fixed_ns
+        cdef int permille
+        cdef bint adaptive
         # A second __init__ would reset the counters and the rings under the
         # threads already using them.
         if self._ring != NULL:
@@ -302,17 +378,29 @@ cdef class AdmissionQueue:
         concurrency = _validate_size(max_concurrency, "max_concurrency", 1)
         waiting = _validate_size(max_queue, "max_queue", 0)
         if not isinstance(order, str):
-            raise TypeError(f"order must be 'fifo' or 'lifo', not {type(order).__name__}")
-        if order not in ("fifo", "lifo"):
-            raise ValueError(f"order must be 'fifo' or 'lifo', got {order!r}")
+            raise TypeError(f"order must be 'fifo', 'lifo' or 'adaptive', not {type(order).__name__}")
+        if order not in ("fifo", "lifo", "adaptive"):
+            raise ValueError(f"order must be 'fifo', 'lifo' or 'adaptive', got {order!r}")
         if on_expired is not None and not callable(on_expired):
             raise TypeError("on_expired must be callable or None")
+        if on_dropped is not None and not callable(on_dropped):
+            raise TypeError("on_dropped must be callable or None")
+        if on_expired is not None and on_dropped is not None:
+            raise ValueError("pass on_expired or on_dropped, not both: on_dropped(item, error) sees every dropped item")
+        adaptive = order == "adaptive"
+        target_ns = codel_option_ns(codel_target_ms, "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive)
+        interval_ns = codel_option_ns(codel_interval_ms, "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive)
+        fixed_ns, permille = expected_service_option(expected_service_ms)
+        use_vegas, floor = limit_option(limit, min_concurrency, concurrency)
+        kept = reserved_option(reserved, concurrency)
         # One extra entry so a max_queue of 0 still gets a valid allocation.
         ring_cap = waiting if waiting > 0 else 1
         ring = <Entry *>malloc(ring_cap * sizeof(Entry))
         ready = <Entry *>malloc(concurrency * sizeof(Entry))
+        if fixed_ns > 0 or permille > 0:
+            estimate = <prazo_service_estimate *>malloc(sizeof(prazo_service_estimate))
         try:
-            if ring == NULL or ready == NULL:
+            if ring == NULL or ready == NULL or ((fixed_ns > 0 or permille > 0) and estimate == NULL):
                 raise MemoryError("cannot allocate the admission ring")
             if pthread_mutex_init(&self._mutex, NULL) != 0:
                 raise OSError("pthread_mutex_init failed")
@@ -322,13 +410,32 @@ cdef class AdmissionQueue:
         except BaseException:
             free(ring)
             free(ready)
+            free(estimate)
             raise
         self._max_concurrency = concurrency
         self._max_queue = waiting
+        self._order = order
         self._lifo = order == "lifo"
+        self._adaptive = adaptive
+        prazo_codel_init(&self._codel, target_ns, interval_ns, prazo_monotonic_ns())
+        if estimate != NULL:
+            prazo_service_estimate_init(estimate, fixed_ns, permille)
+        self._estimate = estimate
+        self._codel_target_ms = float(codel_target_ms)
+        self._codel_interval_ms = float(codel_interval_ms)
+        self._expected_service_ms = (
+            expected_service_ms if expected_service_ms is None or permille else float(expected_service_ms))
         self._on_expired = on_expired
+        self._on_dropped = on_dropped
         self._shutdown = False
         memset(&self._c, 0, sizeof(Counters))
+        self._use_vegas = use_vegas
+        self._min_concurrency = floor
+        prazo_vegas_init(&self._vegas, floor, concurrency)
+        prazo_store(&self._limit, prazo_vegas_limit(&self._vegas) if use_vegas else concurrency)
+        self._reserved = kept
+        self._critical_in_flight = 0
+        self._critical_waiting = 0
         self._ring_cap = ring_cap
         self._ready_cap = concurrency
         self._ring_head = self._ring_count = 0
@@ -347,6 +454,7 @@ cdef class AdmissionQueue:
             Py_XDECREF(self._ready[(self._ready_head + i) % self._ready_cap].item)
         free(self._ring)
         free(self._ready)
+        free(self._estimate)
         pthread_cond_destroy(&self._ready_cond)
         pthread_mutex_destroy(&self._mutex)
 
@@ -365,12 +473,61 @@ cdef class AdmissionQueue:
     @property
     def order(self):
         _check_initialised(self)
-        return "lifo" if self._lifo else "fifo"
+        return self._order
+
+    @property
+    def codel_target_ms(self):
+        _check_initialised(self)
+        return self._codel_target_ms
+
+    @property
+    def codel_interval_ms(self):
+        _check_initialised(self)
+        return self._codel_interval_ms
+
+    @property
+    def expected_service_ms(self):
+        """The constructor's value: None (off), a fixed time in ms, or a learned quantile's name."""
+        _check_initialised(self)
+        return self._expected_service_ms
+
+    @property
+    def expected_service_ns(self):
+        """The expected service time in use now; 0 when off or not learned yet."""
+        cdef int64_t expected
+        _check_initialised(self)
+        pthread_mutex_lock(&self._mutex)
+        expected = self._expected_ns()
+        pthread_mutex_unlock(&self._mutex)
+        return expected
 
     @property
     def is_shutdown(self):
         _check_initialised(self)
         return self._shutdown
+
+    @property
+    def limit(self):
+        """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
+        _check_initialised(self)
+        return prazo_load(&self._limit)
+
+    @property
+    def limit_policy(self):
+        """The ``limit`` argument: ``"fixed"`` or ``"vegas"``."""
+        _check_initialised(self)
+        return "vegas" if self._use_vegas else "fixed"
+
+    @property
+    def min_concurrency(self):
+        _check_initialised(self)
+        return self._min_concurrency
+
+    @property
+    def reserved(self):
+        """Slots kept for critical arrivals (normal ones borrow them while the class is idle)."""
+        _check_initialised(self)
+        return self._reserved
 
     def qsize(self):
         """Entries waiting for a slot (not counting the ones holding one)."""
@@ -378,10 +535,13 @@ cdef class AdmissionQueue:
         return prazo_load(&self._c.queued)
 
     def full(self):
-        """True when an arrival now would get ``QueueFull``."""
+        """True when an arrival now would get ``QueueFull`` (``order="adaptive"`` may shed instead)."""
+        cdef bint full
         _check_initialised(self)
-        return (prazo_load(&self._c.in_flight) >= self._max_concurrency
-                and prazo_load(&self._c.queued) >= self._max_queue)
+        pthread_mutex_lock(&self._mutex)
+        full = self._ring_count >= self._max_queue and not self._may_start(False)
+        pthread_mutex_unlock(&self._mutex)
+        return full
 
     def stats(self):
         """A consistent snapshot of the counters: they balance in every snapshot.
@@ -396,14 +556,19 @@ cdef class AdmissionQueue:
         cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
         cdef prazo_atomic_i64 *copied = <prazo_atomic_i64 *>&copy
         cdef Py_ssize_t i
+        cdef int64_t expected, limit
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
         for i in range(_N_COUNTERS):
             prazo_store(&copied[i], prazo_load(&fields[i]))
+        expected = self._expected_ns()
+        limit = prazo_load(&self._limit)
         pthread_mutex_unlock(&self._mutex)
         snapshot = {}
         for i in range(_N_COUNTERS):
             snapshot[_COUNTER_NAMES[i]] = prazo_load(&copied[i])
+        snapshot["expected_service_ns"] = expected
+        snapshot["limit"] = limit
         snapshot["expired"] = snapshot["expired_on_arrival"] + snapshot["expired_in_queue"]
         snapshot["max_concurrency"] = self._max_concurrency
         snapshot["max_queue"] = self._max_queue
@@ -414,23 +579,42 @@ cdef class AdmissionQueue:
     cdef void _ring_push(self, Entry entry) noexcept nogil:
         self._ring[(self._ring_head + self._ring_count) % self._ring_cap] = entry
         self._ring_count += 1
+        if entry.critical:
+            self._critical_waiting += 1
         prazo_add(&self._c.queued, 1)
         prazo_raise_peak(&self._c.peak_queued, self._ring_count)
 
-    cdef Entry _ring_pop_next(self) noexcept nogil:
-        cdef Entry entry
-        if self._lifo:
-            entry = self._ring[(self._ring_head + self._ring_count - 1) % self._ring_cap]
-        else:
-            entry = self._ring[self._ring_head]
+    cdef Py_ssize_t _ring_next_position(self, int64_t now) noexcept nogil:
+        """Where the next entry to serve waits: the oldest critical one, else the
+        line's end by order (the newest for LIFO and a standing adaptive line)."""
+        cdef Py_ssize_t i
+        if self._critical_waiting > 0:
+            # O(n), and only while a critical entry waits.
+            for i in range(self._ring_count):
+                if self._ring[(self._ring_head + i) % self._ring_cap].critical:
+                    return i
+        if self._lifo or (self._adaptive and prazo_codel_standing(&self._codel, now)):
+            return self._ring_count - 1
+        return 0
+
+    cdef Entry _ring_take(self, Py_ssize_t position) noexcept nogil:
+        """Take the entry ``position`` places from the head out of the line (O(1) at either end)."""
+        cdef Entry entry = self._ring[(self._ring_head + position) % self._ring_cap]
+        if position == 0:
             self._ring_head = (self._ring_head + 1) % self._ring_cap
-        self._ring_count -= 1
-        prazo_add(&self._c.queued, -1)
+            self._ring_count -= 1
+            prazo_add(&self._c.queued, -1)
+            if entry.critical:
+                self._critical_waiting -= 1
+        else:
+            self._ring_remove_at(position)
         return entry
 
     cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil:
         """Take the entry ``position`` places from the head out of the line, keeping the order."""
         cdef Py_ssize_t j
+        if self._ring[(self._ring_head + position) % self._ring_cap].critical:
+            self._critical_waiting -= 1
         for j in range(position, self._ring_count - 1):
             self._ring[(self._ring_head + j) % self._ring_cap] = self._ring[(self._ring_head + j + 1) % self._ring_cap]
         self._ring_count -= 1
@@ -449,19 +633,107 @@ cdef class AdmissionQueue:
         self._ready_count += 1
         pthread_cond_signal(&self._ready_cond)
 
-    cdef int _admit(self, int64_t deadline_ns, int64_t now) noexcept nogil:
-        """Count an arrival and decide: start now, wait, or refuse."""
+    # -- the policies (mutex held, no Python) -------------------------------------
+
+    cdef int64_t _expected_ns(self) noexcept nogil:
+        return 0 if self._estimate == NULL else prazo_service_estimate_ns(self._estimate)
+
+    cdef void _on_service_sample(self, int64_t service_ns, int64_t now) noexcept nogil:
+        """A finished slot's service time (mutex held, before its slot is handed
+        over): feeds the learned estimate and the Vegas limit."""
+        if self._estimate != NULL:
+            prazo_service_estimate_sample(self._estimate, service_ns)
+        if self._use_vegas:
+            prazo_store(&self._limit, prazo_vegas_sample(&self._vegas, service_ns, prazo_load(&self._c.in_flight)))
+
+    cdef bint _may_start(self, bint critical) noexcept nogil:
+        """Whether an entry of this class may take a slot now (limit and reservation)."""
+        return prazo_priority_may_start(
+            prazo_load(&self._c.in_flight), prazo_load(&self._limit), self._reserved, critical,
+            self._critical_in_flight + self._critical_waiting)
+
+    cdef void _count_drop(self, int state) noexcept nogil:
+        if state == _INSUFFICIENT:
+            prazo_add(&self._c.insufficient_budget, 1)
+        elif state == _SHED:
+            prazo_add(&self._c.shed, 1)
+        elif state == _EVICTED:
+            prazo_add(&self._c.evicted, 1)
+        else:
+            prazo_add(&self._c.expired_in_queue, 1)
+
+    cdef void _shed_stale(self, int64_t now, Expired *dropped) noexcept nogil:
+        """CoDel: drop the entries at the old end that waited longer than allowed now.
+
+        O(entries shed). One whose deadline (or effective deadline) has passed
+        is dropped as that, not as shed: its caller is owed a 504, not a 503.
+        Out of memory for reporting, the sweep stops and the entry stays.
+        """
+        cdef int64_t limit = prazo_codel_max_sojourn(&self._codel, now)
+        cdef int64_t expected = self._expected_ns()
+        cdef Entry entry
+        cdef int verdict, state
+        while self._ring_count > 0:
+            entry = self._ring[self._ring_head]
+            if prazo_sub_saturating(now, entry.enqueued_ns) <= limit:
+                return
+            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
+            state = _SHED if verdict == PRAZO_VERDICT_LIVE else _drop_state(verdict)
+            if not self._dismiss(entry, state, dropped):
+                return
+            self._ring_take(0)
+            self._count_drop(state)
+
+    cdef bint _evict_newest_normal(self, Expired *dropped) noexcept nogil:
+        """Make room in a full line for a critical arrival: push out its newest normal waiter.
+
+        A gate waiter is woken to raise ``QueueFull("evicted-by-critical")``;
+        a work item goes to ``dropped``. False when every waiter is critical,
+        or when memory for reporting ran out (the arrival is then refused).
+        """
+        cdef Py_ssize_t i = self._ring_count
+        cdef Entry entry
+        while i > 0:
+            i -= 1
+            entry = self._ring[(self._ring_head + i) % self._ring_cap]
+            if not entry.critical:
+                if not self._dismiss(entry, _EVICTED, dropped):
+                    return False
+                self._ring_remove_at(i)
+                self._count_drop(_EVICTED)
+                return True
+        return False
+
+    cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
+        """Count an arrival and decide: start now, wait, or refuse.
+
+        A full line first sheds its stale entries (``order="adaptive"``); a
+        critical arrival into a line still full evicts the newest normal
+        waiter. Work items dropped so land in ``dropped``.
+        """
+        cdef int verdict
         if self._shutdown:
             return _ADMIT_SHUTDOWN
+        if self._adaptive and self._ring_count == 0:
+            prazo_codel_note_empty(&self._codel, now)
         prazo_add(&self._c.offered, 1)
-        if now >= deadline_ns:
+        verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
+        if verdict == PRAZO_VERDICT_EXPIRED:
             prazo_add(&self._c.expired_on_arrival, 1)
             return _ADMIT_EXPIRED
-        if prazo_load(&self._c.in_flight) < self._max_concurrency:
+        if verdict != PRAZO_VERDICT_LIVE:
+            prazo_add(&self._c.insufficient_budget, 1)
+            return _ADMIT_INSUFFICIENT
+        if self._may_start(critical):
             prazo_add(&self._c.in_flight, 1)
+            if critical:
+                self._critical_in_flight += 1
             prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             return _ADMIT_START
-        if self._ring_count >= self._max_queue:
+        if self._ring_count >= self._max_queue and self._adaptive:
+            # A full standing line makes room by shedding its stale entries first.
+            self._shed_stale(now, dropped)
+        if self._ring_count >= self._max_queue and not (critical and self._evict_newest_normal(dropped)):
             prazo_add(&self._c.rejected_full, 1)
             return _ADMIT_FULL
         return _ADMIT_WAIT
@@ -483,45 +755,67 @@ cdef class AdmissionQueue:
             return True
         if not _expired_reserve(expired, expired.count + 1):
             return False
-        expired.items[expired.count] = entry.item
+        expired.items[expired.count].item = entry.item
+        expired.items[expired.count].state = state
         expired.count += 1
         return True
 
-    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil:
-        """Give the slot in hand to the next live entry, or free it.
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted, bint critical) noexcept nogil:
+        """A slot of this class comes back: hand free slots to the next live entries while they may start.
 
         The whole hand-over happens here, with the mutex held and before any
-        Python code runs: every expired entry met on the way leaves the line
-        (work items into ``expired``, for the caller to report after
-        unlocking), and the slot reaches its new holder. A gate waiter given
-        the slot is returned in ``granted`` for the caller to signal after
-        unlocking.
+        Python code runs: every entry met on the way that must not start
+        (stale for CoDel, expired, insufficient budget) leaves the line (work
+        items into ``expired``, for the caller to report after unlocking),
+        and each slot reaches its new holder. Usually one slot moves; several
+        when the limit has just risen. The first gate waiter given a slot is
+        returned in ``granted`` for the caller to signal after unlocking; any
+        further one is signalled here (it cannot wake before the mutex is let
+        go anyway).
         """
         cdef Entry entry
+        cdef Py_ssize_t position
+        cdef int verdict
+        cdef int64_t expected = self._expected_ns()
+        if critical:
+            self._critical_in_flight -= 1
+        prazo_add(&self._c.in_flight, -1)
+        if self._adaptive and self._ring_count > 0:
+            self._shed_stale(now, expired)
         while self._ring_count > 0:
-            entry = self._ring_pop_next()
-            # Out of memory for reporting, an expired work item takes the
-            # slot like a live one; get() then finds it expired and passes
+            position = self._ring_next_position(now)
+            if not self._may_start(self._ring[(self._ring_head + position) % self._ring_cap].critical):
+                break
+            entry = self._ring_take(position)
+            # Out of memory for reporting, a dropped work item takes the
+            # slot like a live one; get() then finds it dropped and passes
             # the slot on, so it still never starts and the slot is not lost.
-            if now >= entry.deadline_ns and self._dismiss(entry, _EXPIRED, expired):
-                prazo_add(&self._c.expired_in_queue, 1)
+            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
+            if verdict != PRAZO_VERDICT_LIVE and self._dismiss(entry, _drop_state(verdict), expired):
+                self._count_drop(_drop_state(verdict))
                 continue
+            prazo_add(&self._c.in_flight, 1)
+            if entry.critical:
+                self._critical_in_flight += 1
+            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
-                entry.waiter.handed = True
-                granted[0] = entry.waiter
+                entry.waiter.granted_ns = now
+                if granted[0] == NULL:
+                    entry.waiter.handed = True
+                    granted[0] = entry.waiter
+                else:
+                    pthread_cond_signal(&entry.waiter.cond)
             else:
                 self._ready_push(entry)
-            return
-        prazo_add(&self._c.in_flight, -1)
         if self._shutdown and prazo_load(&self._c.in_flight) == 0:
             pthread_cond_broadcast(&self._ready_cond)
 
-    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil:
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired, bint critical) noexcept nogil:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
-        self._hand_over(now, expired, &granted)
+        self._hand_over(now, expired, &granted, critical)
         pthread_mutex_unlock(&self._mutex)
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
@@ -530,24 +824,30 @@ cdef class AdmissionQueue:
     # -- reporting expired work items (GIL held, mutex not held) ----------------
 
     cdef int _report(self, Expired *expired) except -1:
-        """Call ``on_expired`` once per item, in line order, and free ``expired``.
+        """Tell the callback about each dropped item, in the order met, and free ``expired``.
 
-        A callback's Exception is logged. A BaseException (KeyboardInterrupt,
-        SystemExit) does not stop the others from being told either; the
-        first one is raised once every item has been reported.
+        ``on_dropped(item, error)``, or ``on_expired(item)``. A callback's
+        Exception is logged. A BaseException (KeyboardInterrupt, SystemExit)
+        does not stop the others from being told either; the first one is
+        raised once every item has been reported.
         """
         cdef Py_ssize_t i
         cdef object item
         cdef object interrupt = None
         for i in range(expired.count):
-            item = <object>expired.items[i]
+            item = <object>expired.items[i].item
             Py_DECREF(item)  # the ring's reference; `item` keeps one of its own
-            if self._on_expired is None:
+            if self._on_dropped is None and self._on_expired is None:
                 continue
             try:
-                self._on_expired(item)
+                if self._on_dropped is not None:
+                    self._on_dropped(item, _drop_error(expired.items[i].state))
+                elif expired.items[i].state != _EVICTED:
+                    # on_expired predates eviction; an evicted item is a 503
+                    # for live work, which only on_dropped can express.
+                    self._on_expired(item)
             except Exception:
-                _log_callback_error(item)
+                _log_callback_error("on_dropped" if self._on_dropped is not None else "on_expired", item)
             except BaseException as exc:
                 if interrupt is None:
                     interrupt = exc
@@ -558,12 +858,18 @@ cdef class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
-    def slot(self, deadline=None, *, now_ns=None):
-        """A context manager holding one slot for the body of a ``with``."""
+    def slot(self, deadline=None, *, critical=False, now_ns=None):
+        """A context manager holding one slot for the body of a ``with``.
+
+        Its ``__exit__`` gives the slot back with the slot's own start time,
+        so the queue learns the body's service time (``limit="vegas"``,
+        learned ``expected_service_ms``).
+        """
         _check_initialised(self)
         cdef Slot s = Slot.__new__(Slot)
         s._queue = self
         s._deadline_ns = _deadline_ns(deadline)
+        s._critical = _critical(critical)
         if now_ns is None:
             s._fake_now = False
         else:
@@ -571,53 +877,81 @@ cdef class AdmissionQueue:
             s._fake_now = True
         return s
 
-    def acquire(self, deadline=None, *, now_ns=None):
+    def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
-        Raises ``QueueFull`` at once when the line is full, and
-        ``DeadlineExceeded`` when the deadline passes before a slot is granted
-        (on arrival, while waiting, or just as the slot arrives).
+        Returns the monotonic time (ns) at which the slot became the caller's
+        (on arrival, or when it was handed over from the line): pass it back
+        as ``release(started_ns=...)`` so the queue learns the service time.
+        A ``critical`` arrival may use the reserved slots and is served first;
+        release its slot with ``release(critical=True)``.
+
+        Raises ``QueueFull`` at once when the line is full (or when a critical
+        arrival evicts this waiter), and ``DeadlineExceeded`` when the
+        deadline passes before a slot is granted (on arrival, while waiting,
+        or just as the slot arrives) or the remaining budget is shorter than
+        the expected service time.
         """
         _check_initialised(self)
-        self._acquire(_deadline_ns(deadline), _clock(now_ns))
+        return self._acquire_class(_deadline_ns(deadline), _clock(now_ns), _critical(critical))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
-        """Take a slot; returns the monotonic time at which it started."""
+        """Take a normal slot; returns the monotonic time at which it started."""
+        return self._acquire_class(deadline_ns, now, False)
+
+    cdef int64_t _acquire_class(self, int64_t deadline_ns, int64_t now, bint critical) except? -1:
+        """Take a slot of this class; returns the monotonic time at which it became this caller's."""
         cdef int outcome
+        cdef Expired dropped
         # A signal that arrived before this call (e.g. while this thread waited
         # for the GIL) is raised now, before the slot is taken: after the
         # return it would be raised in the caller, with the slot leaked.
         PyErr_CheckSignals()
+        _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(deadline_ns, now)
+        outcome = self._admit(deadline_ns, now, critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.started, 1)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
             return now
         if outcome != _ADMIT_WAIT:
             pthread_mutex_unlock(&self._mutex)
+            self._report(&dropped)
             raise _admission_error(outcome)
-        return self._wait_in_line(deadline_ns, now)
+        return self._wait_in_line(deadline_ns, now, critical, &dropped)
 
-    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now) except? -1:
-        """Called with the mutex held; returns the start time of a started slot, or raises."""
+    cdef int64_t _wait_in_line(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) except? -1:
+        """Called with the mutex held; returns the start time (the grant) of a started slot, or raises.
+
+        ``dropped`` holds the entries the arrival shed or evicted to make
+        room; they are reported once this waiter is in line and the mutex is
+        released.
+        """
         cdef Waiter waiter
         cdef Entry entry
         cdef int state
         cdef Expired expired
+        cdef int verdict
         if prazo_cond_init_monotonic(&waiter.cond) != 0:
             pthread_mutex_unlock(&self._mutex)
+            self._report(dropped)
             raise OSError("pthread_cond_init failed")
         waiter.state = _WAITING
         waiter.handed = False
+        waiter.critical = critical
+        waiter.granted_ns = now
         prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
         entry.item = NULL
         entry.waiter = &waiter
+        entry.critical = critical
         self._ring_push(entry)
         pthread_mutex_unlock(&self._mutex)
         try:
+            self._report(dropped)
             while True:
                 with nogil:
                     state = self._wait_slice(&waiter, deadline_ns)
@@ -633,44 +967,56 @@ cdef class AdmissionQueue:
             # Every path that leaves has taken the waiter off the line and
             # waited for any granter to finish signalling it.
             pthread_cond_destroy(&waiter.cond)
-        if state == _EXPIRED:
-            raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
         if state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
+        if state != _GRANTED:
+            raise _drop_error(state)
         # Granted. The deadline is checked once more now that this thread
         # holds the GIL again, as close as it gets to running the body.
         pthread_mutex_lock(&self._mutex)
         prazo_add(&self._c.assigned, -1)
         now = prazo_monotonic_ns()
-        if now < deadline_ns:
+        verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
+        if verdict == PRAZO_VERDICT_LIVE:
             self._start(entry.enqueued_ns, now)
+            if critical:
+                prazo_add(&self._c.critical_started, 1)
             pthread_mutex_unlock(&self._mutex)
-            return now
-        # The time ran out while this thread woke up: it never starts, and
-        # the slot moves on.
-        prazo_add(&self._c.expired_in_queue, 1)
+            # The slot has been this caller's since the grant: the time its
+            # thread took to wake (under a busy GIL, often longer than the
+            # work) is part of the slot's service (see the Python twin).
+            return waiter.granted_ns
+        # The time ran out (or got too short) while this thread woke up: it
+        # never starts, and the slot moves on.
+        state = _drop_state(verdict)
+        self._count_drop(state)
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         self._report(&expired)
-        raise DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
+        raise _drop_error(state)
 
     cdef int _wait_slice(self, Waiter *waiter, int64_t deadline_ns) noexcept nogil:
         """Wait (GIL released) for at most one slice; leave the line at the deadline."""
-        cdef int64_t now, until
-        cdef int state
+        cdef int64_t now, until, effective
+        cdef int state, verdict
         pthread_mutex_lock(&self._mutex)
         if waiter.state == _WAITING:
             now = prazo_monotonic_ns()
-            until = deadline_ns
-            if until - now > _SIGNAL_SLICE_NS:
-                until = now + _SIGNAL_SLICE_NS
-            if now < deadline_ns:
+            # The effective deadline with the estimate current now: it may move.
+            effective = prazo_effective_deadline_ns(deadline_ns, self._expected_ns())
+            until = now + _SIGNAL_SLICE_NS
+            if effective < until:
+                until = effective
+            if now < effective:
                 prazo_cond_wait_until(&waiter.cond, &self._mutex, until)
-            if waiter.state == _WAITING and prazo_monotonic_ns() >= deadline_ns:
-                # Active expiry: leave at our own deadline, not at the head.
-                self._ring_remove_waiter(waiter)
-                prazo_add(&self._c.expired_in_queue, 1)
-                waiter.state = _EXPIRED
+            if waiter.state == _WAITING:
+                now = prazo_monotonic_ns()
+                verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
+                if verdict != PRAZO_VERDICT_LIVE:
+                    # Active expiry: leave at our own (effective) deadline, not at the head.
+                    self._ring_remove_waiter(waiter)
+                    waiter.state = _drop_state(verdict)
+                    self._count_drop(waiter.state)
         state = waiter.state
         if state == _GRANTED:
             self._await_granter_locked(waiter)
@@ -704,7 +1050,7 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, -1)
             prazo_add(&self._c.cancelled, 1)
             waiter.state = _CANCELLED
-            self._hand_over_unlock(prazo_monotonic_ns(), expired)
+            self._hand_over_unlock(prazo_monotonic_ns(), expired, waiter.critical)
             return
         pthread_mutex_unlock(&self._mutex)
 
@@ -727,20 +1073,47 @@ cdef class AdmissionQueue:
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
-    def release(self, *, now_ns=None):
-        """Give back a slot taken by ``acquire()``; it goes to the next live waiter."""
+    def release(self, *, critical=False, started_ns=None, now_ns=None):
+        """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
+
+        With ``started_ns`` (what ``acquire()`` returned), the time since then
+        is a service-time sample for the policies that learn from them
+        (``limit="vegas"``, learned ``expected_service_ms``); ``critical``
+        must match the ``acquire(critical=...)`` of the slot.
+        """
         _check_initialised(self)
-        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+        self._release_class(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns),
+                            _critical(critical))
 
     cdef int _release(self, int64_t now, bint real_clock) except -1:
+        return self._release_class(now, real_clock, -1, False)
+
+    cdef int _release_sampled(self, int64_t now, bint real_clock, int64_t started_ns) except -1:
+        """``_release``, with the slot's start time (< 0: none) as a service-time sample."""
+        return self._release_class(now, real_clock, started_ns, False)
+
+    cdef int _release_class(self, int64_t now, bint real_clock, int64_t started_ns, bint critical) except -1:
+        """Release a slot of this class; ``started_ns`` >= 0 makes ``now - started_ns`` a service-time sample."""
         cdef Expired expired
+        cdef int64_t service_ns
         pthread_mutex_lock(&self._mutex)
         if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release() called more times than a slot was taken")
+        if critical and self._critical_in_flight <= 0:
+            pthread_mutex_unlock(&self._mutex)
+            raise ValueError("release(critical=True) called with no critical slot taken")
         prazo_add(&self._c.completed, 1)
+        if started_ns >= 0:
+            if real_clock:
+                now = prazo_monotonic_ns()
+                real_clock = False
+            service_ns = prazo_sub_saturating(now, started_ns)
+            self._on_service_sample(service_ns if service_ns > 0 else 0, now)
         if self._ring_count == 0:
             # Nobody waits: the common case needs no clock read at all.
+            if critical:
+                self._critical_in_flight -= 1
             prazo_add(&self._c.in_flight, -1)
             if self._shutdown and prazo_load(&self._c.in_flight) == 0:
                 pthread_cond_broadcast(&self._ready_cond)
@@ -749,30 +1122,36 @@ cdef class AdmissionQueue:
         if real_clock:
             now = prazo_monotonic_ns()
         _expired_init(&expired)
-        self._hand_over_unlock(now, &expired)
+        self._hand_over_unlock(now, &expired, critical)
         return self._report(&expired)
 
     # -- work-queue face -------------------------------------------------------
 
-    def put(self, item, deadline=None, *, now_ns=None):
+    def put(self, item, deadline=None, *, critical=False, now_ns=None):
         """Offer ``item``; never blocks.
 
         A free slot is assigned to it at once (so rejection never depends on
         how fast consumers wake up); otherwise it waits in line. Raises
-        ``QueueFull`` or ``DeadlineExceeded("expired-on-arrival")``.
+        ``QueueFull`` or ``DeadlineExceeded`` (``expired-on-arrival``,
+        ``insufficient-budget``). A ``critical`` item is served first and may
+        push the newest normal item out of a full line (reported to
+        ``on_dropped``); finish it with ``task_done(critical=True)``.
         """
         cdef Entry entry
         cdef int outcome
+        cdef Expired dropped
         _check_initialised(self)
         entry.deadline_ns = _deadline_ns(deadline)
         entry.enqueued_ns = _clock(now_ns)
+        entry.critical = _critical(critical)
         # A pending signal is raised before the item is queued, not after (see _acquire).
         PyErr_CheckSignals()
         entry.item = <PyObject *>item
         entry.waiter = NULL
         Py_INCREF(item)
+        _expired_init(&dropped)
         pthread_mutex_lock(&self._mutex)
-        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns)
+        outcome = self._admit(entry.deadline_ns, entry.enqueued_ns, entry.critical, &dropped)
         if outcome == _ADMIT_START:
             prazo_add(&self._c.assigned, 1)
             self._ready_push(entry)
@@ -781,11 +1160,13 @@ cdef class AdmissionQueue:
         pthread_mutex_unlock(&self._mutex)
         if outcome != _ADMIT_START and outcome != _ADMIT_WAIT:
             Py_DECREF(item)
+            self._report(&dropped)
             raise _admission_error(outcome)
+        self._report(&dropped)
 
-    def put_nowait(self, item, deadline=None, *, now_ns=None):
+    def put_nowait(self, item, deadline=None, *, critical=False, now_ns=None):
         """Same as ``put`` (which never blocks); named after ``queue.Queue``."""
-        self.put(item, deadline, now_ns=now_ns)
+        self.put(item, deadline, critical=critical, now_ns=now_ns)
 
     def get(self, block=True, timeout=None, *, now_ns=None):
         """Take the next live item that holds a slot; pair with ``task_done()``.
@@ -802,6 +1183,7 @@ cdef class AdmissionQueue:
         cdef bint blocking = bool(block)
         cdef Entry entry
         cdef Expired expired
+        cdef int verdict, state
         _check_initialised(self)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -822,18 +1204,23 @@ cdef class AdmissionQueue:
                 self._ready_count -= 1
                 prazo_add(&self._c.assigned, -1)
                 now = fake_now if use_fake else prazo_monotonic_ns()
-                if now < entry.deadline_ns:
+                verdict = prazo_deadline_verdict(now, entry.deadline_ns, self._expected_ns())
+                if verdict == PRAZO_VERDICT_LIVE:
                     self._start(entry.enqueued_ns, now)
+                    if entry.critical:
+                        prazo_add(&self._c.critical_started, 1)
                     pthread_mutex_unlock(&self._mutex)
                     item = <object>entry.item
                     Py_DECREF(item)  # the ring's reference moves to `item`
                     return item
                 # Its slot came too late: the slot moves on, then it is reported.
-                prazo_add(&self._c.expired_in_queue, 1)
+                state = _drop_state(verdict)
+                self._count_drop(state)
                 _expired_init(&expired)
-                expired.items[0] = entry.item
+                expired.items[0].item = entry.item
+                expired.items[0].state = state
                 expired.count = 1
-                self._hand_over_unlock(now, &expired)
+                self._hand_over_unlock(now, &expired, entry.critical)
                 self._report(&expired)
                 continue
             if self._shutdown and self._ring_count == 0:
@@ -862,13 +1249,14 @@ cdef class AdmissionQueue:
         """``get(block=False)``."""
         return self.get(False, now_ns=now_ns)
 
-    def task_done(self, *, now_ns=None):
-        """Give back the slot of an item taken by ``get()``."""
+    def task_done(self, *, critical=False, started_ns=None, now_ns=None):
+        """Give back the slot of an item taken by ``get()`` (see ``release()`` for the keywords)."""
         _check_initialised(self)
-        self._release(-1 if now_ns is None else _clock(now_ns), now_ns is None)
+        self._release_class(-1 if now_ns is None else _clock(now_ns), now_ns is None, _started(started_ns),
+                            _critical(critical))
 
     def expire_overdue(self, *, now_ns=None):
-        """Remove every waiting entry whose deadline has passed; return how many.
+        """Remove every waiting entry whose deadline (or effective deadline) has passed; return how many.
 
         Gate waiters already leave at their own deadline; this is how work
         items, which cannot wake themselves, get the same treatment.
@@ -877,19 +1265,25 @@ cdef class AdmissionQueue:
         cdef Py_ssize_t i, kept = 0, count = 0
         cdef Entry entry
         cdef Expired expired
+        cdef int64_t expected
+        cdef int verdict
         _check_initialised(self)
         _expired_init(&expired)
         pthread_mutex_lock(&self._mutex)
         if not _expired_reserve(&expired, self._ring_count):
             pthread_mutex_unlock(&self._mutex)
             raise MemoryError()
+        expected = self._expected_ns()
         for i in range(self._ring_count):
             entry = self._ring[(self._ring_head + i) % self._ring_cap]
-            if now >= entry.deadline_ns:
+            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
+            if verdict != PRAZO_VERDICT_LIVE:
                 count += 1
-                prazo_add(&self._c.expired_in_queue, 1)
+                self._count_drop(_drop_state(verdict))
                 prazo_add(&self._c.queued, -1)
-                self._dismiss(entry, _EXPIRED, &expired)
+                if entry.critical:
+                    self._critical_waiting -= 1
+                self._dismiss(entry, _drop_state(verdict), &expired)
             else:
                 self._ring[(self._ring_head + kept) % self._ring_cap] = entry
                 kept += 1
@@ -948,11 +1342,12 @@ cdef class AdmissionQueue:
                 self._dismiss(entry, _CANCELLED, &items)
             self._ring_count = 0
             self._ring_head = 0
+            self._critical_waiting = 0
         pthread_cond_broadcast(&self._ready_cond)
         pthread_mutex_unlock(&self._mutex)
         cancelled = []
         for i in range(items.count):
-            item = <object>items.items[i]
+            item = <object>items.items[i].item
             Py_DECREF(item)  # the ring's reference moves to the list
             cancelled.append(item)
         _expired_free(&items)
@@ -1032,20 +1427,23 @@ cdef int _clear_queue(PyObject *o) noexcept:
         _expired_reserve(&dropped, queue._ring_count + queue._ready_count)
         while dropped.count < dropped.cap and queue._ring_count > 0:
             prazo_add(&queue._c.cancelled, 1)
-            queue._dismiss(queue._ring_pop_next(), _CANCELLED, &dropped)
+            queue._dismiss(queue._ring_take(0), _CANCELLED, &dropped)
         while dropped.count < dropped.cap and queue._ready_count > 0:
             entry = queue._ready[queue._ready_head]
             queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
             queue._ready_count -= 1
             prazo_add(&queue._c.assigned, -1)
             prazo_add(&queue._c.in_flight, -1)
+            if entry.critical:
+                queue._critical_in_flight -= 1
             prazo_add(&queue._c.cancelled, 1)
-            dropped.items[dropped.count] = entry.item
+            dropped.items[dropped.count].item = entry.item
+            dropped.items[dropped.count].state = _CANCELLED
             dropped.count += 1
         pthread_mutex_unlock(&queue._mutex)
         count = dropped.count
         for i in range(count):
-            Py_XDECREF(dropped.items[i])
+            Py_XDECREF(dropped.items[i].item)
         _expired_free(&dropped)
         if count == 0:
             return _generated_clear(o)

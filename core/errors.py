@@ -13,10 +13,13 @@ import queue
 __all__ = [
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DOWNSTREAM_OVERLOADED",
+    "REASON_EVICTED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
+    "REASON_INSUFFICIENT_BUDGET",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
     "REASON_QUEUE_FULL",
+    "REASON_SHED",
     "DeadlineExceeded",
     "DownstreamOverloaded",
     "QueueFull",
@@ -29,6 +32,12 @@ REASON_EXPIRED_IN_QUEUE = "expired-in-queue"
 REASON_DEADLINE_EXCEEDED = "deadline-exceeded"
 REASON_NO_BUDGET_FOR_DOWNSTREAM = "no-budget-for-downstream"
 REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
+# The queue policies (POLICIES.md): a doomed entry, whose remaining budget is
+# shorter than the expected service time, is a 504; a shed one a 503.
+REASON_INSUFFICIENT_BUDGET = "insufficient-budget"
+REASON_SHED = "shed-standing-queue"
+# A normal waiter pushed out of a full line by a critical arrival: a 503.
+REASON_EVICTED = "evicted-by-critical"
 
 
 class QueueFull(queue.Full):

@@ -25,12 +25,15 @@ __all__ = [
     "JOIN_TIMEOUT_S",
     "TWIN_NAMES",
     "ConcurrencyMeter",
+    "Dropped",
     "FakeClock",
     "QueueClass",
     "assert_conservation",
     "assert_counters",
     "load_histogram_twin",
     "load_twin",
+    "reasons",
+    "recorder",
     "spawn",
     "unaccounted",
     "wait_until",
@@ -55,6 +58,10 @@ COUNTER_NAMES = (
     "peak_in_flight",
     "peak_queued",
     "queue_wait_ns_total",
+    "insufficient_budget",
+    "shed",
+    "evicted",
+    "critical_started",
 )
 
 # Real-thread tests never wait longer than this for something that should take
@@ -197,6 +204,10 @@ def unaccounted(stats: Mapping[str, int]) -> int:
         + stats["cancelled"]
         + stats["queued"]
         + stats["assigned"]
+        # The policies' outcomes (POLICIES.md); absent from the front door's stats.
+        + stats.get("insufficient_budget", 0)
+        + stats.get("shed", 0)
+        + stats.get("evicted", 0)
     )
     return stats["offered"] - accounted
 
@@ -212,3 +223,18 @@ def assert_counters(q: AdmissionQueue, **expected: int) -> None:
     stats = q.stats()
     assert_conservation(stats)
     assert {name: stats[name] for name in expected} == expected
+
+
+# What an ``on_dropped`` callback heard: ``(item, error)`` in the order told.
+Dropped = list[tuple[Any, BaseException]]
+
+
+def recorder() -> tuple[Dropped, Callable[[Any, BaseException], None]]:
+    """A list and an ``on_dropped`` callback appending ``(item, error)`` to it."""
+    seen: Dropped = []
+    return seen, lambda item, error: seen.append((item, error))
+
+
+def reasons(seen: Dropped) -> list[tuple[Any, str, int]]:
+    """``(item, error.reason, error.status)`` for each dropped item heard."""
+    return [(item, error.reason, error.status) for item, error in seen]  # type: ignore[attr-defined]

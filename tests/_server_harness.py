@@ -9,6 +9,8 @@ The app (``app``) is also what the gunicorn subprocess serves
     with the remaining budget; every wait is bounded.
 ``/calls``
     how many times ``/work`` ran the app, as a decimal body.
+``/healthz``
+    ``ok``: a health check (the policy tests make its path critical).
 ``/budget-header``
     what reached the app: ``HTTP_X_REQUEST_BUDGET_MS`` from its environ (or
     ``-``) and the remaining budget, as ``header=V remaining_ms=M``.
@@ -67,6 +69,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
     if path == "/calls":
         with _calls_lock:
             body = str(_calls).encode()
+    elif path == "/healthz":
+        body = b"ok"
     elif path == "/budget-header":
         deadline = environ["prazo.deadline"]
         header = environ.get("HTTP_X_REQUEST_BUDGET_MS", "-")
@@ -343,11 +347,13 @@ def start_server(
     default_budget_ms: float = 1000,
     max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
+    policies: dict[str, Any] | None = None,
 ) -> RunningServer:
     """Start server ``kind`` (one of ``SERVER_KINDS``) with prazo's admission serving ``app``.
 
     ``header_timeout_ms`` applies to the socket-level servers only (waitress
-    reads heads in its I/O thread and has no such setting).
+    reads heads in its I/O thread and has no such setting). ``policies`` are
+    queue-policy options of ``resolve_settings`` (``order``, ``reserved``, ...).
     """
     limits: dict[str, Any] = {
         "threads": threads,
@@ -357,6 +363,12 @@ def start_server(
     }
     if header_timeout_ms is not None:
         limits["header_timeout_ms"] = header_timeout_ms
+    if kind == "gunicorn":
+        return start_gunicorn(**limits, policies=policies)
+    if policies:
+        from prazo.bindings.servers.settings import resolve_settings
+
+        limits = {"settings": resolve_settings(**limits, **policies)}
     if kind == "waitress":
         from prazo.bindings.servers import waitress as prazo_waitress
 
@@ -387,18 +399,26 @@ def start_server(
         thread = _in_thread(server.serve, "cheroot-serve")
         return RunningServer(kind, server.bind_addr[1], server.stop, thread, server.requests.stats)
     if kind == "gunicorn":
-        return _start_gunicorn(**limits)
+        return start_gunicorn(**limits)
     raise ValueError(f"kind must be one of {SERVER_KINDS}, got {kind!r}")
 
 
-def _start_gunicorn(
+def start_gunicorn(
     threads: int,
     max_queue: int,
-    default_budget_ms: float,
-    max_budget_ms: float,
+    default_budget_ms: float = 1000,
+    max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
+    *,
+    workers: int = 1,
+    app_spec: str = "_server_harness:app",
+    extra_env: dict[str, str] | None = None,
+    policies: dict[str, Any] | None = None,
 ) -> RunningServer:
+    """``gunicorn -w workers`` with prazo's worker serving ``app_spec`` (a module in tests/), started and probed."""
     env = dict(os.environ)
+    for name, value in (policies or {}).items():
+        env["PRAZO_" + name.upper()] = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
     env.update(
         PRAZO_MAX_QUEUE=str(max_queue),
         PRAZO_DEFAULT_BUDGET_MS=str(default_budget_ms),
@@ -407,13 +427,14 @@ def _start_gunicorn(
     )
     if header_timeout_ms is not None:
         env["PRAZO_HEADER_TIMEOUT_MS"] = str(header_timeout_ms)
+    env.update(extra_env or {})
     command = [
         sys.executable, "-m", "gunicorn",
         "-k", "prazo.bindings.servers.gunicorn.AdmissionWorker",
-        "--threads", str(threads), "--workers", "1",
+        "--threads", str(threads), "--workers", str(workers),
         "--bind", "127.0.0.1:0", "--graceful-timeout", "10", "--keep-alive", "5",
         "--no-control-socket", "--error-logfile", "-", "--log-level", "info",
-        "_server_harness:app",
+        app_spec,
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     log: list[str] = []

@@ -141,6 +141,47 @@ def test_queue_counters_and_gauges_are_exact(impl: QueueClass, clock: FakeClock,
     assert not [name for name, _ in samples if name.startswith(("prazo_wsgi_", "prazo_pool_", "prazo_request_"))]
 
 
+def test_queue_policy_refusals_and_gauges(impl: QueueClass, clock: FakeClock, registry: CollectorRegistry) -> None:
+    q = impl(1, 4, order="adaptive", expected_service_ms=50)
+    PrazoCollector(registry).add_queue("policies", q)
+    start = clock.ns
+    q.put("a", clock.deadline_in(1000), now_ns=start)  # takes the slot
+    with pytest.raises(DeadlineExceeded) as doomed:
+        q.put("b", clock.deadline_in(40), now_ns=start)  # 40 ms left, 50 ms expected
+    assert doomed.value.reason == "insufficient-budget"
+    q.put("c", clock.deadline_in(5000), now_ns=start)  # waits
+    assert q.get(now_ns=start) == "a"
+    # c has waited 150 ms, beyond CoDel's interval (100 ms): shed, not started.
+    q.task_done(now_ns=clock.advance(150))
+    assert q.stats()["shed"] == 1
+
+    samples = scrape(registry)
+    refused = {
+        reason: value(samples, "prazo_queue_refused_total", queue="policies", reason=reason)
+        for reason in ("queue-full", "insufficient-budget", "shed-standing-queue")
+    }
+    assert refused == {"queue-full": 0, "insufficient-budget": 1, "shed-standing-queue": 1}
+    assert value(samples, "prazo_queue_expected_service_seconds", queue="policies") == pytest.approx(0.050)
+    assert value(samples, "prazo_queue_limit", queue="policies") == 1
+
+
+def test_queue_policy_families_follow_the_stats_they_read(registry: CollectorRegistry) -> None:
+    """A ``stats()`` without the policy keys (an older or foreign admission point) exports none of their series."""
+
+    class Legacy:
+        def stats(self) -> dict[str, int]:
+            keys = ("offered", "started", "completed", "cancelled", "in_flight", "assigned", "queued")
+            more = ("peak_in_flight", "peak_queued", "rejected_full", "expired_on_arrival", "expired_in_queue")
+            return {**dict.fromkeys((*keys, *more, "queue_wait_ns_total"), 0), "max_concurrency": 2, "max_queue": 1}
+
+    legacy = Legacy()
+    PrazoCollector(registry).add_queue("legacy", legacy)
+    samples = scrape(registry)
+    reasons = {dict(labels).get("reason") for name, labels in samples if name == "prazo_queue_refused_total"}
+    assert reasons == {"queue-full", "expired-on-arrival", "expired-in-queue"}
+    assert not [name for name, _ in samples if name in ("prazo_queue_limit", "prazo_queue_expected_service_seconds")]
+
+
 # -- the middleware, on both paths ---------------------------------------------------
 
 

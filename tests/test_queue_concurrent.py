@@ -123,6 +123,22 @@ class Ledger:
                 self.late_starts_ns.append(started_ns - deadline_ns)
 
 
+# The queue options of each run: "classic" draws fifo or lifo; "adaptive" runs
+# adaptive LIFO with CoDel shedding (short target and interval, so the line
+# stands and sheds within a run) and the doomed-work skip with a fixed 1 ms.
+POLICIES = ("classic", "adaptive")
+ADAPTIVE_OPTIONS: dict[str, Any] = {
+    "order": "adaptive",
+    "codel_target_ms": 2.0,
+    "codel_interval_ms": 10.0,
+    "expected_service_ms": 1.0,
+}
+
+
+def policy_options(policy: str, rng: random.Random) -> dict[str, Any]:
+    return ADAPTIVE_OPTIONS if policy == "adaptive" else {"order": rng.choice(("fifo", "lifo"))}
+
+
 def outcome_name(exc: BaseException) -> str:
     return getattr(exc, "reason", None) or type(exc).__name__
 
@@ -203,12 +219,22 @@ def assert_gate_counters_match(stats: Mapping[str, int], ledger: Ledger, attempt
     """Every gate attempt had one outcome, and ``stats()`` counted the same ones."""
     seen = ledger.outcomes
     assert sum(seen.values()) == attempts, seen
-    assert set(seen) <= {"started", "queue-full", "expired-on-arrival", "expired-in-queue"}, seen
+    outcomes = {
+        "started",
+        "queue-full",
+        "expired-on-arrival",
+        "expired-in-queue",
+        "insufficient-budget",
+        "shed-standing-queue",
+    }
+    assert set(seen) <= outcomes, seen
     assert stats["offered"] == attempts
     assert stats["started"] == seen["started"]
     assert stats["rejected_full"] == seen["queue-full"]
     assert stats["expired_on_arrival"] == seen["expired-on-arrival"]
     assert stats["expired_in_queue"] == seen["expired-in-queue"]
+    assert stats["insufficient_budget"] == seen["insufficient-budget"]
+    assert stats["shed"] == seen["shed-standing-queue"]
     assert stats["cancelled"] == 0
 
 
@@ -232,7 +258,7 @@ def gate_attempt(
                     time.sleep(service_s)
             return
         asked_ns = time.monotonic_ns()
-        q.acquire(deadline)
+        started_ns = q.acquire(deadline)
     except (QueueFull, DeadlineExceeded) as exc:
         ledger.note_error(exc)
         return
@@ -244,22 +270,23 @@ def gate_attempt(
             ledger.note("expired-in-queue")
         raise
     try:
+        assert asked_ns <= started_ns <= time.monotonic_ns()
         ledger.note_start(deadline_ns, asked_ns)
         with meter:
             time.sleep(service_s)
     finally:
-        q.release()
+        q.release(started_ns=started_ns)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", [7, 1031, 65537])
-def test_gate_waiters_block_expire_at_their_deadline_and_are_granted(impl: QueueClass, seed: int) -> None:
+def test_gate_waiters_block_expire_at_their_deadline_and_are_granted(impl: QueueClass, seed: int, policy: str) -> None:
     rng = random.Random(seed)
     max_concurrency = rng.randint(1, 4)
     max_queue = rng.randint(4, 32)
     threads = rng.randint(12, 24)
     attempts_per_thread = 40
-    order = rng.choice(("fifo", "lifo"))
-    q = impl(max_concurrency, max_queue, order=order)
+    q = impl(max_concurrency, max_queue, **policy_options(policy, rng))
     ledger, meter = Ledger(), ConcurrencyMeter()
     barrier = threading.Barrier(threads)
 
@@ -359,8 +386,12 @@ def test_gate_timeout_races_the_grant(impl: QueueClass, seed: int) -> None:
 class WorkRun:
     """One producer/consumer run: item fates as the threads saw them."""
 
-    def __init__(self, q_factory: Callable[..., Any], rng: random.Random) -> None:
+    def __init__(self, q_factory: Callable[..., Any], rng: random.Random, *, interrupts: bool = True) -> None:
         self.rng = rng
+        # Whether callbacks may raise KeyboardInterrupt. Not with the policies:
+        # there an arrival's put() also runs callbacks (for the entries it
+        # shed), and one raising there would hide whether the put took effect.
+        self.allow_interrupts = interrupts
         self.lock = threading.Lock()
         self.ledger = Ledger()
         self.meter = ConcurrencyMeter()
@@ -383,7 +414,7 @@ class WorkRun:
         plan = "record"
         if roll < 0.04:
             plan = "raise-exception"
-        elif roll < 0.06:
+        elif roll < 0.06 and self.allow_interrupts:
             plan = "raise-keyboard-interrupt"
         elif roll < 0.09:
             plan = "reenter-put"
@@ -444,16 +475,20 @@ class WorkRun:
             return None
 
 
-@pytest.mark.parametrize("seed", [3, 2027, 90001, 424242])
+@pytest.mark.parametrize(
+    ("seed", "policy"),
+    [(3, "classic"), (2027, "classic"), (90001, "classic"), (424242, "classic"), (5, "adaptive"), (8191, "adaptive")],
+)
 def test_producers_consumers_with_hostile_callbacks_and_a_shutdown_while_waiting(
-    impl: QueueClass, seed: int, caplog: pytest.LogCaptureFixture
+    impl: QueueClass, seed: int, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(seed)
     max_concurrency = rng.randint(1, 3)
     max_queue = rng.randint(64, 256)
     producers, consumers = rng.randint(4, 8), rng.randint(2, 4)
     puts_per_producer = rng.randint(80, 160)
-    run = WorkRun(lambda **kw: impl(max_concurrency, max_queue, order=rng.choice(("fifo", "lifo")), **kw), rng)
+    options = policy_options(policy, rng)
+    run = WorkRun(lambda **kw: impl(max_concurrency, max_queue, **options, **kw), rng, interrupts=policy == "classic")
     q = run.q
     producing = threading.Event()
     producing.set()
@@ -536,12 +571,15 @@ def test_producers_consumers_with_hostile_callbacks_and_a_shutdown_while_waiting
     gate_cancelled = stats["cancelled"] - len(cancelled_ids)
     assert gate["shutdown"] == 2, gate
     assert 0 <= gate_cancelled <= 2, (gate_cancelled, gate)
-    gate_expired = gate["expired-on-arrival"] + gate["expired-in-queue"]
-    gate_offered = gate["started"] + gate["queue-full"] + gate_expired + gate_cancelled
-    assert stats["offered"] == len(run.accepted) + work["queue-full"] + work["expired-on-arrival"] + gate_offered
+    gate_dropped = gate["expired-in-queue"] + gate["insufficient-budget"] + gate["shed-standing-queue"]
+    gate_offered = gate["started"] + gate["queue-full"] + gate["expired-on-arrival"] + gate_dropped + gate_cancelled
+    work_refused = work["queue-full"] + work["expired-on-arrival"] + work["insufficient-budget"]
+    assert stats["offered"] == len(run.accepted) + work_refused + gate_offered
     assert work["started"] == len(run.consumed)
     assert stats["started"] == len(run.consumed) + gate["started"]
-    assert stats["expired_in_queue"] == len(run.reported) + gate["expired-in-queue"]
+    # on_expired hears of every work item dropped from the line, whatever the reason.
+    dropped = stats["expired_in_queue"] + stats["insufficient_budget"] + stats["shed"]
+    assert dropped == len(run.reported) + gate_dropped + work["insufficient-budget"]
     assert stats["rejected_full"] == work["queue-full"] + gate["queue-full"]
     assert stats["expired_on_arrival"] == work["expired-on-arrival"] + gate["expired-on-arrival"]
     assert run.meter.peak <= max_concurrency
@@ -753,6 +791,128 @@ def test_one_hand_over_whatever_the_callbacks_do(
 
 
 # -- stats() snapshots ----------------------------------------------------------------------------
+
+
+# -- priority classes and the adaptive limit under real threads ------------------------------
+
+
+@pytest.mark.parametrize("seed", [5, 8191])
+@pytest.mark.parametrize("limit", ["fixed", "vegas"])
+def test_critical_arrivals_reserved_slots_and_the_vegas_limit_with_real_threads(
+    impl: QueueClass, seed: int, limit: str
+) -> None:
+    """Gate callers and producers/consumers, a quarter of them critical, on a queue with
+    reserved slots (and, under Vegas, a limit moved by their real service times).
+
+    Every arrival has one outcome (evicted ones included), every dropped work
+    item is reported once, no more than ``max_concurrency`` bodies run, the
+    counters match what the callers saw, and no slot leaks: at the end the
+    critical class is idle, so normal arrivals may borrow every slot again.
+    """
+    rng = random.Random(seed)
+    max_concurrency = rng.randint(3, 6)
+    reserved = rng.randint(1, max_concurrency - 1)
+    q = impl(
+        max_concurrency,
+        rng.randint(2, 8),
+        limit=limit,
+        reserved=reserved,
+        on_dropped=lambda item, error: dropped.append((item, error.reason)),
+    )
+    dropped: list[tuple[Any, str]] = []
+    ledger, meter = Ledger(), ConcurrencyMeter()
+    critical_starts = Counter[bool]()
+    starts_lock = threading.Lock()
+    callers, producers, consumers, attempts = 10, 2, 3, 40
+    put_outcomes: Counter[str] = Counter()
+    done = threading.Event()
+
+    def run_body(critical: bool) -> None:
+        with starts_lock:
+            critical_starts[critical] += 1
+        with meter:
+            time.sleep(rng.uniform(0.0, 0.002))
+
+    def caller(thread_seed: int) -> None:
+        thread_rng = random.Random(thread_seed)
+        for _ in range(attempts):
+            critical = thread_rng.random() < 0.25
+            deadline = Deadline.after_ms(thread_rng.uniform(0.5, 20.0))
+            try:
+                if thread_rng.random() < 0.5:
+                    with q.slot(deadline, critical=critical) as slot:
+                        ledger.note_start(deadline.ns, slot.started_ns)
+                        run_body(critical)
+                    continue
+                started = q.acquire(deadline, critical=critical)
+            except (QueueFull, DeadlineExceeded) as exc:
+                ledger.note_error(exc)
+                continue
+            try:
+                ledger.note_start(deadline.ns, started)
+                run_body(critical)
+            finally:
+                q.release(critical=critical, started_ns=started)
+
+    def producer(thread_seed: int) -> None:
+        thread_rng = random.Random(thread_seed)
+        for index in range(attempts):
+            critical = thread_rng.random() < 0.25
+            try:
+                q.put((thread_seed, index, critical), Deadline.after_ms(thread_rng.uniform(0.5, 20.0)), critical=critical)
+                outcome = "queued"
+            except (QueueFull, DeadlineExceeded) as exc:
+                outcome = outcome_name(exc)
+            with starts_lock:
+                put_outcomes[outcome] += 1
+            time.sleep(thread_rng.uniform(0.0, 0.001))
+
+    def consumer() -> int:
+        taken = 0
+        while not (done.is_set() and q.qsize() == 0 and q.stats()["assigned"] == 0):
+            try:
+                item = q.get(timeout=0.01)
+            except queue.Empty:
+                q.expire_overdue()
+                continue
+            started = time.monotonic_ns()
+            taken += 1
+            try:
+                run_body(item[2])
+            finally:
+                q.task_done(critical=item[2], started_ns=started)
+        return taken
+
+    with stats_monitor(q, balance=True):
+        workers = [spawn(consumer) for _ in range(consumers)]
+        join_all(
+            [spawn(caller, seed * 100 + index) for index in range(callers)]
+            + [spawn(producer, seed * 1000 + index) for index in range(producers)]
+        )
+        done.set()
+        taken = sum(join_all(workers))
+
+    stats = assert_at_rest(q)
+    assert_no_late_start(ledger)
+    assert meter.peak <= max_concurrency and meter.current == 0
+    assert q.min_concurrency <= q.limit <= max_concurrency
+    # Every put item: taken, or dropped (expired or evicted) exactly once, or refused at once.
+    queued = put_outcomes["queued"]
+    assert taken + len(dropped) == queued, (taken, len(dropped), put_outcomes)
+    assert len({item for item, _ in dropped}) == len(dropped)
+    assert {reason for _, reason in dropped} <= {"expired-in-queue", "evicted-by-critical"}
+    evicted_items = sum(reason == "evicted-by-critical" for _, reason in dropped)
+    assert stats["evicted"] == evicted_items + ledger.outcomes["evicted-by-critical"]
+    assert stats["started"] == ledger.outcomes["started"] + taken
+    assert stats["critical_started"] == critical_starts[True]
+    assert stats["offered"] == callers * attempts + producers * attempts
+    # The critical class is idle again: normal arrivals borrow every slot under the limit.
+    for _ in range(q.limit):
+        q.acquire(Deadline.after_ms(50))
+    assert q.stats()["in_flight"] == q.limit
+    for _ in range(q.limit):
+        q.release()
+    assert_at_rest(q)
 
 
 def test_stats_snapshots_balance_while_other_threads_write(impl: QueueClass) -> None:

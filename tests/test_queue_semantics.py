@@ -42,7 +42,7 @@ from prazo.core._queue_py import AdmissionQueue
 FACES = ("gate", "work")
 ORDERS = ("fifo", "lifo")
 
-STATS_KEYS = {*COUNTER_NAMES, "expired", "max_concurrency", "max_queue"}
+STATS_KEYS = {*COUNTER_NAMES, "expired", "max_concurrency", "max_queue", "expected_service_ns", "limit"}
 
 
 def arrive(q: AdmissionQueue, face: str, deadline: Deadline | None, clock: FakeClock) -> None:
@@ -85,7 +85,7 @@ def test_an_arrival_waits_when_every_slot_is_taken(impl: QueueClass, clock: Fake
         wait_until(lambda: q.qsize() == 1, "the gate waiter to queue")
         assert not future.done()
         q.release()
-        assert future.result(JOIN_TIMEOUT_S) is None
+        assert isinstance(future.result(JOIN_TIMEOUT_S), int)  # acquire() returns its start time
     else:
         q.put("waiting", clock.deadline_in(100), now_ns=clock.ns)
         assert q.qsize() == 1
@@ -442,7 +442,8 @@ def test_stats_has_the_documented_keys_and_starts_at_zero(impl: QueueClass) -> N
     assert set(stats) == STATS_KEYS
     assert stats["max_concurrency"] == 3
     assert stats["max_queue"] == 7
-    assert all(stats[key] == 0 for key in STATS_KEYS - {"max_concurrency", "max_queue"})
+    assert stats["limit"] == 3
+    assert all(stats[key] == 0 for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit"})
 
 
 def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> None:
@@ -463,7 +464,7 @@ def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> N
     q.task_done(now_ns=clock.ns)
     stats = q.stats()
     assert_conservation(stats)
-    assert {key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue"}} == {
+    assert {key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit", "evicted", "critical_started"}} == {
         "offered": 6,
         "started": 3,
         "completed": 3,
@@ -478,6 +479,9 @@ def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> N
         "peak_in_flight": 2,
         "peak_queued": 2,
         "queue_wait_ns_total": (10 + 10) * NS_PER_MS,
+        "insufficient_budget": 0,
+        "shed": 0,
+        "expected_service_ns": 0,
     }
 
 
@@ -618,7 +622,7 @@ def test_a_gate_waiter_leaves_at_its_own_deadline_while_the_head_is_blocked(impl
     assert not head.done()
     assert_counters(q, expired_in_queue=1, queued=1, in_flight=1)
     q.release()
-    assert head.result(JOIN_TIMEOUT_S) is None
+    assert isinstance(head.result(JOIN_TIMEOUT_S), int)  # acquire() returns its start time
     q.release()
     assert_counters(q, started=2, completed=2, in_flight=0)
 
@@ -648,7 +652,7 @@ def test_a_gate_waiter_granted_a_slot_too_late_passes_it_on(impl: QueueClass) ->
     with pytest.raises(DeadlineExceeded) as info:
         hurried.result(JOIN_TIMEOUT_S)
     assert info.value.reason == REASON_EXPIRED_IN_QUEUE
-    assert patient.result(JOIN_TIMEOUT_S) is None
+    assert isinstance(patient.result(JOIN_TIMEOUT_S), int)  # acquire() returns its start time
     assert_counters(q, started=2, completed=1, expired_in_queue=1, in_flight=1, assigned=0, queued=0)
     q.release()
 
@@ -661,7 +665,7 @@ def test_a_gate_waiter_without_deadline_waits_for_its_turn(impl: QueueClass) -> 
     time.sleep(0.05)
     assert not waiter.done()
     q.release()
-    assert waiter.result(JOIN_TIMEOUT_S) is None
+    assert isinstance(waiter.result(JOIN_TIMEOUT_S), int)  # acquire() returns its start time
     assert q.stats()["in_flight"] == 1
 
 

@@ -5,6 +5,7 @@ from collections.abc import Iterable
 BUDGET_SOURCES: tuple[str, str, str]
 ANSWERS: dict[str, int]
 KEEPABLE: frozenset[str]
+ORDERS: dict[str, int]
 
 def parse_budget_ms(value: bytes) -> float | None: ...
 def parse_grpc_timeout(value: bytes) -> float | None: ...
@@ -53,6 +54,16 @@ class Engine:
         max_drain_bytes: int,
         max_head: int,
         answers: dict[str, tuple[bytes, bytes | None]],
+        order: str = "fifo",
+        codel_target_ns: int = 5000000,
+        codel_interval_ns: int = 100000000,
+        expected_service_ns: int = 0,
+        expected_quantile_permille: int = 0,
+        vegas: bool = False,
+        min_concurrency: int = 1,
+        reserved: int = 0,
+        critical_header: bytes | None = None,
+        critical_paths: Iterable[bytes] = (),
     ) -> None: ...
     def start(self) -> None: ...
     def next_connection(self) -> Connection | None: ...

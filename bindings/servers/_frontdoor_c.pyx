@@ -31,12 +31,18 @@ cdef extern from "prazo_frontdoor.h" nogil:
         FD_A_EXPIRED_ON_ARRIVAL
         FD_A_EXPIRED_IN_QUEUE
         FD_A_SHUTTING_DOWN
+        FD_A_INSUFFICIENT_BUDGET
+        FD_A_SHED
+        FD_A_EVICTED
         FD_A_COUNT_KEEPABLE
         FD_A_HEADER_TIMEOUT
         FD_A_BAD_REQUEST
         FD_A_HEAD_TOO_LARGE
         FD_A_COUNT
         FD_MAX_HEADERS
+        FD_ORDER_FIFO
+        FD_ORDER_LIFO
+        FD_ORDER_ADAPTIVE
 
     struct fd_config:
         int threads
@@ -48,8 +54,20 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t linger_ns
         int64_t max_drain_bytes
         size_t max_head
-        const char *answer[8][2]
-        size_t answer_len[8][2]
+        int order
+        int64_t codel_target_ns
+        int64_t codel_interval_ns
+        int64_t expected_service_ns
+        int expected_quantile_permille
+        int vegas
+        int min_concurrency
+        int reserved
+        const char *critical_header
+        size_t critical_header_len
+        const char *critical_paths
+        size_t critical_paths_len
+        const char *answer[11][2]
+        size_t answer_len[11][2]
 
     struct fd_conn:
         int fd
@@ -80,6 +98,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down
         int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
         int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering
+        int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns
 
     struct fd_server:
         int draining
@@ -113,11 +132,15 @@ ANSWERS = {
     "expired-on-arrival": FD_A_EXPIRED_ON_ARRIVAL,
     "expired-in-queue": FD_A_EXPIRED_IN_QUEUE,
     "shutting-down": FD_A_SHUTTING_DOWN,
+    "insufficient-budget": FD_A_INSUFFICIENT_BUDGET,
+    "shed-standing-queue": FD_A_SHED,
+    "evicted-by-critical": FD_A_EVICTED,
     "header-timeout": FD_A_HEADER_TIMEOUT,
     "bad-request": FD_A_BAD_REQUEST,
     "head-too-large": FD_A_HEAD_TOO_LARGE,
 }
 KEEPABLE = frozenset(name for name, index in ANSWERS.items() if index < FD_A_COUNT_KEEPABLE)
+ORDERS = {"fifo": FD_ORDER_FIFO, "lifo": FD_ORDER_LIFO, "adaptive": FD_ORDER_ADAPTIVE}
 
 
 cdef object _address(const sockaddr_storage *ss):
@@ -210,9 +233,42 @@ cdef class Engine:
 
     def __cinit__(self, listen_fds, *, int threads, int max_queue, double default_budget_ms, double max_budget_ms,
                   double header_timeout_ms, double io_timeout_ms, double linger_ms, long long max_drain_bytes,
-                  Py_ssize_t max_head, dict answers):
+                  Py_ssize_t max_head, dict answers, str order="fifo", int64_t codel_target_ns=5000000,
+                  int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
+                  int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
+                  bytes critical_header=None, critical_paths=()):
+        # FrontDoorServer checks the options under the names users know; these
+        # checks only keep the engine's own invariants, whoever calls it.
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {sorted(ORDERS)}, got {order!r}")
+        if codel_target_ns <= 0 or codel_interval_ns <= 0 or expected_service_ns < 0:
+            raise ValueError("codel_target_ns and codel_interval_ns must be > 0, expected_service_ns >= 0")
+        if not 0 <= expected_quantile_permille <= 1000:
+            raise ValueError("expected_quantile_permille must be in [0, 1000]")
+        if not 1 <= min_concurrency <= threads:
+            raise ValueError("min_concurrency must be in [1, threads]")
+        if not 0 <= reserved < threads:
+            raise ValueError("reserved must be in [0, threads)")
+        cdef list path_list = [bytes(path) for path in critical_paths]
+        if any(not path or b"\0" in path for path in path_list):
+            raise ValueError("a critical path is a non-empty path without NUL bytes")
+        cdef bytes paths = b"".join(path + b"\0" for path in path_list)
         cdef fd_config cfg
         memset(&cfg, 0, sizeof(cfg))
+        cfg.order = ORDERS[order]
+        cfg.codel_target_ns = codel_target_ns
+        cfg.codel_interval_ns = codel_interval_ns
+        cfg.expected_service_ns = expected_service_ns
+        cfg.expected_quantile_permille = expected_quantile_permille
+        cfg.vegas = vegas
+        cfg.min_concurrency = min_concurrency
+        cfg.reserved = reserved
+        if critical_header:
+            cfg.critical_header = PyBytes_AS_STRING(critical_header)
+            cfg.critical_header_len = PyBytes_GET_SIZE(critical_header)
+        if paths:
+            cfg.critical_paths = PyBytes_AS_STRING(paths)
+            cfg.critical_paths_len = PyBytes_GET_SIZE(paths)
         cfg.threads = threads
         cfg.max_queue = max_queue
         cfg.default_budget_ms = default_budget_ms
@@ -303,6 +359,8 @@ cdef class Engine:
             "peak_in_flight": s.peak_in_flight, "peak_queued": s.peak_queued,
             "queue_wait_ns_total": s.queue_wait_ns_total,
             "pending_heads": s.pending_heads, "lingering": s.lingering,
+            "insufficient_budget": s.insufficient_budget, "shed": s.shed, "evicted": s.evicted,
+            "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
         }
 
     def __dealloc__(self):

@@ -21,8 +21,8 @@ from typing import Any
 from prazo.core import NS_PER_MS, Deadline, ShutDown
 
 from ..wsgi import MiddlewareCounters, WSGIApp
-from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
-from .heads import MAX_HEAD_BYTES, find_head, head_environ, peek_bytes, peekable
+from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
+from .heads import MAX_HEAD_BYTES, find_head, head_environ, head_path, peek_bytes, peekable
 from .refusals import HEADER_TIMEOUT_ANSWER, LingeringCloser, rejection_bytes
 from .settings import ServerSettings
 from .sockets import hard_close, send_all
@@ -161,10 +161,12 @@ class ConnectionAdmission:
     cannot be seen (TLS, or larger than ``MAX_HEAD_BYTES``) the ticket is
     provisional and ``AdmittedApp`` finishes the job. A refused connection is
     answered here — 503 or 504 with ``Connection: close`` — and closed through
-    the ``LingeringCloser``. ``on_closed(item)`` lets the server drop its own
+    the ``LingeringCloser``. The head also gives the request's class (critical
+    on ``critical_paths`` or by ``critical_header``); a provisional ticket is
+    normal. ``on_closed(item)`` lets the server drop its own
     bookkeeping for every connection closed here (before the socket is closed
     or handed to the closer). ``serve(ticket)`` runs in the dispatcher's
-    workers.
+    workers; ``on_change()`` goes to the dispatcher (see ``AdmissionDispatcher``).
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class ConnectionAdmission:
         on_closed: Callable[[Any], object] | None = None,
         name: str = "prazo",
         closer: LingeringCloser | None = None,
+        on_change: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = settings.policy()
@@ -189,8 +192,15 @@ class ConnectionAdmission:
         # admit() and the watcher thread both look at heads.
         self._header_timeouts_lock = threading.Lock()
         self._header_timeouts = 0
+        self.classifier = settings.classifier()
         self.dispatcher = AdmissionDispatcher(
-            settings.threads, settings.max_queue, serve=serve, reject=self._reject, name=name
+            settings.threads,
+            settings.max_queue,
+            serve=serve,
+            reject=self._reject,
+            name=name,
+            queue_options=settings.queue_options(),
+            on_change=on_change,
         )
 
     def wrap(self, app: WSGIApp) -> AdmittedApp:
@@ -233,10 +243,11 @@ class ConnectionAdmission:
         if head is None:
             ticket = Ticket(item, Deadline.at_ns(arrival_ns + self._provisional_ns), arrival_ns, provisional=True)
         else:
-            deadline, incoming = self.policy.deadline_for(head_environ(head, remote_addr), arrival_ns)
-            if incoming.invalid:
-                self.counters.add("invalid_budget_header", incoming.invalid)
-            ticket = Ticket(item, deadline, arrival_ns, incoming)
+            environ = head_environ(head, remote_addr)
+            path = head_path(head)
+            if path is not None:
+                environ["PATH_INFO"] = path
+            ticket = admission_ticket(item, environ, arrival_ns, self.policy, self.counters, self.classifier)
         self.dispatcher.submit(ticket)
 
     def _reject(self, ticket: Ticket, exc: BaseException) -> None:
@@ -253,6 +264,11 @@ class ConnectionAdmission:
         if self._on_closed is not None:
             self._on_closed(pending.item)
         hard_close(pending.sock)
+
+    @property
+    def pending_heads(self) -> int:
+        """Connections whose request head is still arriving (not yet offered to the queue)."""
+        return self._heads.pending
 
     def stats(self) -> dict[str, int]:
         """The queue's counters, the refusals sent and the heads still arriving or timed out."""

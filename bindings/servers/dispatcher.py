@@ -7,12 +7,15 @@ request that will be refused has not yet cost a worker anything. Every
 embedding in ``prazo.bindings.servers`` puts these in its place:
 
 ``Ticket``
-    one request (or connection) offered to the queue, released exactly once.
+    one request (or connection) offered to the queue, released exactly once;
+    ``admission_ticket`` makes one from the request's headers (its deadline
+    and, with ``critical_paths`` / ``critical_header``, its class).
 ``AdmissionDispatcher``
     a fixed set of worker threads pulling ``Ticket`` s from the work-queue face
     of ``prazo.core.AdmissionQueue``: ``submit`` admits or refuses at once,
     a ticket whose deadline passes while it waits is refused (504) at its own
-    deadline, and every refusal goes to one callback.
+    deadline, every ticket the queue's policies drop (503/504 with their
+    reason) is refused the same way, and every refusal goes to one callback.
 ``AdmittedApp``
     wraps the app: it runs the request that the current worker holds through
     ``prazo.bindings.wsgi.run_admitted`` (deadline scope, environ keys, slot
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prazo.core import (
@@ -38,6 +41,7 @@ from prazo.core import (
 )
 
 from ..headers import BudgetPolicy, IncomingBudget
+from ..policies import CriticalClassifier
 from ..reaper import DeadlineReaper
 from ..wsgi import (
     BUDGET_SOURCE_KEY,
@@ -48,7 +52,7 @@ from ..wsgi import (
     send_rejection,
 )
 
-__all__ = ["SERVER_STATS_KEY", "AdmissionDispatcher", "AdmittedApp", "Ticket"]
+__all__ = ["SERVER_STATS_KEY", "AdmissionDispatcher", "AdmittedApp", "Ticket", "admission_ticket"]
 
 # One logger for the machinery every embedding shares (dispatcher, watchers,
 # connection admission), so a service configures it under one name.
@@ -67,7 +71,9 @@ class Ticket:
     was computed at ``arrival_ns``; a *provisional* ticket was admitted before
     its headers could be read (its deadline is ``arrival + max_budget_ms``) and
     gets its real deadline from the parsed request, before the app runs.
-    ``release()`` gives the slot back, once, however many times it is called.
+    A ``critical`` ticket is served first and may use the reserved slots.
+    ``release()`` gives the slot back, once, however many times it is called,
+    with the time since the worker took it as a service-time sample.
     """
 
     __slots__ = (
@@ -76,6 +82,7 @@ class Ticket:
         "_queue",
         "arrival_ns",
         "claimed",
+        "critical",
         "deadline",
         "incoming",
         "item",
@@ -91,8 +98,10 @@ class Ticket:
         incoming: IncomingBudget | None = None,
         *,
         provisional: bool = False,
+        critical: bool = False,
     ) -> None:
         self.item = item
+        self.critical = critical
         self.deadline = deadline
         self.arrival_ns = arrival_ns
         self.incoming = incoming
@@ -120,14 +129,43 @@ class Ticket:
         called, self._app_called = self._app_called, True
         return not called
 
-    def release(self) -> None:
-        """Give the slot back to the queue; later calls do nothing."""
+    def release(self, *, sample: bool = True) -> None:
+        """Give the slot back to the queue; later calls do nothing.
+
+        ``sample=False`` for a ticket whose app never ran: its near-zero
+        "service time" would drag the learned estimate down.
+        """
         if self._queue is not None and self._once.acquire(blocking=False):
-            self._queue.task_done()
+            started_ns = self.started_ns if sample else None
+            # critical= only for a critical ticket: a normal one needs only the plain keywords.
+            if self.critical:
+                self._queue.task_done(critical=True, started_ns=started_ns)
+            else:
+                self._queue.task_done(started_ns=started_ns)
 
     def __repr__(self) -> str:
-        kind = " provisional" if self.provisional else ""
+        kind = (" provisional" if self.provisional else "") + (" critical" if self.critical else "")
         return f"<Ticket{kind} item={self.item!r} {self.deadline!r}>"
+
+
+def admission_ticket(
+    item: Any,
+    environ: Mapping[str, str],
+    arrival_ns: int,
+    policy: BudgetPolicy,
+    counters: MiddlewareCounters,
+    classifier: CriticalClassifier | None,
+) -> Ticket:
+    """The ticket of a request whose headers (``HTTP_*`` keys, ``PATH_INFO``) are known before admission.
+
+    Its deadline comes from ``policy`` (invalid budget headers are counted in
+    ``counters``) and its class from ``classifier`` (None: every request is normal).
+    """
+    deadline, incoming = policy.deadline_for(environ, arrival_ns)
+    if incoming.invalid:
+        counters.add("invalid_budget_header", incoming.invalid)
+    critical = classifier is not None and classifier(environ)
+    return Ticket(item, deadline, arrival_ns, incoming, critical=critical)
 
 
 class AdmissionDispatcher:
@@ -139,9 +177,17 @@ class AdmissionDispatcher:
     (504) or, after ``shutdown``, ``ShutDown`` (503 ``shutting-down``). A
     waiting ticket whose deadline passes is refused with
     ``DeadlineExceeded("expired-in-queue")`` at that deadline, without a
-    worker. Every refusal goes to ``reject(ticket, exc)``; every admitted
+    worker. ``queue_options`` are the queue's policies (``AdmissionQueue``'s
+    keywords, e.g. ``ServerSettings.queue_options()``); a ticket they drop is
+    refused with the queue's error (504 ``insufficient-budget``, 503
+    ``shed-standing-queue`` / ``evicted-by-critical``). A ``critical`` ticket
+    is offered as such. Every refusal goes to ``reject(ticket, exc)``; every admitted
     ticket goes to ``serve(ticket)`` in one of ``threads`` worker threads,
     after which its slot is released (if ``serve`` did not already).
+    ``on_change()``, when given, is called after every change of the queue's
+    occupancy (an arrival admitted or refused, a start, a release, an expiry;
+    for a refusal, before its answer is sent), in the thread that made it, so a server can publish the occupancy
+    elsewhere (``prazo.bindings.servers.occupancy``).
 
     >>> served = []
     >>> d = AdmissionDispatcher(1, 0, serve=served.append, reject=lambda t, e: None)
@@ -162,13 +208,18 @@ class AdmissionDispatcher:
         serve: Callable[[Ticket], object],
         reject: Callable[[Ticket, BaseException], object],
         name: str = "prazo",
+        on_change: Callable[[], object] | None = None,
+        queue_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not callable(serve) or not callable(reject):
             raise TypeError("serve and reject must be callables")
+        if on_change is not None and not callable(on_change):
+            raise TypeError(f"on_change must be a callable or None, not {type(on_change).__name__}")
+        self._on_change = on_change
         self._serve = serve
         self._reject_callback = reject
         self._name = name
-        self._queue = AdmissionQueue(threads, max_queue, on_expired=self._expired)
+        self._queue = AdmissionQueue(threads, max_queue, on_dropped=self._dropped, **dict(queue_options or {}))
         self._reaper_cond = threading.Condition()
         self._reaper = DeadlineReaper(self._queue, self._reaper_cond, f"{name}-expiry")
         self._local = threading.local()
@@ -212,8 +263,14 @@ class AdmissionDispatcher:
     def submit(self, ticket: Ticket) -> bool:
         """Admit ``ticket`` (True) or refuse it through ``reject`` (False); never blocks."""
         try:
-            self._queue.put(ticket, ticket.deadline)
+            if ticket.critical:
+                self._queue.put(ticket, ticket.deadline, critical=True)
+            else:
+                self._queue.put(ticket, ticket.deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            # Observed before the answer goes out: what the observer reads
+            # (e.g. the siblings' room) is the state the refusal was made in.
+            self._changed()
             self._refuse(ticket, exc)
             return False
         if self._queue.qsize():
@@ -221,7 +278,15 @@ class AdmissionDispatcher:
             with self._reaper_cond:
                 if not ticket.claimed:
                     self._reaper.watch_locked(ticket.deadline.ns, ticket)
+        self._changed()
         return True
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # noqa: BLE001 - an observer must never cost a request its answer
+                _log.exception("prazo: on_change failed")
 
     def current_ticket(self) -> Ticket | None:
         """The ticket the calling worker thread is serving, or None."""
@@ -232,8 +297,10 @@ class AdmissionDispatcher:
         """The admission queue's counters."""
         return self._queue.stats()
 
-    def _expired(self, ticket: Ticket) -> None:
-        self._refuse(ticket, DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
+    def _dropped(self, ticket: Ticket, exc: BaseException) -> None:
+        # The queue let it go (expired, doomed, shed, evicted): its place is free.
+        self._changed()
+        self._refuse(ticket, exc)
 
     def _refuse(self, ticket: Ticket, exc: BaseException) -> None:
         ticket.claimed = True
@@ -251,6 +318,7 @@ class AdmissionDispatcher:
                 return
             ticket._start(self._queue)
             self._local.ticket = ticket
+            self._changed()
             try:
                 self._serve(ticket)
             except BaseException:  # noqa: BLE001 - see below
@@ -260,6 +328,7 @@ class AdmissionDispatcher:
             finally:
                 self._local.ticket = None
                 ticket.release()
+                self._changed()
             del ticket
 
     def shutdown(self, timeout: float | None = None, *, cancel_waiting: bool = False) -> bool:
@@ -338,7 +407,7 @@ class AdmittedApp:
         if deadline.expired():
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
-            ticket.release()
+            ticket.release(sample=False)
             self._counters.count_response(exc)
             return send_rejection(start_response, exc)
         return run_admitted(

@@ -32,6 +32,22 @@ refused), admitted requests — running and waiting — finish within the
 timeout, a request arriving on an open connection meanwhile gets ``503
 shutting-down``, and what still waits at the end gets ``503 shutting-down``.
 Linux only (epoll); TLS is not supported (terminate it in front).
+
+The queue policies of ``AdmissionQueue`` (POLICIES.md) run in the same C
+thread and in the workers' pickup, with the same semantics and reasons:
+``expected_service_ms`` (a fixed number of ms, or ``"p50"``/``"p90"``/
+``"p95"``/``"p99"`` learned from the engine's own service times) answers a
+request whose remaining budget is smaller ``504 insufficient-budget``, on
+arrival or when it would start; ``order="lifo"`` or ``"adaptive"`` (LIFO while
+the line stands, and CoDel sheds stale waiters ``503 shed-standing-queue``);
+``limit="vegas"`` moves the concurrency limit between ``min_concurrency`` and
+``threads`` (the workers above the limit stay parked); ``reserved`` places
+are kept for critical requests (``critical_paths``, or ``critical_header``
+saying ``critical``), which are served first and push the newest normal
+waiter out (``503 evicted-by-critical``) rather than be refused::
+
+    server = create_server(app, threads=8, order="adaptive", expected_service_ms="p95",
+                           limit="vegas", min_concurrency=2, reserved=1, critical_paths=["/healthz"])
 """
 
 from __future__ import annotations
@@ -46,9 +62,22 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from prazo.core import Deadline
+from prazo.core import (
+    DEFAULT_CODEL_INTERVAL_MS,
+    DEFAULT_CODEL_TARGET_MS,
+    REASON_EVICTED,
+    REASON_INSUFFICIENT_BUDGET,
+    REASON_SHED,
+    Deadline,
+    DeadlineExceeded,
+    QueueFull,
+    ShutDown,
+    codel_option_ns,
+    expected_service_option,
+)
 
 from ..headers import is_ambiguous_header_name
+from ..policies import LIMITS, ORDERS, checked_choice, checked_header_name, checked_paths
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .dispatcher import SERVER_STATS_KEY
 from .heads import MAX_HEAD_BYTES
@@ -64,9 +93,16 @@ from .refusals import (
     rejection_bytes,
     status_answer,
 )
-from .settings import ServerSettings, resolve_settings
+from .settings import ServerSettings, checked_count, resolve_settings
 
-__all__ = ["DEFAULT_IO_TIMEOUT_MS", "FrontDoorServer", "canned_answers", "compiled_engine", "create_server"]
+__all__ = [
+    "DEFAULT_IO_TIMEOUT_MS",
+    "POLICY_DEFAULTS",
+    "FrontDoorServer",
+    "canned_answers",
+    "compiled_engine",
+    "create_server",
+]
 
 _log = logging.getLogger("prazo.servers.frontdoor")
 
@@ -86,13 +122,14 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
     The same statuses, headers and bodies as every embedding's refusals
     (``prazo.bindings.wsgi.rejection_response`` and ``refusals``).
     """
-    from prazo.core import DeadlineExceeded, QueueFull, ShutDown
-
     refusals: dict[str, BaseException] = {
         "queue-full": QueueFull(),
         "expired-on-arrival": DeadlineExceeded("expired-on-arrival"),
         "expired-in-queue": DeadlineExceeded("expired-in-queue"),
         "shutting-down": ShutDown(),
+        REASON_INSUFFICIENT_BUDGET: DeadlineExceeded(REASON_INSUFFICIENT_BUDGET),
+        REASON_SHED: QueueFull(REASON_SHED),
+        REASON_EVICTED: QueueFull(REASON_EVICTED),
     }
     answers: dict[str, tuple[bytes, bytes | None]] = {
         reason: (rejection_bytes(exc), rejection_bytes(exc, keep_alive=True)) for reason, exc in refusals.items()
@@ -101,6 +138,67 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
     answers[REASON_BAD_REQUEST] = (BAD_REQUEST_ANSWER, None)
     answers[REASON_HEAD_TOO_LARGE] = (HEAD_TOO_LARGE_ANSWER, None)
     return answers
+
+
+# The queue-policy options and their defaults (AdmissionQueue's): a ServerSettings
+# carrying these fields configures the front door too; create_server's arguments win.
+POLICY_DEFAULTS: dict[str, Any] = {
+    "order": "fifo",
+    "codel_target_ms": DEFAULT_CODEL_TARGET_MS,
+    "codel_interval_ms": DEFAULT_CODEL_INTERVAL_MS,
+    "expected_service_ms": None,
+    "limit": "fixed",
+    "min_concurrency": 1,
+    "reserved": 0,
+    "critical_header": None,
+    "critical_paths": (),
+}
+
+
+def _critical_paths(value: object) -> list[bytes]:
+    # The engine compares the raw request target's path: a space, a control
+    # character or a query could never match one.
+    paths = checked_paths(value, "critical_paths")
+    for path in paths:
+        if any(ch in path for ch in " \t\r\n\0?"):
+            raise ValueError(f"a critical path has no spaces, controls or query, got {path!r}")
+    return [path.encode("latin-1") for path in paths]
+
+
+def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The engine's arguments for the queue-policy ``options`` (keys of ``POLICY_DEFAULTS``), checked.
+
+    Wrong values raise ``ValueError``/``TypeError`` naming the option; the ms
+    values are checked and converted by the core's own helpers, so the front
+    door accepts exactly what ``AdmissionQueue`` accepts.
+    """
+    order = checked_choice(options["order"], "order", ORDERS)
+    adaptive = order == "adaptive"
+    fixed_ns, permille = expected_service_option(options["expected_service_ms"])
+    limit = checked_choice(options["limit"], "limit", LIMITS)
+    min_concurrency = checked_count(options["min_concurrency"], "min_concurrency", 1)
+    if min_concurrency > threads:
+        raise ValueError(f"min_concurrency must be <= threads ({threads}), got {min_concurrency}")
+    reserved = checked_count(options["reserved"], "reserved", 0)
+    if reserved >= threads:
+        raise ValueError(f"reserved must be < threads ({threads}), got {reserved}")
+    header = options["critical_header"]
+    return {
+        "order": order,
+        "codel_target_ns": codel_option_ns(
+            options["codel_target_ms"], "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive
+        ),
+        "codel_interval_ns": codel_option_ns(
+            options["codel_interval_ms"], "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive
+        ),
+        "expected_service_ns": fixed_ns,
+        "expected_quantile_permille": permille,
+        "vegas": limit == "vegas",
+        "min_concurrency": min_concurrency,
+        "reserved": reserved,
+        "critical_header": None if header is None else checked_header_name(header, "critical_header").encode("ascii"),
+        "critical_paths": _critical_paths(options["critical_paths"]),
+    }
 
 
 def compiled_engine() -> Any:
@@ -296,7 +394,9 @@ class FrontDoorServer:
 
     Build it with ``create_server``; ``serve_forever()`` runs it until
     ``shutdown()`` (from another thread) or Ctrl-C. ``server_address`` is the
-    bound address, ``stats()`` the engine's counters.
+    bound address, ``stats()`` the engine's counters. ``policies`` maps each
+    queue-policy option (``POLICY_DEFAULTS``' keys) to its value: those not
+    given come from ``settings`` when it has a field of that name.
     """
 
     def __init__(
@@ -309,12 +409,23 @@ class FrontDoorServer:
         backlog: int = 2048,
         io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
         shutdown_timeout: float = 5.0,
+        policies: dict[str, Any] | None = None,
     ) -> None:
         if settings.trust_request_start:
             raise ValueError("the front door does not read X-Request-Start yet (trust_request_start)")
         if not sys.platform.startswith("linux"):
             raise RuntimeError("the front door runs on Linux only (epoll)")
         engine_module = compiled_engine()
+        # Each policy option: given here, else the settings' field (when ServerSettings has it), else the default.
+        given = dict(policies or {})
+        unknown = set(given) - set(POLICY_DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown queue-policy options {sorted(unknown)}")
+        self.policies: dict[str, Any] = {
+            name: given[name] if given.get(name) is not None else getattr(settings, name, default)
+            for name, default in POLICY_DEFAULTS.items()
+        }
+        engine_policies = _engine_policy_args(settings.threads, self.policies)
         self.app = app
         self.settings = settings
         self.shutdown_timeout = shutdown_timeout
@@ -348,6 +459,7 @@ class FrontDoorServer:
             max_drain_bytes=DEFAULT_MAX_DRAIN_BYTES,
             max_head=MAX_HEAD_BYTES,
             answers=canned_answers(),
+            **engine_policies,
         )
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -413,6 +525,8 @@ class FrontDoorServer:
         """
         stats: dict[str, int] = self._engine.stats()
         stats["cancelled"] = stats["shutting_down"]
+        stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
+        stats["reserved"] = self.policies["reserved"]
         stats["max_concurrency"] = self.settings.threads
         stats["max_queue"] = self.settings.max_queue
         stats["expired_at_start"] = self._expired_at_start
@@ -474,8 +588,6 @@ class FrontDoorServer:
         if time.monotonic_ns() >= deadline.ns:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
             self._expired_at_start += 1
-            from prazo.core import DeadlineExceeded
-
             keep = may_keep_alive and conn.content_length <= 0 and not conn.chunked
             conn.write(rejection_bytes(DeadlineExceeded("expired-in-queue"), keep_alive=keep))
             return keep
@@ -552,13 +664,31 @@ def create_server(
     backlog: int = 2048,
     io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
     shutdown_timeout: float = 5.0,
+    order: str | None = None,
+    codel_target_ms: float | None = None,
+    codel_interval_ms: float | None = None,
+    expected_service_ms: float | str | None = None,
+    limit: str | None = None,
+    min_concurrency: int | None = None,
+    reserved: int | None = None,
+    critical_header: str | None = None,
+    critical_paths: Iterable[str] | None = None,
 ) -> FrontDoorServer:
     """A front door serving ``app`` on ``host:port`` (``port=0``: any free port; see ``server_address``).
 
     Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
     ...) or its default, or all of them from ``settings``; see
-    ``prazo.bindings.servers.settings.resolve_settings``.
+    ``prazo.bindings.servers.settings.resolve_settings``. The queue-policy
+    options (``order`` ... ``critical_paths``, as ``AdmissionQueue``'s; see
+    the module docstring) not given come from ``settings`` when it has them,
+    else their defaults (``POLICY_DEFAULTS``).
     """
+    policies = {
+        "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
+        "expected_service_ms": expected_service_ms, "limit": limit, "min_concurrency": min_concurrency,
+        "reserved": reserved, "critical_header": critical_header,
+        "critical_paths": critical_paths,
+    }  # fmt: skip
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
@@ -571,4 +701,5 @@ def create_server(
         backlog=backlog,
         io_timeout_ms=io_timeout_ms,
         shutdown_timeout=shutdown_timeout,
+        policies=policies,
     )

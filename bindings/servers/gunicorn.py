@@ -26,6 +26,22 @@ where a connection waits:
 - the app runs in one of ``--threads`` fixed workers, in ``deadline_scope``
   with ``prazo.deadline`` and ``prazo.queue_wait_ms`` in its environ.
 
+Several worker processes (``-w N``). Each worker has its own queue, and
+the kernel gives a new connection to whichever worker accepts first, so a
+worker could refuse (503 ``queue-full``) while a sibling has free places.
+The arbiter creates a shared-memory occupancy table before forking
+(``prazo.bindings.servers.occupancy``); every worker publishes its running,
+waiting and arriving requests in its row. With ``PRAZO_YIELD_WHEN_FULL``
+(on by default) a full worker takes its listening sockets out of its poller
+while some sibling has room — new connections go to that sibling — and takes
+them back as soon as it has room again or every sibling is full, when it
+accepts and refuses honestly: a 503 ``queue-full`` then means the host is
+full. A request on a kept-alive connection stays with its worker; with
+``--reuse-port`` (a listening socket per worker) workers never yield. The table
+is in each request's environ as ``prazo.host_occupancy`` (an
+``OccupancyTable``: ``snapshot()``, ``totals()``; ``refused_sibling_room``
+counts the 503s sent while a sibling had room).
+
 Settings come from the environment (``PRAZO_MAX_QUEUE``,
 ``PRAZO_DEFAULT_BUDGET_MS``, ``PRAZO_MAX_BUDGET_MS``,
 ``PRAZO_TRUST_REQUEST_START``, ...); malformed values stop gunicorn at
@@ -47,20 +63,39 @@ series and refuses to import with an older gthread).
 from __future__ import annotations
 
 import errno
+import os
 import selectors
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from gunicorn.workers.gthread import DEFAULT_WORKER_DATA_TIMEOUT, TConn, ThreadWorker
 
 from .connection import ConnectionAdmission
 from .dispatcher import Ticket
+from .occupancy import (
+    STATE_SERVING,
+    STATE_STOPPING,
+    STATE_YIELDING,
+    OccupancyRow,
+    OccupancyTable,
+    child_alive,
+)
 from .settings import ServerSettings, resolve_settings
 
-__all__ = ["AdmissionWorker", "settings_for"]
+__all__ = ["HOST_OCCUPANCY_KEY", "AdmissionWorker", "settings_for"]
+
+# environ key of the host's OccupancyTable (every worker's row), for an app or its metrics endpoint.
+HOST_OCCUPANCY_KEY = "prazo.host_occupancy"
+# Rows for a reload (new workers boot before the old ones leave) and a few TTINs.
+_ROWS_PER_WORKER = 4
+_MIN_ROWS = 16
+# How often a yielding worker looks at its siblings again: a host that has
+# just become full waits this long at most for its workers to accept again.
+_YIELD_RECHECK_S = 0.01
 
 if not all(hasattr(ThreadWorker, name) for name in ("finish_request", "murder_pending", "_cap_keepalive")):
     raise ImportError(
@@ -113,34 +148,153 @@ class AdmissionWorker(ThreadWorker):
     """
 
     wsgi: Any  # set by gunicorn's load_wsgi(); wrapped by ours
+    # Set in the arbiter by check_config, before any fork: every worker inherits the same mapping.
+    host_table: ClassVar[OccupancyTable | None] = None
+    # Arbiter side: the worker objects owning a row, by age (the arbiter sets each one's pid after the fork).
+    row_owners: ClassVar[dict[int, AdmissionWorker]] = {}
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
+        """In the arbiter, before the workers are forked: check the settings, create the occupancy table."""
         super().check_config(cfg, log)
-        log.info("prazo admission: %s", settings_for(cfg).describe())
+        settings = settings_for(cfg)
+        yielding = "off (--reuse-port)" if settings.yield_when_full and cfg.reuse_port else settings.yield_when_full
+        log.info("prazo admission: %s yield_when_full=%s", settings.describe(), yielding)
+        cls.host_table = OccupancyTable(max(_MIN_ROWS, _ROWS_PER_WORKER * cfg.workers))
+        cls.row_owners = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.settings = settings_for(self.cfg)
         self.admission = ConnectionAdmission(
-            settings_for(self.cfg),
+            self.settings,
             serve=self._serve_ticket,
             socket_of=_socket_of,
             on_closed=self._closed_by_prazo,
             name="prazo-gunicorn",
+            on_change=self._publish,
         )
         # New connections waiting for their first bytes, oldest first.
         self.fresh_conns: deque[TConn] = deque()
+        # With --reuse-port each worker has its own listening socket and the
+        # kernel keeps hashing connections to it: leaving them there would only
+        # make them wait unseen, so such a worker never yields.
+        self._may_yield = self.settings.yield_when_full and not getattr(self.cfg, "reuse_port", False)
+        self._yielding = False
+        self._seen_offered = 0
+        self._seen_refused = 0
+        # gunicorn builds the worker in the arbiter, just before forking it:
+        # the row is claimed there, so two workers never take the same one.
+        self.host_row = self._claim_row()
+
+    def _claim_row(self) -> OccupancyRow | None:
+        table = type(self).host_table
+        if table is None:  # not started by an arbiter that ran check_config
+            return None
+        owners = type(self).row_owners
+        for age, worker in list(owners.items()):
+            # A worker whose pid is not set was never forked (the fork failed).
+            if not (isinstance(worker.pid, int) and child_alive(worker.pid)):
+                del owners[age]
+        row = table.claim(
+            self.age,
+            threads=self.settings.threads,
+            max_queue=self.settings.max_queue,
+            live=owners.__contains__,
+        )
+        if row is None:
+            self.log.warning("prazo: the occupancy table is full; this worker neither yields nor is yielded to")
+        else:
+            owners[self.age] = self
+        return row
 
     def get_thread_pool(self) -> Any:
+        if self.host_row is not None:
+            self.host_row.booted(os.getpid())
         self.admission.start()
         return _AdmissionPool(self.admission)
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        self.wsgi = self.admission.wrap(self.wsgi)
+        app = self.wsgi
+        table = type(self).host_table
+        if table is not None:
+            app = partial(_with_host_occupancy, app, table)
+        self.wsgi = self.admission.wrap(app)
+
+    def notify(self) -> None:
+        super().notify()
+        if self.host_row is not None:
+            self.host_row.beat()
+
+    def _occupancy(self) -> tuple[dict[str, int], int]:
+        # fresh_conns is the main loop's; reading its length from another thread is safe under the GIL.
+        return self.admission.dispatcher.stats(), len(self.fresh_conns) + self.admission.pending_heads
+
+    def _full(self) -> bool:
+        stats, arriving = self._occupancy()
+        return stats["in_flight"] + stats["queued"] + arriving >= self.settings.capacity
+
+    def _publish(self) -> None:
+        """Write this worker's occupancy into its row; count its 503 queue-full, and those a sibling could have served."""
+        row = self.host_row
+        if row is None:
+            return
+        with row.lock:
+            # Read inside the lock: the last thread to write has read the freshest figures.
+            stats, arriving = self._occupancy()
+            row.publish(in_flight=stats["in_flight"], queued=stats["queued"], arriving=arriving)
+            offered, self._seen_offered = stats["offered"] - self._seen_offered, stats["offered"]
+            refused, self._seen_refused = stats["rejected_full"] - self._seen_refused, stats["rejected_full"]
+            if offered:
+                row.add("offered", offered)
+            if refused:
+                row.add("refused_full", refused)
+                if row.sibling_has_room():
+                    row.add("refused_sibling_room", refused)
+            room = stats["in_flight"] + stats["queued"] + arriving < self.settings.capacity
+        if room and self._yielding and self.alive:
+            # Wake the main loop now rather than at its next look at the siblings.
+            self.method_queue.defer(_nothing)
+
+    def _should_yield(self) -> bool:
+        # Never every worker at once for long: a yielding row is not "serving",
+        # so it never counts as room; if all yield (stale rows), none sees room
+        # at its next look, 10 ms later, and all accept again.
+        row = self.host_row
+        return (
+            row is not None and self._may_yield and self.alive and self._full() and row.sibling_has_room()
+        )
+
+    def _start_yielding(self) -> None:
+        self._yielding = True
+        self.set_accept_enabled(False)
+        row = self.host_row
+        if row is not None:
+            with row.lock:
+                row.add("yields", 1)
+
+    def _stop_yielding(self) -> None:
+        self._yielding = False
+        if self.alive:
+            self.set_accept_enabled(self.nr_conns < self.worker_connections)
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        if self._yielding:
+            if self._should_yield():
+                timeout = min(timeout, _YIELD_RECHECK_S)
+            else:
+                self._stop_yielding()
+        super().wait_for_and_dispatch_events(timeout)
 
     def accept(self, listener: Any) -> None:
-        """Accept a connection and wait in the poller (not in a worker) for its first bytes."""
+        """Accept a connection and wait in the poller (not in a worker) for its first bytes.
+
+        A full worker leaves the connection in the backlog for a sibling with room (see the module docstring).
+        """
+        if self._should_yield():
+            self._start_yielding()
+            return
         try:
             client_sock, client_addr = listener.accept()
         except OSError as exc:
@@ -154,6 +308,7 @@ class AdmissionWorker(ThreadWorker):
         conn.timeout = time.monotonic() + DEFAULT_WORKER_DATA_TIMEOUT + self.cfg.keepalive
         self.fresh_conns.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_fresh_readable, conn))
+        self._publish()
 
     def _on_fresh_readable(self, conn: TConn, client: Any) -> None:
         self.poller.unregister(client)
@@ -166,6 +321,10 @@ class AdmissionWorker(ThreadWorker):
         buffered = conn.parser.unreader.buf.getvalue() if conn.parser is not None else b""
         peer = conn.client[0] if isinstance(conn.client, tuple) else None
         self.admission.admit(conn, conn.sock, peer, buffered=buffered)
+        # The queue's own publish ran while the head still counted as
+        # arriving; a head completed in later packets is corrected on the
+        # main loop's next turn (murder_pending), overcounting meanwhile.
+        self._publish()
 
     def _serve_ticket(self, ticket: Ticket) -> None:
         conn = ticket.item
@@ -195,9 +354,18 @@ class AdmissionWorker(ThreadWorker):
                 pass
             self.nr_conns -= 1
             conn.close()
+        self._publish()
 
     def set_accept_enabled(self, enabled: bool) -> None:
-        super().set_accept_enabled(enabled)
+        # gthread's loop asks to accept again on every turn; a yielding
+        # worker stays out until its own look at the siblings says so.
+        super().set_accept_enabled(enabled and not self._yielding)
+        row = self.host_row
+        if row is not None:
+            if self._accepting:
+                row.set_state(STATE_SERVING)
+            else:
+                row.set_state(STATE_YIELDING if self.alive else STATE_STOPPING)
         # Stopping: this worker will never accept again. gthread keeps its
         # copy of the listening sockets open until the drain ends, so new
         # connections would wait in the listen backlog for the whole drain
@@ -216,3 +384,15 @@ class AdmissionWorker(ThreadWorker):
         # A stopping worker does not wait long for silent new clients either.
         for conn in self.fresh_conns:
             conn.timeout = min(conn.timeout, deadline)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _with_host_occupancy(
+    app: Any, table: OccupancyTable, environ: dict[str, Any], start_response: Any
+) -> Iterable[bytes]:
+    environ[HOST_OCCUPANCY_KEY] = table
+    result: Iterable[bytes] = app(environ, start_response)
+    return result

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import socket
 import ssl
+from urllib.parse import unquote_to_bytes
 
 from ..headers import is_ambiguous_header_name
 
-__all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "peek_bytes", "peekable"]
+__all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "head_path", "peek_bytes", "peekable"]
 
 # A request head larger than this is not peeked at; the request is admitted
 # with a provisional deadline and its real one is computed once it is parsed.
@@ -65,6 +66,24 @@ def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
         text = value.decode("latin-1").strip(" \t")
         environ[key] = f"{environ[key]},{text}" if key in environ else text
     return environ
+
+
+def head_path(head: bytes) -> str | None:
+    """The ``PATH_INFO`` a WSGI server gives the request of ``head``, or None when the request line is malformed.
+
+    The target's path, without the query, percent-decoded to latin-1 as WSGI
+    servers do; an absolute-form target (``http://host/path``) gives its path.
+    """
+    parts = head.split(b"\n", 1)[0].rstrip(b"\r").split(b" ")
+    if len(parts) != 3:
+        return None
+    target = parts[1].split(b"?", 1)[0].split(b"#", 1)[0]
+    if not target.startswith(b"/"):
+        scheme, separator, rest = target.partition(b"://")
+        if not separator or not scheme:
+            return None
+        target = b"/" + rest.partition(b"/")[2]
+    return unquote_to_bytes(target).decode("latin-1")
 
 
 def peekable(sock: socket.socket) -> bool:

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "picohttpparser.h"
+#include "prazo_policy.h"   /* core/: the queue policies' arithmetic, shared with the queue's C twin */
 
 #define FD_MAX_HEADERS 100
 #define FD_READ_CHUNK 16384
@@ -47,6 +48,9 @@ enum fd_answer {
     FD_A_EXPIRED_ON_ARRIVAL, /* 504 expired-on-arrival */
     FD_A_EXPIRED_IN_QUEUE,   /* 504 expired-in-queue */
     FD_A_SHUTTING_DOWN,      /* 503 shutting-down */
+    FD_A_INSUFFICIENT_BUDGET, /* 504 insufficient-budget: less budget left than the expected service time */
+    FD_A_SHED,               /* 503 shed-standing-queue (order="adaptive") */
+    FD_A_EVICTED,            /* 503 evicted-by-critical */
     FD_A_COUNT_KEEPABLE,     /* the ones above exist as keep-alive and close variants */
     FD_A_HEADER_TIMEOUT = FD_A_COUNT_KEEPABLE, /* 408, closes */
     FD_A_BAD_REQUEST,        /* 400, closes */
@@ -55,6 +59,8 @@ enum fd_answer {
 };
 
 enum fd_state { FD_READING, FD_QUEUED, FD_RUNNING, FD_DRAINING, FD_CLOSED };
+
+enum fd_order { FD_ORDER_FIFO = 0, FD_ORDER_LIFO = 1, FD_ORDER_ADAPTIVE = 2 };
 
 enum fd_source { FD_SRC_NONE = -1, FD_SRC_BUDGET = 0, FD_SRC_GRPC = 1, FD_SRC_ENVOY = 2 };
 
@@ -68,6 +74,18 @@ struct fd_config {
     int64_t linger_ns;
     int64_t max_drain_bytes;
     size_t max_head;
+    /* The queue policies (POLICIES.md section 1), the same options as AdmissionQueue's. */
+    int order;                        /* enum fd_order */
+    int64_t codel_target_ns, codel_interval_ns;   /* order == FD_ORDER_ADAPTIVE */
+    int64_t expected_service_ns;      /* > 0: a fixed expected service time (doomed-work skip) */
+    int expected_quantile_permille;   /* > 0: learn that quantile of the service times instead; both 0: off */
+    int vegas;                        /* 1: limit="vegas" between min_concurrency and threads */
+    int min_concurrency;
+    int reserved;                     /* places kept for the critical class */
+    const char *critical_header;      /* a request is critical when this header says "critical"; NULL: none */
+    size_t critical_header_len;
+    const char *critical_paths;       /* request paths that are critical, each ended by a NUL; NULL: none */
+    size_t critical_paths_len;
     /* [answer][keep]: keep = 1 for the keep-alive variant (only below FD_A_COUNT_KEEPABLE) */
     const char *answer[FD_A_COUNT][2];
     size_t answer_len[FD_A_COUNT][2];
@@ -101,6 +119,8 @@ struct fd_conn {
     int client_keep_alive;
     int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
+    int critical;                   /* of the critical class: waits in srv->crit, served first */
+    int drop_answer;                /* the refusal of a connection dropped from the line */
     int budget_source;
     int budget_invalid;
     int arrival_from_kernel;        /* 1: arrival is the kernel's receive stamp of the first bytes */
@@ -122,6 +142,7 @@ struct fd_stats {
     int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
     int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
     int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering;
+    int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
 };
 
 struct fd_server {
@@ -134,9 +155,16 @@ struct fd_server {
     pthread_mutex_t mutex;
     pthread_cond_t ready;       /* a connection entered the line, or stopping */
     pthread_cond_t idle;        /* in_flight or queued went down */
-    struct fd_list line;        /* FD_QUEUED, FIFO */
+    struct fd_list line;        /* FD_QUEUED normal requests, in arrival order (served per cfg.order) */
+    struct fd_list crit;        /* FD_QUEUED critical requests, in arrival order (served first, FIFO) */
     struct fd_conn *returned;   /* finished by workers or refused at pickup, for the I/O thread */
     int64_t in_flight;          /* held by workers */
+    int64_t critical_in_flight; /* of which critical */
+    /* The policies' state, under mutex. */
+    int64_t limit;              /* the current concurrency limit: threads, or Vegas's */
+    struct prazo_codel codel;
+    struct prazo_vegas vegas;
+    struct prazo_service_estimate estimate;
     int draining;               /* under mutex; also read by the I/O thread */
     int stopping;
     int io_done;                /* the I/O thread has exited: workers free what they finish */
@@ -150,6 +178,8 @@ struct fd_server {
     _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
     _Atomic int64_t peak_in_flight, peak_queued, queue_wait_ns_total;
     _Atomic int64_t pending_heads, lingering_now;   /* published by the I/O thread each turn */
+    _Atomic int64_t insufficient_budget, shed, evicted, critical_started;
+    _Atomic int64_t expected_now;   /* fd_expected(), published under mutex for the I/O thread's arrivals */
 };
 
 static inline int64_t fd_now_ns(void)
@@ -509,9 +539,219 @@ static void fd_conn_reset_for_next(struct fd_conn *c, size_t consumed)
     c->cbuf_cap = c->cbuf_pos = c->cbuf_len = 0;
 }
 
+/* --------------------------------------------------- the line's policies */
+/* The admission line is two lists: critical requests (served first, FIFO
+ * among them) and normal ones (served per cfg.order). What a policy decides
+ * (CoDel's standing line and sojourn limit, the expected service time, the
+ * Vegas limit, whether a class may start) is computed by core/prazo_policy.h,
+ * exactly as the queue's C twin computes it; this section only applies it to
+ * the engine's lists, under srv->mutex. */
+
+static inline int64_t fd_waiting(const struct fd_server *srv)
+{
+    return srv->line.count + srv->crit.count;
+}
+
+/* The doomed-work skip's expected service time now (0: no skip). Under mutex. */
+static inline int64_t fd_expected(const struct fd_server *srv)
+{
+    if (srv->cfg.expected_service_ns <= 0 && srv->cfg.expected_quantile_permille <= 0)
+        return 0;
+    return prazo_service_estimate_ns(&srv->estimate);
+}
+
+/* Arrivals are refused (or make room) once running + waiting reach this. */
+static inline int fd_line_full(const struct fd_server *srv)
+{
+    return srv->in_flight + fd_waiting(srv) >= srv->limit + (int64_t)srv->cfg.max_queue;
+}
+
+/* Take c out of the line it waits in, to drop it with `answer` (counted now,
+ * so stats() never sees it in two places); appended to the list at *tail. */
+static void fd_line_drop(struct fd_server *srv, struct fd_conn *c, int answer, struct fd_conn ***tail)
+{
+    fd_list_remove(c->critical ? &srv->crit : &srv->line, c);
+    c->drop_answer = answer;
+    switch (answer) {
+    case FD_A_EXPIRED_IN_QUEUE: fd_count(&srv->expired_in_queue, 1); break;
+    case FD_A_INSUFFICIENT_BUDGET: fd_count(&srv->insufficient_budget, 1); break;
+    case FD_A_SHED: fd_count(&srv->shed, 1); break;
+    default: fd_count(&srv->evicted, 1); break;
+    }
+    c->next = NULL;
+    **tail = c;
+    *tail = &c->next;
+}
+
+/* order="adaptive": shed, from the old end of each list, every entry that has
+ * waited longer than CoDel allows now. */
+static void fd_line_shed_stale(struct fd_server *srv, int64_t now, struct fd_conn ***tail)
+{
+    if (srv->cfg.order != FD_ORDER_ADAPTIVE)
+        return;
+    int64_t max_sojourn = prazo_codel_max_sojourn(&srv->codel, now);
+    struct fd_list *lists[2] = {&srv->crit, &srv->line};
+    for (int i = 0; i < 2; i++)
+        while (lists[i]->head && now - lists[i]->head->queued_ns > max_sojourn)
+            fd_line_drop(srv, lists[i]->head, FD_A_SHED, tail);
+}
+
+/* The entry a free worker would start now, or NULL: a critical one when its
+ * class may start, else a normal one (FIFO, LIFO, or LIFO while the line
+ * stands under "adaptive") when the normal class may start. */
+static struct fd_conn *fd_line_pick(struct fd_server *srv, int64_t now)
+{
+    int64_t critical_active = srv->critical_in_flight + srv->crit.count;
+    int64_t reserved = srv->cfg.reserved;
+    if (srv->crit.head && prazo_priority_may_start(srv->in_flight, srv->limit, reserved, 1, critical_active))
+        return srv->crit.head;
+    if (!srv->line.head || !prazo_priority_may_start(srv->in_flight, srv->limit, reserved, 0, critical_active))
+        return NULL;
+    int lifo = srv->cfg.order == FD_ORDER_LIFO ||
+               (srv->cfg.order == FD_ORDER_ADAPTIVE && prazo_codel_standing(&srv->codel, now));
+    return lifo ? srv->line.tail : srv->line.head;
+}
+
+/* Drop what may no longer start at now: expired or doomed anywhere in the
+ * line, and (adaptive) stale entries. Returns when to look again (INT64_MAX: never). */
+static int64_t fd_line_sweep(struct fd_server *srv, int64_t now, struct fd_conn ***tail)
+{
+    int64_t next = INT64_MAX;
+    int64_t expected = fd_expected(srv);
+    fd_line_shed_stale(srv, now, tail);
+    struct fd_list *lists[2] = {&srv->crit, &srv->line};
+    for (int i = 0; i < 2; i++) {
+        for (struct fd_conn *c = lists[i]->head, *n; c; c = n) {
+            n = c->next;
+            int verdict = prazo_deadline_verdict(now, c->deadline_ns, expected);
+            if (verdict == PRAZO_VERDICT_EXPIRED) {
+                fd_line_drop(srv, c, FD_A_EXPIRED_IN_QUEUE, tail);
+                continue;
+            }
+            if (verdict == PRAZO_VERDICT_INSUFFICIENT) {
+                fd_line_drop(srv, c, FD_A_INSUFFICIENT_BUDGET, tail);
+                continue;
+            }
+            int64_t at = expected > 0 ? prazo_effective_deadline_ns(c->deadline_ns, expected) : c->deadline_ns;
+            if (at < next)
+                next = at;
+        }
+        if (srv->cfg.order == FD_ORDER_ADAPTIVE && lists[i]->head) {
+            /* The oldest entry is shed first; the bound catches the moment the line starts standing. */
+            int64_t at = lists[i]->head->queued_ns + prazo_codel_max_sojourn(&srv->codel, now) + 1;
+            if (now + srv->codel.target_ns < at)
+                at = now + srv->codel.target_ns;
+            if (at < next)
+                next = at;
+        }
+    }
+    return next;
+}
+
+/* Entries left the line without a place: shutdown may be waiting for an idle
+ * line, and a dropped critical waiter may let parked workers lend its class's
+ * reserved places again. Under mutex. */
+static void fd_line_dropped_wake(struct fd_server *srv)
+{
+    pthread_cond_broadcast(&srv->idle);
+    if (fd_waiting(srv))
+        pthread_cond_broadcast(&srv->ready);
+}
+
+static int fd_hex(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch |= 0x20;
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* 1 when the raw path, percent-decoded as urllib's unquote_to_bytes does it
+ * (a '%' not followed by two hex digits stays as it is), is `want`. */
+static int fd_decoded_path_is(const char *raw, size_t n, const char *want, size_t want_len)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++, j++) {
+        unsigned char ch = (unsigned char)raw[i];
+        int hi = ch == '%' && i + 2 < n ? fd_hex((unsigned char)raw[i + 1]) : -1;
+        int lo = hi >= 0 ? fd_hex((unsigned char)raw[i + 2]) : -1;
+        if (lo >= 0) {
+            ch = (unsigned char)(hi * 16 + lo);
+            i += 2;
+        }
+        if (j >= want_len || (unsigned char)want[j] != ch)
+            return 0;
+    }
+    return j == want_len;
+}
+
+/* Is this head of the critical class? Its path (what the workers' PATH_INFO
+ * holds: before '?', percent-decoded) is one of cfg.critical_paths, or
+ * cfg.critical_header says "critical". */
+static int fd_is_critical(const struct fd_server *srv, const struct fd_conn *c)
+{
+    if (srv->cfg.critical_header) {
+        for (size_t h = 0; h < c->num_headers; h++) {
+            const struct phr_header *hd = &c->headers[h];
+            if (hd->name == NULL || hd->name_len != srv->cfg.critical_header_len ||
+                strncasecmp(hd->name, srv->cfg.critical_header, hd->name_len) != 0)
+                continue;
+            const char *v = hd->value;
+            size_t n = hd->value_len;
+            if (fd_strip(&v, &n) && n == 8 && strncasecmp(v, "critical", 8) == 0)
+                return 1;
+        }
+    }
+    if (srv->cfg.critical_paths) {
+        const char *path = c->path;
+        size_t len = c->path_len;
+        /* absolute-form: the path follows the authority, as the workers' PATH_INFO takes it */
+        size_t skip = 0;
+        if (len >= 7 && memcmp(path, "http://", 7) == 0)
+            skip = 7;
+        else if (len >= 8 && memcmp(path, "https://", 8) == 0)
+            skip = 8;
+        if (skip) {
+            const char *slash = memchr(path + skip, '/', len - skip);
+            len = slash ? len - (size_t)(slash - path) : 0;
+            path = slash;
+        }
+        const char *q = len ? memchr(path, '?', len) : NULL;
+        if (q)
+            len = (size_t)(q - path);
+        for (const char *p = srv->cfg.critical_paths, *end = p + srv->cfg.critical_paths_len; len && p < end;) {
+            size_t plen = strlen(p);
+            if (fd_decoded_path_is(path, len, p, plen))
+                return 1;
+            p += plen + 1;
+        }
+    }
+    return 0;
+}
+
+/* A finished request's service time: the learned estimate and Vegas take it. Under mutex. */
+static void fd_line_sample(struct fd_server *srv, int64_t service_ns)
+{
+    if (service_ns < 0)
+        service_ns = 0;
+    if (srv->cfg.expected_quantile_permille > 0) {
+        prazo_service_estimate_sample(&srv->estimate, service_ns);
+        int64_t expected = fd_expected(srv);
+        if (expected != atomic_load_explicit(&srv->expected_now, memory_order_relaxed)) {
+            atomic_store_explicit(&srv->expected_now, expected, memory_order_relaxed);
+            if (fd_waiting(srv))
+                fd_wake(srv);   /* the I/O thread's sweep computes each waiter's effective deadline anew */
+        }
+    }
+    if (srv->cfg.vegas) {
+        srv->limit = prazo_vegas_sample(&srv->vegas, service_ns, srv->in_flight);
+    }
+}
+
 /* ------------------------------------------------------ the I/O thread */
 
 static void fd_io_arm_head(struct fd_server *srv, struct fd_conn *c, int64_t now);
+static void fd_io_answer_dropped(struct fd_server *srv, struct fd_conn *dropped, int64_t now);
 static int fd_io_try_head(struct fd_server *srv, struct fd_conn *c, int64_t now, size_t last_len);
 
 static void fd_io_close(struct fd_server *srv, struct fd_conn *c)
@@ -586,6 +826,19 @@ static void fd_io_answer(struct fd_server *srv, struct fd_conn *c, int answer, i
         (void)fd_io_try_head(srv, c, now, 0);
 }
 
+/* Refuse a head on arrival. Each arrival's offered and its outcome are counted
+ * together under the mutex, which stats() holds while it reads: the counters
+ * balance in every snapshot, not only once the server is idle. */
+static void fd_io_refuse_on_arrival(struct fd_server *srv, struct fd_conn *c, _Atomic int64_t *outcome, int answer,
+                                    int64_t now)
+{
+    pthread_mutex_lock(&srv->mutex);
+    fd_count(&srv->offered, 1);
+    fd_count(outcome, 1);
+    pthread_mutex_unlock(&srv->mutex);
+    fd_io_answer(srv, c, answer, now);
+}
+
 /* A complete head: decide. */
 static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
 {
@@ -595,36 +848,62 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
     c->budget_source = source;
     c->budget_invalid = invalid;
     c->deadline_ns = fd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns);
+    if (srv->draining) {
+        fd_io_refuse_on_arrival(srv, c, &srv->shutting_down, FD_A_SHUTTING_DOWN, now);
+        return;
+    }
+    int verdict = prazo_deadline_verdict(now, c->deadline_ns,
+                                         atomic_load_explicit(&srv->expected_now, memory_order_relaxed));
+    if (verdict == PRAZO_VERDICT_EXPIRED) {
+        fd_io_refuse_on_arrival(srv, c, &srv->expired_on_arrival, FD_A_EXPIRED_ON_ARRIVAL, now);
+        return;
+    }
+    if (verdict == PRAZO_VERDICT_INSUFFICIENT) {
+        fd_io_refuse_on_arrival(srv, c, &srv->insufficient_budget, FD_A_INSUFFICIENT_BUDGET, now);
+        return;
+    }
+    c->critical = fd_is_critical(srv, c);
+    struct fd_conn *dropped = NULL, **tail = &dropped;
+    int refused = 0;
+    pthread_mutex_lock(&srv->mutex);
     fd_count(&srv->offered, 1);
     if (srv->draining) {
-        fd_count(&srv->shutting_down, 1);
-        fd_io_answer(srv, c, FD_A_SHUTTING_DOWN, now);
-        return;
+        refused = 1;
+    } else if (fd_line_full(srv)) {
+        /* A full standing line makes room by shedding its stale entries first;
+         * a critical arrival then pushes out the newest normal waiter. */
+        fd_line_shed_stale(srv, now, &tail);
+        if (fd_line_full(srv)) {
+            if (c->critical && srv->line.tail)
+                fd_line_drop(srv, srv->line.tail, FD_A_EVICTED, &tail);
+            else
+                refused = 1;
+        }
     }
-    if (now >= c->deadline_ns) {
-        fd_count(&srv->expired_on_arrival, 1);
-        fd_io_answer(srv, c, FD_A_EXPIRED_ON_ARRIVAL, now);
-        return;
+    if (!refused) {
+        fd_list_remove(&srv->heads, c);
+        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        c->state = FD_QUEUED;
+        c->queued_ns = now;
+        if (fd_waiting(srv) == 0)
+            prazo_codel_note_empty(&srv->codel, now);
+        fd_list_push(c->critical ? &srv->crit : &srv->line, c);
+        /* Waiting means: in line beyond the places free to take it at once. */
+        int64_t free_places = srv->limit - srv->in_flight;
+        int64_t waiting = fd_waiting(srv) - (free_places > 0 ? free_places : 0);
+        if (waiting > fd_read_counter(&srv->peak_queued))
+            atomic_store_explicit(&srv->peak_queued, waiting, memory_order_relaxed);
+        fd_count(&srv->admitted, 1);
+        pthread_cond_signal(&srv->ready);
     }
-    pthread_mutex_lock(&srv->mutex);
-    if (srv->in_flight + srv->line.count >= (int64_t)srv->cfg.threads + srv->cfg.max_queue || srv->draining) {
-        pthread_mutex_unlock(&srv->mutex);
+    else
         fd_count(&srv->rejected_full, 1);
-        fd_io_answer(srv, c, FD_A_QUEUE_FULL, now);
-        return;
-    }
-    fd_list_remove(&srv->heads, c);
-    epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-    c->state = FD_QUEUED;
-    c->queued_ns = now;
-    fd_list_push(&srv->line, c);
-    /* Waiting means: in line beyond the workers that are free to take it at once. */
-    int64_t waiting = srv->line.count - ((int64_t)srv->cfg.threads - srv->in_flight);
-    if (waiting > fd_read_counter(&srv->peak_queued))
-        atomic_store_explicit(&srv->peak_queued, waiting, memory_order_relaxed);
-    fd_count(&srv->admitted, 1);
-    pthread_cond_signal(&srv->ready);
+    if (dropped)
+        fd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
+    fd_io_answer_dropped(srv, dropped, now);
+    if (refused)
+        fd_io_answer(srv, c, FD_A_QUEUE_FULL, now);
 }
 
 /* 1 while the head is still incomplete (c stays with the caller), 0 once c was
@@ -824,33 +1103,29 @@ static void fd_io_take_returned(struct fd_server *srv, int64_t now)
     }
 }
 
-/* Waiting connections whose deadline passed: answered 504 now, without a worker.
- * Returns the earliest deadline still ahead (INT64_MAX when none). */
+/* Refuse connections dropped from the line, each with its drop_answer. */
+static void fd_io_answer_dropped(struct fd_server *srv, struct fd_conn *dropped, int64_t now)
+{
+    while (dropped) {
+        struct fd_conn *c = dropped;
+        dropped = c->next;
+        c->next = NULL;
+        fd_io_answer(srv, c, c->drop_answer, now);
+    }
+}
+
+/* Waiting connections that may no longer start (deadline passed, too little
+ * budget left for the expected service time, or shed by CoDel): answered now,
+ * without a worker. Returns when to look again (INT64_MAX when never). */
 static int64_t fd_io_expire_line(struct fd_server *srv, int64_t now)
 {
-    struct fd_conn *expired = NULL, **tail = &expired;
-    int64_t next = INT64_MAX;
+    struct fd_conn *dropped = NULL, **tail = &dropped;
     pthread_mutex_lock(&srv->mutex);
-    for (struct fd_conn *c = srv->line.head, *n; c; c = n) {
-        n = c->next;
-        if (now >= c->deadline_ns) {
-            fd_list_remove(&srv->line, c);
-            *tail = c;
-            tail = &c->next;
-        } else if (c->deadline_ns < next) {
-            next = c->deadline_ns;
-        }
-    }
-    if (expired)
-        pthread_cond_broadcast(&srv->idle);
+    int64_t next = fd_line_sweep(srv, now, &tail);
+    if (dropped)
+        fd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
-    while (expired) {
-        struct fd_conn *c = expired;
-        expired = c->next;
-        c->next = NULL;
-        fd_count(&srv->expired_in_queue, 1);
-        fd_io_answer(srv, c, FD_A_EXPIRED_IN_QUEUE, now);
-    }
+    fd_io_answer_dropped(srv, dropped, now);
     return next;
 }
 
@@ -878,15 +1153,22 @@ static void *fd_io_main(void *arg)
             fd_io_close_listeners(srv);
             /* What still waits is answered 503 shutting-down; then every connection closes. */
             pthread_mutex_lock(&srv->mutex);
-            struct fd_conn *waiting = srv->line.head;
-            srv->line.head = srv->line.tail = NULL;
-            srv->line.count = 0;
+            struct fd_conn *waiting = NULL, **tail = &waiting;
+            struct fd_list *lists[2] = {&srv->crit, &srv->line};
+            for (int i = 0; i < 2; i++) {
+                if (lists[i]->head) {
+                    *tail = lists[i]->head;
+                    tail = &lists[i]->tail->next;
+                }
+                fd_count(&srv->shutting_down, lists[i]->count);
+                lists[i]->head = lists[i]->tail = NULL;
+                lists[i]->count = 0;
+            }
             pthread_cond_broadcast(&srv->idle);
             pthread_mutex_unlock(&srv->mutex);
             while (waiting) {
                 struct fd_conn *c = waiting;
                 waiting = c->next;
-                fd_count(&srv->shutting_down, 1);
                 fd_send_all_nb(c->fd, srv->cfg.answer[FD_A_SHUTTING_DOWN][0], srv->cfg.answer_len[FD_A_SHUTTING_DOWN][0]);
                 c->state = FD_CLOSED;
                 fd_conn_free(srv, c);
@@ -999,6 +1281,32 @@ static struct fd_server *fd_server_new(const struct fd_config *cfg, const int *l
             srv->cfg.answer_len[a][1] = srv->cfg.answer_len[a][0];
         }
     }
+    srv->cfg.critical_header = NULL;
+    srv->cfg.critical_paths = NULL;
+    if (cfg->critical_header && cfg->critical_header_len) {
+        char *copy = malloc(cfg->critical_header_len);
+        if (!copy)
+            return NULL;
+        memcpy(copy, cfg->critical_header, cfg->critical_header_len);
+        srv->cfg.critical_header = copy;
+    }
+    if (cfg->critical_paths && cfg->critical_paths_len) {
+        char *copy = malloc(cfg->critical_paths_len + 1);
+        if (!copy)
+            return NULL;
+        memcpy(copy, cfg->critical_paths, cfg->critical_paths_len);
+        copy[cfg->critical_paths_len] = 0;   /* the last path ends even if the caller forgot */
+        srv->cfg.critical_paths = copy;
+    }
+    int64_t now = fd_now_ns();
+    prazo_codel_init(&srv->codel, cfg->codel_target_ns, cfg->codel_interval_ns, now);
+    prazo_service_estimate_init(&srv->estimate, cfg->expected_service_ns, cfg->expected_quantile_permille);
+    srv->limit = cfg->threads;
+    if (cfg->vegas) {
+        prazo_vegas_init(&srv->vegas, cfg->min_concurrency, cfg->threads);
+        srv->limit = prazo_vegas_limit(&srv->vegas);
+    }
+    atomic_store(&srv->expected_now, fd_expected(srv));
     pthread_mutex_init(&srv->mutex, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -1059,12 +1367,12 @@ static void fd_server_drain(struct fd_server *srv)
 static int fd_server_wait_idle(struct fd_server *srv, int64_t until_ns)
 {
     pthread_mutex_lock(&srv->mutex);
-    while (srv->in_flight + srv->line.count > 0) {
+    while (srv->in_flight + fd_waiting(srv) > 0) {
         struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
         if (pthread_cond_timedwait(&srv->idle, &srv->mutex, &ts) == ETIMEDOUT)
             break;
     }
-    int idle = srv->in_flight + srv->line.count == 0;
+    int idle = srv->in_flight + fd_waiting(srv) == 0;
     pthread_mutex_unlock(&srv->mutex);
     return idle;
 }
@@ -1104,6 +1412,8 @@ static int fd_server_free(struct fd_server *srv)
             free((void *)srv->cfg.answer[a][1]);
         free((void *)srv->cfg.answer[a][0]);
     }
+    free((void *)srv->cfg.critical_header);
+    free((void *)srv->cfg.critical_paths);
     pthread_mutex_destroy(&srv->mutex);
     pthread_cond_destroy(&srv->ready);
     pthread_cond_destroy(&srv->idle);
@@ -1114,11 +1424,18 @@ static int fd_server_free(struct fd_server *srv)
 static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
 {
     pthread_mutex_lock(&srv->mutex);
-    int64_t free_workers = (int64_t)srv->cfg.threads - srv->in_flight;
+    int64_t free_places = srv->limit - srv->in_flight, waiting = fd_waiting(srv);
+    if (free_places < 0)
+        free_places = 0;
     s->in_flight = srv->in_flight;
-    s->assigned = srv->line.count < free_workers ? srv->line.count : free_workers;
-    s->queued = srv->line.count - s->assigned;
-    pthread_mutex_unlock(&srv->mutex);
+    s->assigned = waiting < free_places ? waiting : free_places;
+    s->queued = waiting - s->assigned;
+    s->limit = srv->limit;
+    s->expected_service_ns = fd_expected(srv);
+    s->insufficient_budget = fd_read_counter(&srv->insufficient_budget);
+    s->shed = fd_read_counter(&srv->shed);
+    s->evicted = fd_read_counter(&srv->evicted);
+    s->critical_started = fd_read_counter(&srv->critical_started);
     s->accepted = fd_read_counter(&srv->accepted);
     s->open_connections = fd_read_counter(&srv->open_connections);
     s->offered = fd_read_counter(&srv->offered);
@@ -1138,6 +1455,7 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->queue_wait_ns_total = fd_read_counter(&srv->queue_wait_ns_total);
     s->pending_heads = fd_read_counter(&srv->pending_heads);
     s->lingering = fd_read_counter(&srv->lingering_now);
+    pthread_mutex_unlock(&srv->mutex);
 }
 
 /* ------------------------------------------------------------- workers */
@@ -1158,49 +1476,83 @@ static void fd_return(struct fd_server *srv, struct fd_conn *c, int keep)
     fd_wake(srv);
 }
 
+/* Refuse, from a worker, connections dropped from the line at pickup. */
+static void fd_refuse_dropped(struct fd_server *srv, struct fd_conn *dropped)
+{
+    while (dropped) {
+        struct fd_conn *c = dropped;
+        dropped = c->next;
+        c->next = NULL;
+        int keep = c->client_keep_alive && !fd_has_body(c) && !srv->draining;
+        const char *bytes = srv->cfg.answer[c->drop_answer][keep];
+        size_t len = srv->cfg.answer_len[c->drop_answer][keep];
+        int ok = fd_send_all_nb(c->fd, bytes, len) == 0;
+        if (ok && keep)
+            fd_conn_reset_for_next(c, c->head_len);
+        fd_return(srv, c, ok ? keep : -1);
+    }
+}
+
 /* The next admitted connection, holding one of the `threads` places; NULL once
- * stopping, or at once when the line is empty and `block` is 0 (*empty is then set).
- * A connection whose deadline passed while it waited is answered 504 here, never started. */
+ * stopping, or at once when nothing may start now and `block` is 0 (*empty is
+ * then set). A worker takes a connection only while the policies allow a start
+ * (the concurrency limit, the reserved places); the others stay parked here.
+ * A connection that may no longer start (deadline passed, too little budget
+ * left, shed) is answered here, never started. */
 static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *empty)
 {
     *empty = 0;
     for (;;) {
+        struct fd_conn *dropped = NULL, **tail = &dropped, *c = NULL;
+        int64_t now = 0;
         pthread_mutex_lock(&srv->mutex);
-        if (!block && !srv->stopping && srv->line.head == NULL) {
-            pthread_mutex_unlock(&srv->mutex);
-            *empty = 1;
-            return NULL;
-        }
-        while (!srv->stopping && srv->line.head == NULL)
+        while (!srv->stopping) {
+            now = fd_now_ns();
+            fd_line_shed_stale(srv, now, &tail);
+            c = fd_line_pick(srv, now);
+            if (c != NULL) {
+                int verdict = prazo_deadline_verdict(now, c->deadline_ns, fd_expected(srv));
+                if (verdict == PRAZO_VERDICT_LIVE)
+                    break;
+                int answer = verdict == PRAZO_VERDICT_EXPIRED ? FD_A_EXPIRED_IN_QUEUE : FD_A_INSUFFICIENT_BUDGET;
+                fd_line_drop(srv, c, answer, &tail);
+                c = NULL;
+                continue;
+            }
+            if (dropped)
+                break;   /* answer those before waiting */
+            if (!block) {
+                *empty = 1;
+                break;
+            }
             pthread_cond_wait(&srv->ready, &srv->mutex);
-        if (srv->stopping) {
-            pthread_mutex_unlock(&srv->mutex);
-            return NULL;
         }
-        struct fd_conn *c = srv->line.head;
-        fd_list_remove(&srv->line, c);
-        int64_t now = fd_now_ns();
-        if (now >= c->deadline_ns) {
-            pthread_cond_broadcast(&srv->idle);
-            pthread_mutex_unlock(&srv->mutex);
-            fd_count(&srv->expired_in_queue, 1);
-            int keep = c->client_keep_alive && !fd_has_body(c) && !srv->draining;
-            const char *bytes = srv->cfg.answer[FD_A_EXPIRED_IN_QUEUE][keep];
-            size_t len = srv->cfg.answer_len[FD_A_EXPIRED_IN_QUEUE][keep];
-            int ok = fd_send_all_nb(c->fd, bytes, len) == 0;
-            if (ok && keep)
-                fd_conn_reset_for_next(c, c->head_len);
-            fd_return(srv, c, ok ? keep : -1);
+        int stopping = srv->stopping;
+        if (dropped)
+            fd_line_dropped_wake(srv);
+        if (c != NULL && !stopping) {
+            fd_list_remove(c->critical ? &srv->crit : &srv->line, c);
+            srv->in_flight++;
+            if (c->critical) {
+                srv->critical_in_flight++;
+                fd_count(&srv->critical_started, 1);
+            }
+            if (srv->in_flight > fd_read_counter(&srv->peak_in_flight))
+                atomic_store_explicit(&srv->peak_in_flight, srv->in_flight, memory_order_relaxed);
+            c->state = FD_RUNNING;
+            c->started_ns = now;
+            fd_count(&srv->started, 1);
+            fd_count(&srv->queue_wait_ns_total, now - c->queued_ns);
+        } else {
+            c = NULL;
+        }
+        pthread_mutex_unlock(&srv->mutex);
+        fd_refuse_dropped(srv, dropped);
+        if (c == NULL) {
+            if (stopping || *empty)
+                return NULL;
             continue;
         }
-        srv->in_flight++;
-        if (srv->in_flight > fd_read_counter(&srv->peak_in_flight))
-            atomic_store_explicit(&srv->peak_in_flight, srv->in_flight, memory_order_relaxed);
-        c->state = FD_RUNNING;
-        c->started_ns = now;
-        fd_count(&srv->started, 1);
-        fd_count(&srv->queue_wait_ns_total, now - c->queued_ns);
-        pthread_mutex_unlock(&srv->mutex);
         c->pos = c->head_len;
         c->body_left = c->chunked ? 0 : (c->content_length > 0 ? c->content_length : 0);
         c->body_done = !fd_has_body(c);
@@ -1398,10 +1750,19 @@ static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
         keep = 0;   /* the rest of an unread body would be taken for the next head */
     if (keep)
         fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
+    int64_t now = fd_now_ns();
     pthread_mutex_lock(&srv->mutex);
+    /* The service time (started -> finished) feeds the learned estimate and
+     * Vegas; the request still counts as in flight for its own sample. */
+    fd_line_sample(srv, now - c->started_ns);
     srv->in_flight--;
+    if (c->critical)
+        srv->critical_in_flight--;
     fd_count(&srv->completed, 1);
     pthread_cond_broadcast(&srv->idle);
+    /* A place is free, and the limit may have risen: every parked worker looks again. */
+    if (fd_waiting(srv))
+        pthread_cond_broadcast(&srv->ready);
     pthread_mutex_unlock(&srv->mutex);
     fd_return(srv, c, keep ? 1 : 0);
 }

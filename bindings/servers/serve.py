@@ -5,6 +5,15 @@
     prazo serve myapp:app --server waitress --threads 4 --max-queue 16 \\
         --default-budget-ms 1000 --max-budget-ms 30000 --host 0.0.0.0 --port 8000
 
+Queue policies (``AdmissionQueue``'s, in every server): ``--order
+fifo|lifo|adaptive`` (adaptive LIFO with CoDel shedding, tuned by
+``--codel-target-ms`` / ``--codel-interval-ms``), ``--expected-service-ms``
+(a number, or ``p50``/``p90``/``p95``/``p99`` learned live: requests with less
+budget left are answered 504 at once), ``--limit fixed|vegas`` with
+``--min-concurrency``, and ``--reserved N`` slots for critical requests: those
+on a ``--critical-path`` (repeatable, e.g. ``/healthz``) or whose
+``--critical-header`` says ``critical``.
+
 It prints one line saying what runs where and with which limits, serves
 until SIGTERM or Ctrl-C, then shuts down gracefully: new requests are refused
 (503 ``shutting-down``) and every admitted request finishes, for at most
@@ -38,16 +47,35 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any, TextIO
 
+from ..policies import (
+    EXPECTED_SERVICE_QUANTILES,
+    LIMITS,
+    ORDERS,
+    checked_header_name,
+    checked_paths,
+    checked_policy_ms,
+    parse_expected_service_ms,
+)
 from ..proxy_headers import checked_max_upstream_ms, trusted_networks
 from ..wsgi import WSGIApp
 from .settings import (
+    ENV_CODEL_INTERVAL_MS,
+    ENV_CODEL_TARGET_MS,
+    ENV_CRITICAL_HEADER,
+    ENV_CRITICAL_PATHS,
     ENV_DEFAULT_BUDGET_MS,
+    ENV_EXPECTED_SERVICE_MS,
     ENV_HEADER_TIMEOUT_MS,
+    ENV_LIMIT,
     ENV_MAX_BUDGET_MS,
     ENV_MAX_QUEUE,
     ENV_MAX_UPSTREAM_MS,
+    ENV_MIN_CONCURRENCY,
+    ENV_ORDER,
+    ENV_RESERVED,
     ENV_TRUST_REQUEST_START,
     ENV_TRUSTED_PROXIES,
+    ENV_YIELD_WHEN_FULL,
     ServerSettings,
     resolve_settings,
 )
@@ -95,6 +123,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
     parser.add_argument("--workers", type=int, default=1, metavar="W", help="gunicorn worker processes (default 1)")
     parser.add_argument(
+        "--no-yield-when-full",
+        dest="yield_when_full",
+        action="store_false",
+        default=None,
+        help=f"gunicorn -w N: a full worker keeps accepting even while a sibling has room (${ENV_YIELD_WHEN_FULL}=0)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -120,6 +155,72 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MS",
         help=f"cap of that correction (${ENV_MAX_UPSTREAM_MS}, default 5000)",
+    )
+    _add_policy_arguments(parser)
+
+
+def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The queue-policy options (POLICIES.md; ``AdmissionQueue``'s keywords)."""
+    parser.add_argument(
+        "--order",
+        choices=ORDERS,
+        default=None,
+        help=f"who waits: fifo (default), lifo, or adaptive (LIFO + CoDel shedding) (${ENV_ORDER})",
+    )
+    parser.add_argument(
+        "--codel-target-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help=f"--order adaptive: the longest wait while the line stands (${ENV_CODEL_TARGET_MS}, default 5)",
+    )
+    parser.add_argument(
+        "--codel-interval-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help=f"--order adaptive: how long a non-empty line counts as standing (${ENV_CODEL_INTERVAL_MS}, default 100)",
+    )
+    parser.add_argument(
+        "--expected-service-ms",
+        default=None,
+        metavar="MS|PNN",
+        help=f"refuse (504) requests with less budget left than this; a number, or one of "
+        f"{'/'.join(EXPECTED_SERVICE_QUANTILES)} learned live (${ENV_EXPECTED_SERVICE_MS}, default off)",
+    )
+    parser.add_argument(
+        "--limit",
+        choices=LIMITS,
+        default=None,
+        help=f"fixed (default: --threads) or vegas (adaptive, between --min-concurrency and --threads) (${ENV_LIMIT})",
+    )
+    parser.add_argument(
+        "--min-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"floor of the vegas limit (${ENV_MIN_CONCURRENCY}, default 1)",
+    )
+    parser.add_argument(
+        "--reserved",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"threads only critical requests use (${ENV_RESERVED}, default 0)",
+    )
+    parser.add_argument(
+        "--critical-header",
+        default=None,
+        metavar="NAME",
+        help=f"a request is critical when this header says 'critical'; clients can send it, so only behind "
+        f"a proxy that strips it (${ENV_CRITICAL_HEADER})",
+    )
+    parser.add_argument(
+        "--critical-path",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help=f"a path whose requests are critical, e.g. /healthz; repeatable (${ENV_CRITICAL_PATHS}, comma-separated)",
     )
 
 
@@ -296,6 +397,16 @@ def _settings_environment(settings: ServerSettings) -> dict[str, str]:
         ENV_TRUST_REQUEST_START: "1" if settings.trust_request_start else "0",
         ENV_MAX_UPSTREAM_MS: repr(settings.max_upstream_ms),
         ENV_HEADER_TIMEOUT_MS: repr(settings.header_timeout_ms),
+        ENV_YIELD_WHEN_FULL: "1" if settings.yield_when_full else "0",
+        ENV_ORDER: settings.order,
+        ENV_CODEL_TARGET_MS: repr(settings.codel_target_ms),
+        ENV_CODEL_INTERVAL_MS: repr(settings.codel_interval_ms),
+        ENV_EXPECTED_SERVICE_MS: "" if settings.expected_service_ms is None else str(settings.expected_service_ms),
+        ENV_LIMIT: settings.limit,
+        ENV_MIN_CONCURRENCY: str(settings.min_concurrency),
+        ENV_RESERVED: str(settings.reserved),
+        ENV_CRITICAL_HEADER: settings.critical_header or "",
+        ENV_CRITICAL_PATHS: ",".join(settings.critical_paths),
     }
     if settings.trusted_proxies is not None:
         environment[ENV_TRUSTED_PROXIES] = ",".join(settings.trusted_proxies)
@@ -320,6 +431,8 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers != 1 and args.server != "gunicorn":
         raise ValueError("--workers is for --server gunicorn only (the other servers run one process)")
+    if args.yield_when_full is False and args.server != "gunicorn":
+        raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     # Checked whether or not --trust-request-start is given: a typo must fail
@@ -327,6 +440,24 @@ def _check(args: argparse.Namespace) -> ServerSettings:
     trusted_networks(args.trusted_proxy, "--trusted-proxy")
     if args.max_upstream_ms is not None:
         checked_max_upstream_ms(args.max_upstream_ms, "--max-upstream-ms")
+    for flag, value in (("--codel-target-ms", args.codel_target_ms), ("--codel-interval-ms", args.codel_interval_ms)):
+        if value is not None:
+            checked_policy_ms(value, flag)
+    expected_service_ms = (
+        None
+        if args.expected_service_ms is None
+        else parse_expected_service_ms(args.expected_service_ms, "--expected-service-ms")
+    )
+    if args.min_concurrency is not None and args.min_concurrency < 1:
+        raise ValueError(f"--min-concurrency must be >= 1, got {args.min_concurrency}")
+    if args.reserved is not None and args.reserved < 0:
+        raise ValueError(f"--reserved must be >= 0, got {args.reserved}")
+    if args.critical_header is not None:
+        checked_header_name(args.critical_header, "--critical-header")
+    if args.critical_path is not None:
+        checked_paths(args.critical_path, "--critical-path")
+    # What depends on other options (--reserved < --threads, CoDel only with
+    # --order adaptive) is checked by ServerSettings, whose errors name the flags too.
     return resolve_settings(
         threads=args.threads,
         max_queue=args.max_queue,
@@ -336,6 +467,16 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         trusted_proxies=args.trusted_proxy,
         max_upstream_ms=args.max_upstream_ms,
         header_timeout_ms=args.header_timeout_ms,
+        yield_when_full=args.yield_when_full,
+        order=args.order,
+        codel_target_ms=args.codel_target_ms,
+        codel_interval_ms=args.codel_interval_ms,
+        expected_service_ms=expected_service_ms,
+        limit=args.limit,
+        min_concurrency=args.min_concurrency,
+        reserved=args.reserved,
+        critical_header=args.critical_header,
+        critical_paths=args.critical_path,
     )
 
 

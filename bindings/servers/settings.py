@@ -1,10 +1,13 @@
 """``ServerSettings`` / ``resolve_settings``: the limits of a server embedding.
 
-Threads, queue size, budgets and the header timeout, from arguments or the
-environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
+Threads, queue size, budgets, the header timeout and the queue policies, from
+arguments or the environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
 ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``,
 ``PRAZO_TRUST_REQUEST_START``, ``PRAZO_TRUSTED_PROXIES``,
-``PRAZO_MAX_UPSTREAM_MS``); explicit arguments win over the environment.
+``PRAZO_MAX_UPSTREAM_MS``, ``PRAZO_YIELD_WHEN_FULL``, ``PRAZO_ORDER``, ``PRAZO_CODEL_TARGET_MS``,
+``PRAZO_CODEL_INTERVAL_MS``, ``PRAZO_EXPECTED_SERVICE_MS``, ``PRAZO_LIMIT``,
+``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``, ``PRAZO_CRITICAL_HEADER``,
+``PRAZO_CRITICAL_PATHS``); explicit arguments win over the environment.
 """
 
 from __future__ import annotations
@@ -13,10 +16,24 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prazo.core import IMPLEMENTATION
 
 from ..headers import BudgetPolicy
+from ..policies import (
+    DEFAULT_CODEL_INTERVAL_MS,
+    DEFAULT_CODEL_TARGET_MS,
+    LIMITS,
+    ORDERS,
+    CriticalClassifier,
+    checked_choice,
+    checked_expected_service_ms,
+    checked_header_name,
+    checked_paths,
+    checked_policy_ms,
+    parse_expected_service_ms,
+)
 from ..proxy_headers import (
     DEFAULT_MAX_UPSTREAM_MS,
     FrontProxyBudgetPolicy,
@@ -30,13 +47,24 @@ __all__ = [
     "DEFAULT_MAX_BUDGET_MS",
     "DEFAULT_QUEUE_PER_THREAD",
     "DEFAULT_THREADS",
+    "ENV_CODEL_INTERVAL_MS",
+    "ENV_CODEL_TARGET_MS",
+    "ENV_CRITICAL_HEADER",
+    "ENV_CRITICAL_PATHS",
     "ENV_DEFAULT_BUDGET_MS",
+    "ENV_EXPECTED_SERVICE_MS",
     "ENV_HEADER_TIMEOUT_MS",
+    "ENV_LIMIT",
     "ENV_MAX_BUDGET_MS",
     "ENV_MAX_QUEUE",
     "ENV_MAX_UPSTREAM_MS",
+    "ENV_MIN_CONCURRENCY",
+    "ENV_ORDER",
+    "ENV_RESERVED",
     "ENV_TRUSTED_PROXIES",
     "ENV_TRUST_REQUEST_START",
+    "ENV_YIELD_WHEN_FULL",
+    "POLICY_FLAGS",
     "ServerSettings",
     "checked_count",
     "resolve_settings",
@@ -49,6 +77,43 @@ ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
 ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
 ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
 ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
+ENV_YIELD_WHEN_FULL = "PRAZO_YIELD_WHEN_FULL"
+ENV_ORDER = "PRAZO_ORDER"
+ENV_CODEL_TARGET_MS = "PRAZO_CODEL_TARGET_MS"
+ENV_CODEL_INTERVAL_MS = "PRAZO_CODEL_INTERVAL_MS"
+ENV_EXPECTED_SERVICE_MS = "PRAZO_EXPECTED_SERVICE_MS"
+ENV_LIMIT = "PRAZO_LIMIT"
+ENV_MIN_CONCURRENCY = "PRAZO_MIN_CONCURRENCY"
+ENV_RESERVED = "PRAZO_RESERVED"
+ENV_CRITICAL_HEADER = "PRAZO_CRITICAL_HEADER"
+ENV_CRITICAL_PATHS = "PRAZO_CRITICAL_PATHS"
+
+#: Each queue-policy field of ``ServerSettings``: its ``prazo serve`` flag and
+#: its environment variable. Errors name all three, so whichever way a value
+#: came in, the message says where to fix it.
+POLICY_FLAGS: dict[str, tuple[str, str]] = {
+    "order": ("--order", ENV_ORDER),
+    "codel_target_ms": ("--codel-target-ms", ENV_CODEL_TARGET_MS),
+    "codel_interval_ms": ("--codel-interval-ms", ENV_CODEL_INTERVAL_MS),
+    "expected_service_ms": ("--expected-service-ms", ENV_EXPECTED_SERVICE_MS),
+    "limit": ("--limit", ENV_LIMIT),
+    "min_concurrency": ("--min-concurrency", ENV_MIN_CONCURRENCY),
+    "reserved": ("--reserved", ENV_RESERVED),
+    "critical_header": ("--critical-header", ENV_CRITICAL_HEADER),
+    "critical_paths": ("--critical-path", ENV_CRITICAL_PATHS),
+}
+# The defaults of those fields; a value that differs is a policy in force.
+_POLICY_DEFAULTS: dict[str, Any] = {
+    "order": "fifo",
+    "codel_target_ms": DEFAULT_CODEL_TARGET_MS,
+    "codel_interval_ms": DEFAULT_CODEL_INTERVAL_MS,
+    "expected_service_ms": None,
+    "limit": "fixed",
+    "min_concurrency": 1,
+    "reserved": 0,
+    "critical_header": None,
+    "critical_paths": (),
+}
 
 DEFAULT_THREADS = 4
 # Without an explicit size the line holds four requests per worker: with a
@@ -120,6 +185,18 @@ def _env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _label(field: str) -> str:
+    flag, env = POLICY_FLAGS[field]
+    return f"{field} ({flag}, ${env})"
+
+
+def _env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return checked_choice(raw.strip().lower(), name, choices)
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """The limits of one server embedding; build it with ``resolve_settings``.
@@ -130,7 +207,17 @@ class ServerSettings:
     in a front proxy (``X-Request-Start``) is taken off its budget, at most
     ``max_upstream_ms``, for peers in ``trusted_proxies`` (all when None). On
     the socket-level servers a request head must be complete within
-    ``header_timeout_ms`` of its first byte, or it is answered 408.
+    ``header_timeout_ms`` of its first byte, or it is answered 408. With
+    several worker processes (gunicorn ``-w N``), ``yield_when_full`` makes a
+    full worker leave new connections to a sibling with room (see
+    ``prazo.bindings.servers.gunicorn``).
+
+    The queue policies (``order``, ``codel_target_ms``, ``codel_interval_ms``,
+    ``expected_service_ms``, ``limit``, ``min_concurrency``, ``reserved``) are
+    ``prazo.core.AdmissionQueue``'s, with its defaults; ``queue_options()``
+    gives those that differ. A request is critical (served first, may use the
+    ``reserved`` slots) when its path is one of ``critical_paths`` or its
+    ``critical_header`` says ``critical``; ``classifier()`` decides it.
     """
 
     threads: int
@@ -141,6 +228,16 @@ class ServerSettings:
     max_upstream_ms: float = DEFAULT_MAX_UPSTREAM_MS
     trusted_proxies: tuple[str, ...] | None = None
     header_timeout_ms: float = DEFAULT_HEADER_TIMEOUT_MS
+    yield_when_full: bool = True
+    order: str = "fifo"
+    codel_target_ms: float = DEFAULT_CODEL_TARGET_MS
+    codel_interval_ms: float = DEFAULT_CODEL_INTERVAL_MS
+    expected_service_ms: float | str | None = None
+    limit: str = "fixed"
+    min_concurrency: int = 1
+    reserved: int = 0
+    critical_header: str | None = None
+    critical_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checked_count(self.threads, "threads", 1)
@@ -152,11 +249,38 @@ class ServerSettings:
             raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
+        if not isinstance(self.yield_when_full, bool):
+            raise TypeError(f"yield_when_full must be a bool, not {type(self.yield_when_full).__name__}")
         # Building the policy validates the budgets; the front-proxy options are
         # checked even while trust is off, so a bad value fails at start-up.
         self.policy()
         checked_max_upstream_ms(self.max_upstream_ms)
         trusted_networks(self.trusted_proxies)
+        self._check_policies()
+
+    def _check_policies(self) -> None:
+        """The queue-policy fields, each error naming the field, its flag and its variable."""
+        checked_choice(self.order, _label("order"), ORDERS)
+        for field in ("codel_target_ms", "codel_interval_ms"):
+            value = checked_policy_ms(getattr(self, field), _label(field))
+            # The queue refuses a CoDel setting that would do nothing: say so at start-up.
+            if self.order != "adaptive" and value != _POLICY_DEFAULTS[field]:
+                raise ValueError(f"{_label(field)} only applies with order 'adaptive' (--order adaptive)")
+        checked_expected_service_ms(self.expected_service_ms, _label("expected_service_ms"))
+        checked_choice(self.limit, _label("limit"), LIMITS)
+        checked_count(self.min_concurrency, _label("min_concurrency"), 1)
+        if self.min_concurrency > self.threads:
+            raise ValueError(
+                f"{_label('min_concurrency')} must be <= threads ({self.threads}), got {self.min_concurrency}"
+            )
+        checked_count(self.reserved, _label("reserved"), 0)
+        if self.reserved >= self.threads:
+            raise ValueError(f"{_label('reserved')} must be < threads ({self.threads}), got {self.reserved}")
+        if self.critical_header is not None:
+            checked_header_name(self.critical_header, _label("critical_header"))
+        if not isinstance(self.critical_paths, tuple):
+            raise TypeError(f"{_label('critical_paths')} must be a tuple of paths")
+        checked_paths(self.critical_paths, _label("critical_paths"))
 
     @property
     def capacity(self) -> int:
@@ -174,8 +298,22 @@ class ServerSettings:
             )
         return BudgetPolicy(self.default_budget_ms, self.max_budget_ms)
 
+    def queue_options(self) -> dict[str, Any]:
+        """The queue-policy keywords for ``AdmissionQueue`` that differ from its defaults."""
+        return {
+            name: getattr(self, name)
+            for name, default in _POLICY_DEFAULTS.items()
+            if name not in ("critical_header", "critical_paths") and getattr(self, name) != default
+        }
+
+    def classifier(self) -> CriticalClassifier | None:
+        """What says a request is critical (``critical_paths``, ``critical_header``); None when none is."""
+        if self.critical_header is None and not self.critical_paths:
+            return None
+        return CriticalClassifier(header=self.critical_header, paths=self.critical_paths)
+
     def describe(self) -> str:
-        """One line naming the limits, for a startup log."""
+        """One line naming the limits (and every policy not at its default), for a startup log."""
         text = (
             f"threads={self.threads} max_queue={self.max_queue} (capacity {self.capacity}) "
             f"default_budget_ms={self.default_budget_ms:g} max_budget_ms={self.max_budget_ms:g} "
@@ -184,6 +322,12 @@ class ServerSettings:
         if self.trust_request_start:
             proxies = "any" if self.trusted_proxies is None else ",".join(self.trusted_proxies)
             text += f" X-Request-Start from {proxies} (cap {self.max_upstream_ms:g} ms)"
+        for name, value in self.queue_options().items():
+            text += f" {name}={value:g}" if isinstance(value, float) else f" {name}={value}"
+        if self.critical_paths:
+            text += f" critical_paths={','.join(self.critical_paths)}"
+        if self.critical_header is not None:
+            text += f" critical_header={self.critical_header}"
         return text
 
 
@@ -197,8 +341,18 @@ def resolve_settings(
     trusted_proxies: Iterable[str] | None = None,
     max_upstream_ms: float | None = None,
     header_timeout_ms: float | None = None,
+    yield_when_full: bool | None = None,
     environ: Mapping[str, str] | None = None,
     settings: ServerSettings | None = None,
+    order: str | None = None,
+    codel_target_ms: float | None = None,
+    codel_interval_ms: float | None = None,
+    expected_service_ms: float | str | None = None,
+    limit: str | None = None,
+    min_concurrency: int | None = None,
+    reserved: int | None = None,
+    critical_header: str | None = None,
+    critical_paths: Iterable[str] | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.
 
@@ -207,9 +361,15 @@ def resolve_settings(
 
     Reads ``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
     ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``, ``PRAZO_TRUST_REQUEST_START``,
-    ``PRAZO_TRUSTED_PROXIES`` (comma-separated) and ``PRAZO_MAX_UPSTREAM_MS``
-    from ``environ`` (default ``os.environ``). A malformed variable raises
-    ``ValueError`` naming it. ``max_queue`` defaults to four per thread.
+    ``PRAZO_TRUSTED_PROXIES`` (comma-separated), ``PRAZO_MAX_UPSTREAM_MS``
+    and ``PRAZO_YIELD_WHEN_FULL``
+    from ``environ`` (default ``os.environ``), and the queue policies from
+    ``PRAZO_ORDER``, ``PRAZO_CODEL_TARGET_MS``, ``PRAZO_CODEL_INTERVAL_MS``,
+    ``PRAZO_EXPECTED_SERVICE_MS`` (ms or ``p50``/``p90``/``p95``/``p99``),
+    ``PRAZO_LIMIT``, ``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``,
+    ``PRAZO_CRITICAL_HEADER`` and ``PRAZO_CRITICAL_PATHS`` (comma-separated).
+    A malformed variable raises ``ValueError`` naming it. ``max_queue``
+    defaults to four per thread.
 
     >>> resolve_settings(threads=2, environ={"PRAZO_MAX_QUEUE": "5"}).capacity
     7
@@ -218,7 +378,9 @@ def resolve_settings(
         if not isinstance(settings, ServerSettings):
             raise TypeError(f"settings must be a ServerSettings, not {type(settings).__name__}")
         given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
-        if any(value is not None for value in (*given, max_upstream_ms, header_timeout_ms)):
+        policies = (order, codel_target_ms, codel_interval_ms, expected_service_ms, limit, min_concurrency, reserved)
+        more = (*policies, critical_header, critical_paths, max_upstream_ms, header_timeout_ms, yield_when_full)
+        if any(value is not None for value in (*given, *more)):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
@@ -237,6 +399,46 @@ def resolve_settings(
         max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
     if header_timeout_ms is None:
         header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
+    if yield_when_full is None:
+        yield_when_full = _env_bool(env, ENV_YIELD_WHEN_FULL)
+    if order is None:
+        order = _env_choice(env, ENV_ORDER, ORDERS)
+    if codel_target_ms is None:
+        codel_target_ms = _env_ms(env, ENV_CODEL_TARGET_MS)
+    if codel_interval_ms is None:
+        codel_interval_ms = _env_ms(env, ENV_CODEL_INTERVAL_MS)
+    if expected_service_ms is None:
+        raw = env.get(ENV_EXPECTED_SERVICE_MS, "")
+        expected_service_ms = parse_expected_service_ms(raw, ENV_EXPECTED_SERVICE_MS) if raw.strip() else None
+    if limit is None:
+        limit = _env_choice(env, ENV_LIMIT, LIMITS)
+    if min_concurrency is None:
+        min_concurrency = _env_int(env, ENV_MIN_CONCURRENCY, 1)
+    if reserved is None:
+        reserved = _env_int(env, ENV_RESERVED, 0)
+    if critical_header is None:
+        critical_header = (env.get(ENV_CRITICAL_HEADER) or "").strip() or None
+        if critical_header is not None:
+            checked_header_name(critical_header, ENV_CRITICAL_HEADER)
+    paths: tuple[str, ...]
+    if critical_paths is None:
+        paths = checked_paths(_env_list(env, ENV_CRITICAL_PATHS) or (), ENV_CRITICAL_PATHS)
+    else:
+        paths = checked_paths(critical_paths, "critical_paths")
+    # The policies not given anywhere keep ServerSettings' defaults.
+    policies_given: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("order", order),
+            ("codel_target_ms", codel_target_ms),
+            ("codel_interval_ms", codel_interval_ms),
+            ("expected_service_ms", expected_service_ms),
+            ("limit", limit),
+            ("min_concurrency", min_concurrency),
+            ("reserved", reserved),
+        )
+        if value is not None
+    }
     proxies: tuple[str, ...] | None
     if trusted_proxies is None:
         proxies = _env_list(env, ENV_TRUSTED_PROXIES)
@@ -254,4 +456,8 @@ def resolve_settings(
         max_upstream_ms=DEFAULT_MAX_UPSTREAM_MS if max_upstream_ms is None else max_upstream_ms,
         trusted_proxies=proxies,
         header_timeout_ms=DEFAULT_HEADER_TIMEOUT_MS if header_timeout_ms is None else header_timeout_ms,
+        yield_when_full=True if yield_when_full is None else yield_when_full,
+        critical_header=critical_header,
+        critical_paths=paths,
+        **policies_given,
     )

@@ -51,7 +51,7 @@ from waitress.task import ErrorTask
 from waitress.utilities import Error
 
 from ..wsgi import MiddlewareCounters, WSGIApp, rejection_response
-from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
+from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
 from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionChannel", "WaitressDispatcher", "create_server", "serve", "shutdown"]
@@ -104,9 +104,10 @@ class AdmissionChannel(HTTPChannel):
 
 
 def _request_environ(channel: Any) -> dict[str, str]:
-    """The ``HTTP_*`` keys (and ``REMOTE_ADDR``) a ``BudgetPolicy`` reads, from a parsed request."""
+    """The ``HTTP_*`` keys, ``REMOTE_ADDR`` and ``PATH_INFO`` (what a ``BudgetPolicy`` and a ``CriticalClassifier`` read)."""
     request = channel.requests[0]
     environ = {"HTTP_" + name: value for name, value in request.headers.items()}
+    environ["PATH_INFO"] = request.path
     peer = channel.addr[0] if channel.addr else None
     if isinstance(peer, str):
         environ["REMOTE_ADDR"] = peer
@@ -139,8 +140,14 @@ class WaitressDispatcher:
         self.settings = settings
         self.policy = settings.policy()
         self.counters = MiddlewareCounters()
+        self.classifier = settings.classifier()
         self.dispatcher = AdmissionDispatcher(
-            settings.threads, settings.max_queue, serve=self._serve, reject=self._reject, name="prazo-waitress"
+            settings.threads,
+            settings.max_queue,
+            serve=self._serve,
+            reject=self._reject,
+            name="prazo-waitress",
+            queue_options=settings.queue_options(),
         )
         self._refused: deque[Any] = deque()
         self._refused_lock = threading.Lock()
@@ -173,10 +180,10 @@ class WaitressDispatcher:
         if not self.dispatcher.is_worker_thread():
             self._io_thread = threading.get_ident()
         self._map = channel.server._map
-        deadline, incoming = self.policy.deadline_for(_request_environ(channel), arrival_ns)
-        if incoming.invalid:
-            self.counters.add("invalid_budget_header", incoming.invalid)
-        self.dispatcher.submit(Ticket(channel, deadline, arrival_ns, incoming))
+        environ = _request_environ(channel)
+        self.dispatcher.submit(
+            admission_ticket(channel, environ, arrival_ns, self.policy, self.counters, self.classifier)
+        )
 
     def shutdown(self, cancel_pending: bool = True, timeout: float | None = None) -> bool:
         """Stop admitting; finish every admitted request and flush its answer.
