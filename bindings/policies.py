@@ -36,6 +36,7 @@ __all__ = [
     "EXPECTED_SERVICE_QUANTILES",
     "LIMITS",
     "ORDERS",
+    "POLICY_DEFAULTS",
     "QUEUE_OPTION_NAMES",
     "CriticalClassifier",
     "checked_choice",
@@ -64,6 +65,20 @@ QUEUE_OPTION_NAMES = (
     "min_concurrency",
     "reserved",
 )
+#: Every queue-policy option a server configuration spells out (``ServerSettings``'
+#: fields, the front door's options) with ``AdmissionQueue``'s default: a value
+#: that differs is a policy in force.
+POLICY_DEFAULTS: dict[str, Any] = {
+    "order": "fifo",
+    "codel_target_ms": DEFAULT_CODEL_TARGET_MS,
+    "codel_interval_ms": DEFAULT_CODEL_INTERVAL_MS,
+    "expected_service_ms": None,
+    "limit": "fixed",
+    "min_concurrency": 1,
+    "reserved": 0,
+    "critical_header": None,
+    "critical_paths": (),
+}
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^`|~0-9A-Za-z-]+", re.ASCII)
 
 

@@ -77,7 +77,7 @@ from prazo.core import (
 )
 
 from ..headers import is_ambiguous_header_name
-from ..policies import LIMITS, ORDERS, checked_choice, checked_header_name, checked_paths
+from ..policies import LIMITS, ORDERS, POLICY_DEFAULTS, checked_choice, checked_header_name, checked_paths
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .dispatcher import SERVER_STATS_KEY
 from .heads import MAX_HEAD_BYTES
@@ -138,21 +138,6 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
     answers[REASON_BAD_REQUEST] = (BAD_REQUEST_ANSWER, None)
     answers[REASON_HEAD_TOO_LARGE] = (HEAD_TOO_LARGE_ANSWER, None)
     return answers
-
-
-# The queue-policy options and their defaults (AdmissionQueue's): a ServerSettings
-# carrying these fields configures the front door too; create_server's arguments win.
-POLICY_DEFAULTS: dict[str, Any] = {
-    "order": "fifo",
-    "codel_target_ms": DEFAULT_CODEL_TARGET_MS,
-    "codel_interval_ms": DEFAULT_CODEL_INTERVAL_MS,
-    "expected_service_ms": None,
-    "limit": "fixed",
-    "min_concurrency": 1,
-    "reserved": 0,
-    "critical_header": None,
-    "critical_paths": (),
-}
 
 
 def _critical_paths(value: object) -> list[bytes]:

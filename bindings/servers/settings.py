@@ -26,6 +26,7 @@ from ..policies import (
     DEFAULT_CODEL_TARGET_MS,
     LIMITS,
     ORDERS,
+    POLICY_DEFAULTS,
     CriticalClassifier,
     checked_choice,
     checked_expected_service_ms,
@@ -101,18 +102,6 @@ POLICY_FLAGS: dict[str, tuple[str, str]] = {
     "reserved": ("--reserved", ENV_RESERVED),
     "critical_header": ("--critical-header", ENV_CRITICAL_HEADER),
     "critical_paths": ("--critical-path", ENV_CRITICAL_PATHS),
-}
-# The defaults of those fields; a value that differs is a policy in force.
-_POLICY_DEFAULTS: dict[str, Any] = {
-    "order": "fifo",
-    "codel_target_ms": DEFAULT_CODEL_TARGET_MS,
-    "codel_interval_ms": DEFAULT_CODEL_INTERVAL_MS,
-    "expected_service_ms": None,
-    "limit": "fixed",
-    "min_concurrency": 1,
-    "reserved": 0,
-    "critical_header": None,
-    "critical_paths": (),
 }
 
 DEFAULT_THREADS = 4
@@ -264,7 +253,7 @@ class ServerSettings:
         for field in ("codel_target_ms", "codel_interval_ms"):
             value = checked_policy_ms(getattr(self, field), _label(field))
             # The queue refuses a CoDel setting that would do nothing: say so at start-up.
-            if self.order != "adaptive" and value != _POLICY_DEFAULTS[field]:
+            if self.order != "adaptive" and value != POLICY_DEFAULTS[field]:
                 raise ValueError(f"{_label(field)} only applies with order 'adaptive' (--order adaptive)")
         checked_expected_service_ms(self.expected_service_ms, _label("expected_service_ms"))
         checked_choice(self.limit, _label("limit"), LIMITS)
@@ -302,7 +291,7 @@ class ServerSettings:
         """The queue-policy keywords for ``AdmissionQueue`` that differ from its defaults."""
         return {
             name: getattr(self, name)
-            for name, default in _POLICY_DEFAULTS.items()
+            for name, default in POLICY_DEFAULTS.items()
             if name not in ("critical_header", "critical_paths") and getattr(self, name) != default
         }
 
