@@ -801,7 +801,9 @@ cdef class AdmissionQueue:
             prazo_add(&self._c.assigned, 1)
             if entry.waiter != NULL:
                 entry.waiter.state = _GRANTED
-                entry.waiter.granted_ns = now
+                # The releaser's clock was read before the lock: never grant
+                # before the waiter arrived.
+                entry.waiter.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns
                 if granted[0] == NULL:
                     entry.waiter.handed = True
                     granted[0] = entry.waiter

@@ -704,7 +704,10 @@ class AdmissionQueue:
             if self._in_flight > self._peak_in_flight:  # noqa: PLR1730 - max() is a call, where an interrupt could land
                 self._peak_in_flight = self._in_flight
             self._assigned += 1
-            entry.granted_ns = now
+            # A releaser reads its clock before taking the lock, so its ``now``
+            # may predate this entry's arrival: a slot is never granted
+            # before its holder asked for it.
+            entry.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns
             if entry.cond is not None:
                 entry.state = _GRANTED
                 entry.cond.notify()
