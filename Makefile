@@ -4,10 +4,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.prazo-installed
-EXTRAS := test,servers,clients,metrics,plot,dev
+EXTRAS := test,servers,clients,metrics,plot,dev,postgres,django,flask,grpc,otel
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test demo bench check sanitize clean
+.PHONY: all venv build services test demo bench check sanitize clean
 
 all: test
 
@@ -23,7 +23,12 @@ venv: $(STAMP)
 build: $(STAMP)
 	$(PY) setup.py -q build_ext --inplace
 
-test: build
+# The real servers the integration tests drive (PostgreSQL, HAProxy): installed
+# with apt-get when missing; the tests start their own instances on loopback.
+services:
+	bash .ci/ensure-services
+
+test: build services
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 demo: build

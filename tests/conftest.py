@@ -19,6 +19,7 @@ from prazo.core import HistogramTwin
 if TYPE_CHECKING:
     # Only for the annotation: the core suite also runs where no server is installed.
     from _server_harness import RunningServer
+    from _services import PostgresServer
 
 
 @pytest.fixture(scope="session", params=TWIN_NAMES)
@@ -73,3 +74,18 @@ def servers() -> Iterator[list[RunningServer]]:
     for server in started:
         if not server.stopped:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of this test session's own on loopback (``.dsn``), stopped at the end.
+
+    Imported lazily: the core suite (dist-check) runs without ``_services`` and psycopg.
+    """
+    from _services import start_postgres
+
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
