@@ -270,6 +270,21 @@ def test_an_interrupted_gate_waiter_leaves_the_line_cancelled(impl: QueueClass) 
     assert_counters(q, in_flight=0)
 
 
+
+def test_a_slot_is_never_granted_before_its_waiter_arrived(impl: QueueClass) -> None:
+    # A releaser reads its clock before taking the queue's lock, so a waiter
+    # may join the line after that reading: its grant time is its arrival,
+    # never the releaser's earlier clock (CI once saw started < asked).
+    q = impl(1, 4)
+    q.acquire(now_ns=1_000)
+    waiter = spawn(q.acquire, None, now_ns=5_000)
+    wait_until(lambda: q.qsize() == 1, "the waiter to queue")
+    q.release(now_ns=2_000)
+    assert waiter.result(JOIN_TIMEOUT_S) == 5_000
+    q.release(started_ns=5_000, now_ns=6_000)
+    assert_counters(q, in_flight=0, queued=0)
+
+
 SIGNAL_STRESS = textwrap.dedent(
     """
     import json, random, signal, sys, threading, time
