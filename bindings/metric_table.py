@@ -71,7 +71,11 @@ SPECS: dict[str, MetricSpec] = {
     "prazo_queue_max_concurrency": (GAUGE, _Q, "Slots: items that may run at once."),
     "prazo_queue_max_queue": (GAUGE, _Q, "Places in the waiting line."),
     "prazo_queue_saturation": (GAUGE, _Q, "in_flight / max_concurrency: at 1 every further arrival waits."),
-    "prazo_queue_limit": (GAUGE, _Q, "The concurrency limit in force (moves with limit='vegas'; else max_concurrency)."),
+    "prazo_queue_limit": (
+        GAUGE,
+        _Q,
+        "The concurrency limit in force (moves with limit='vegas'; else max_concurrency).",
+    ),
     "prazo_queue_expected_service_seconds": (
         GAUGE,
         _Q,

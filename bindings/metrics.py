@@ -72,6 +72,7 @@ BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 _BOUNDS_NS = tuple(round(bound * NS_PER_SECOND) for bound in BUCKETS_S)
 _LE_LABELS = tuple(floatToGoString(bound) for bound in BUCKETS_S)
 
+
 def _new_family(name: str) -> Metric:
     kind, labels, doc = SPECS[name]
     if kind == COUNTER:

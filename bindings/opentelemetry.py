@@ -77,7 +77,9 @@ try:
     from opentelemetry import trace
     from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(f"prazo.bindings.opentelemetry needs opentelemetry-api ({exc}): pip install 'prazo[otel]'") from exc
+    raise ImportError(
+        f"prazo.bindings.opentelemetry needs opentelemetry-api ({exc}): pip install 'prazo[otel]'"
+    ) from exc
 
 from prazo.core import NS_PER_SECOND
 
@@ -108,6 +110,7 @@ __all__ = [
     "instrument",
     "instrument_name",
     "is_instrumented",
+    "metric_attributes",
     "observe_admission",
     "record_admission",
     "register_metrics",
@@ -279,7 +282,8 @@ def instrument_name(family: str) -> tuple[str, str]:
     return f"{prefix}.{group}.{rest}", unit
 
 
-def _attributes(labels: tuple[str, ...], values: tuple[str, ...]) -> dict[str, str | int]:
+def metric_attributes(labels: tuple[str, ...], values: tuple[str, ...]) -> dict[str, str | int]:
+    """The OTel attributes of a sample whose label names are ``labels`` and label values ``values``."""
     return {
         ATTRIBUTE_FOR_LABEL[label]: int(value) if label in _INTEGER_LABELS else value
         for label, value in zip(labels, values)
@@ -324,7 +328,9 @@ class PrazoMetrics(MetricSources):
                 continue
             name, unit = instrument_name(family)
             create = meter.create_observable_counter if kind == COUNTER else meter.create_observable_gauge
-            self.instruments[family] = create(name, callbacks=[self._callback(family)], unit=unit, description=description)
+            self.instruments[family] = create(
+                name, callbacks=[self._callback(family)], unit=unit, description=description
+            )
 
     def _callback(self, family: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         labels = SPECS[family][1]
@@ -334,7 +340,7 @@ class PrazoMetrics(MetricSources):
             # stats() is a copy of counters, so no snapshot is shared (which
             # would need to know where one collection ends).
             return [
-                Observation(value, _attributes(labels, values))
+                Observation(value, metric_attributes(labels, values))
                 for sample, values, value in self.samples()
                 if sample == family
             ]
