@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
@@ -553,3 +554,21 @@ def test_prazo_works_when_opentelemetry_cannot_be_imported() -> None:
     result = subprocess.run([sys.executable, "-c", BLOCKED], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_the_console_recipe_runs() -> None:
+    """``examples/opentelemetry/console.py``, the README recipe, as a user runs it."""
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "opentelemetry" / "console.py"
+    result = subprocess.run([sys.executable, str(recipe)], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert sorted(line.strip() for line in lines if line[:3].isdigit()) == [
+        "200 OK",
+        "200 OK",
+        "200 OK",
+        "503 Service Unavailable queue-full",
+        "504 Gateway Timeout expired-in-queue",
+    ]
+    assert '"prazo.admission.reason": "expired-in-queue"' in result.stdout
+    assert '"name": "prazo.queue.offered"' in result.stdout
