@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prazo.bindings import opentelemetry as prazo_otel
 from prazo.bindings import wsgi
+from prazo.bindings.dependency import Dependency
 from prazo.bindings.metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS
 from prazo.bindings.metrics import PrazoCollector
 from prazo.bindings.servers.dispatcher import AdmissionDispatcher, Ticket
@@ -461,8 +462,12 @@ def test_metrics_after_real_traffic_match_the_prometheus_export(fast_path: bool)
     reader = InMemoryMetricReader()
     gate = Gate()
     mw = AdmissionMiddleware(gate, max_concurrency=1, max_queue=0, fast_path=fast_path)
-    otel = prazo_otel.register_metrics(meter_provider=MeterProvider(metric_readers=[reader]), api=mw)
-    assert otel.names() == {"queue": ["api"], "dependency": []}
+    recommendations = Dependency("recommendations", max_concurrent=2, timeout_ms=5000)
+    otel = prazo_otel.register_metrics(recommendations, meter_provider=MeterProvider(metric_readers=[reader]), api=mw)
+    assert otel.names() == {"queue": ["api"], "dependency": ["recommendations"]}
+    assert recommendations.call(lambda: "ok") == "ok"
+    with pytest.raises(ValueError):
+        recommendations.call(int, "not a number")
     for _ in range(3):
         list(mw(environ_for(), lambda *a: None))
     holder = in_thread(lambda: list(mw(environ_for("/hold"), lambda *a: None)))
@@ -483,9 +488,15 @@ def test_metrics_after_real_traffic_match_the_prometheus_export(fast_path: bool)
     assert found["prazo.wsgi.refusals"][api | {("http.response.status_code", 503)}] == 1
     assert found["prazo.wsgi.refusals"][api | {("http.response.status_code", 504)}] == 1
     assert found["prazo.queue.wait"][api] >= 0
+    recs = frozenset({("prazo.dependency.name", "recommendations")})
+    assert found["prazo.dependency.calls"][recs | {("prazo.dependency.outcome", "ok")}] == 1
+    assert found["prazo.dependency.calls"][recs | {("prazo.dependency.outcome", "error")}] == 1
+    assert found["prazo.dependency.max_concurrent"][recs] == 2
+    assert found["prazo.dependency.timeout"][recs] == pytest.approx(5.0)
     # Every sample equals what the Prometheus collector reads from the same table.
     collector = PrazoCollector()
     collector.add_middleware("api", mw)
+    collector.add_dependency(recommendations)
     for family in collector.collect():
         if family.type not in ("counter", "gauge"):
             continue
