@@ -10,7 +10,6 @@ threads where a request must wait.
 
 from __future__ import annotations
 
-import http.client
 import math
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 from _helpers import wait_until
-from _server_harness import CLIENT_TIMEOUT_S, start_server
+from _server_harness import CLIENT_TIMEOUT_S, request, start_server
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -181,21 +180,29 @@ def test_queue_wait_of_a_request_that_waited_with_real_threads(
     assert mw.stats()["in_flight"] == 0
 
 
+def refused_behind_a_holder(
+    tracer: Any, exporter: InMemorySpanExporter, fast_path: bool, max_queue: int, budget_ms: str
+) -> tuple[str, dict[str, str], ReadableSpan]:
+    """One request sent while another holds the only slot (real threads); its status, headers and span."""
+    gate = Gate()
+    mw = AdmissionMiddleware(gate, max_concurrency=1, max_queue=max_queue, fast_path=fast_path)
+    holder = in_thread(lambda: serve(tracer, mw, environ_for("/hold", x_request_budget_ms="20000"), "holder"))
+    assert gate.entered.wait(CLIENT_TIMEOUT_S)
+    try:
+        status, headers, _ = serve(tracer, mw, environ_for(x_request_budget_ms=budget_ms), "refused")
+    finally:
+        gate.open()
+        holder.join(CLIENT_TIMEOUT_S)
+    assert mw.stats()["in_flight"] == 0
+    return status, headers, span_named(exporter, "refused")
+
+
 @pytest.mark.parametrize("fast_path", PATHS)
 def test_queue_full_refusal_records_reason_and_event(
     tracer: Any, exporter: InMemorySpanExporter, instrumented: None, fast_path: bool
 ) -> None:
-    gate = Gate()
-    mw = AdmissionMiddleware(gate, max_concurrency=1, max_queue=0, fast_path=fast_path)
-    holder = in_thread(lambda: serve(tracer, mw, environ_for("/hold", x_request_budget_ms="20000"), "holder"))
-    assert gate.entered.wait(CLIENT_TIMEOUT_S)
-    try:
-        status, headers, _ = serve(tracer, mw, environ_for(x_request_budget_ms="3000"), "refused")
-    finally:
-        gate.open()
-        holder.join(CLIENT_TIMEOUT_S)
+    status, headers, span = refused_behind_a_holder(tracer, exporter, fast_path, max_queue=0, budget_ms="3000")
     assert status.startswith("503") and headers["X-Prazo-Reason"] == "queue-full"
-    span = span_named(exporter, "refused")
     attributes = prazo_attributes(span)
     assert attributes[prazo_otel.OUTCOME] == "refused"
     assert attributes[prazo_otel.REASON] == "queue-full"
@@ -210,17 +217,8 @@ def test_queue_full_refusal_records_reason_and_event(
 def test_expired_in_queue_records_504_and_the_wait(
     tracer: Any, exporter: InMemorySpanExporter, instrumented: None, fast_path: bool
 ) -> None:
-    gate = Gate()
-    mw = AdmissionMiddleware(gate, max_concurrency=1, max_queue=1, fast_path=fast_path)
-    holder = in_thread(lambda: serve(tracer, mw, environ_for("/hold", x_request_budget_ms="20000"), "holder"))
-    assert gate.entered.wait(CLIENT_TIMEOUT_S)
-    try:
-        status, headers, _ = serve(tracer, mw, environ_for(x_request_budget_ms="80"), "expired")
-    finally:
-        gate.open()
-        holder.join(CLIENT_TIMEOUT_S)
+    status, headers, span = refused_behind_a_holder(tracer, exporter, fast_path, max_queue=1, budget_ms="80")
     assert status.startswith("504") and headers["X-Prazo-Reason"] == "expired-in-queue"
-    span = span_named(exporter, "expired")
     attributes = prazo_attributes(span)
     assert attributes[prazo_otel.OUTCOME] == "refused"
     assert attributes[prazo_otel.REASON] == "expired-in-queue"
@@ -229,7 +227,6 @@ def test_expired_in_queue_records_504_and_the_wait(
     assert 0.08 <= attributes[prazo_otel.QUEUE_WAIT] < CLIENT_TIMEOUT_S
     [event] = span.events
     assert dict(event.attributes or {})[prazo_otel.HTTP_STATUS_CODE] == 504
-    assert mw.stats()["in_flight"] == 0
 
 
 @pytest.mark.parametrize("fast_path", PATHS)
@@ -312,16 +309,6 @@ def test_request_hook_leaves_requests_prazo_did_not_admit(tracer: Any, exporter:
 # -- spans: servers --------------------------------------------------------------------
 
 
-def get(port: int, path: str = "/", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 @pytest.mark.slow
 def test_waitress_embedding_records_through_request_hook(
     tracer: Any, exporter: InMemorySpanExporter, instrumented: None, monkeypatch: pytest.MonkeyPatch
@@ -331,7 +318,8 @@ def test_waitress_embedding_records_through_request_hook(
     monkeypatch.setattr(_server_harness, "app", hooked_app(tracer))
     server = start_server("waitress", threads=2, max_queue=4)
     try:
-        assert get(server.port, headers={"X-Request-Budget-Ms": "1500"}) == (200, b"ok")
+        outcome = request(server.port, "/", {"X-Request-Budget-Ms": "1500"})
+        assert (outcome.status, outcome.body) == (200, b"ok")
     finally:
         server.stop()
     attributes = prazo_attributes(span_named(exporter, "inner"))
@@ -350,7 +338,8 @@ def test_front_door_records_through_request_hook(
     server = create_server(hooked_app(tracer), port=0, threads=2, max_queue=4)
     server.start()
     try:
-        assert get(server.port, headers={"X-Request-Budget-Ms": "1200"}) == (200, b"ok")
+        outcome = request(server.port, "/", {"X-Request-Budget-Ms": "1200"})
+        assert (outcome.status, outcome.body) == (200, b"ok")
     finally:
         server.shutdown(5.0)
     attributes = prazo_attributes(span_named(exporter, "inner"))
