@@ -42,9 +42,10 @@ decides. When the instrumentation sits *inside* — a server embedding
 current yet: the observer leaves its record in the environ and
 ``request_hook(span, environ)``, given to that instrumentation as its request
 hook, copies it onto the span it starts. Refusals made by a server before
-the app runs have no span at all; the metrics count them. The front door's
-own refusals are made in C without the GIL and are not observed (metrics
-again).
+the app runs have no span at all: the metrics count them, and
+``instrument(refusal_spans=True)`` makes each one a short span of its own.
+The front door's own refusals are made in C without the GIL and are not
+observed (metrics again).
 
 Why explicit: ``instrument()`` rather than "on whenever opentelemetry-api
 is importable". The API is often installed as some other library's
@@ -69,12 +70,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 try:
     from opentelemetry import metrics as otel_metrics
-    from opentelemetry import trace
+    from opentelemetry import propagate, trace
     from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
@@ -106,6 +108,7 @@ __all__ = [
     "OUTCOME",
     "QUEUE_WAIT",
     "REASON",
+    "REFUSAL_SPAN_NAME",
     "PrazoMetrics",
     "instrument",
     "instrument_name",
@@ -126,6 +129,10 @@ QUEUE_WAIT = "prazo.admission.queue_wait"
 BUDGET = "prazo.deadline.budget"
 BUDGET_SOURCE = "prazo.deadline.budget_source"
 EVENT_REFUSED = "prazo.admission.refused"
+#: The name of the span ``instrument(refusal_spans=True)`` makes for a refusal no span saw.
+REFUSAL_SPAN_NAME = "prazo refusal"
+# The W3C trace-context headers a refusal span continues, as environ keys.
+_TRACE_HEADERS = (("traceparent", "HTTP_TRACEPARENT"), ("tracestate", "HTTP_TRACESTATE"))
 # The semantic conventions' own name, so backends group refusals with HTTP statuses.
 HTTP_STATUS_CODE = "http.response.status_code"
 
@@ -190,17 +197,55 @@ def observe_admission(
 
     Records on the current span when it is recording; otherwise leaves the
     decision of an admitted request in ``environ[ADMISSION_KEY]`` for
-    ``request_hook``. Never raises: tracing must not cost a request its answer.
+    ``request_hook``, and a refusal becomes a span of its own with
+    ``instrument(refusal_spans=True)``. Never raises: tracing must not cost a
+    request its answer.
     """
     try:
         span = trace.get_current_span()
         if span.is_recording():
             source = None if environ is None else environ.get(BUDGET_SOURCE_KEY)
             record_admission(span, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal, source)
-        elif environ is not None and refusal is None:
-            environ[ADMISSION_KEY] = (outcome, arrival_ns, deadline_ns, queue_wait_ns)
+        elif refusal is None:
+            if environ is not None:
+                environ[ADMISSION_KEY] = (outcome, arrival_ns, deadline_ns, queue_wait_ns)
+        elif _refusal_tracer is not None:
+            _refusal_span(_refusal_tracer, environ, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal)
     except Exception:  # noqa: BLE001 - see the docstring
         _log.exception("prazo: recording the admission on the current span failed")
+
+
+def _refusal_span(
+    tracer: trace.Tracer,
+    environ: Environ | None,
+    outcome: str,
+    arrival_ns: int | None,
+    deadline_ns: int,
+    queue_wait_ns: int,
+    refusal: BaseException,
+) -> None:
+    """A server span for a refusal no span saw, from the request's arrival to now; a child of its ``traceparent``."""
+    status, reason = status_and_reason(refusal)
+    attributes: dict[str, str | int] = {HTTP_STATUS_CODE: status}
+    context = None
+    if environ is not None:
+        carrier = {name: environ[key] for name, key in _TRACE_HEADERS if key in environ}
+        if carrier:
+            context = propagate.extract(carrier)
+        method = environ.get("REQUEST_METHOD")
+        if isinstance(method, str):
+            attributes["http.request.method"] = method
+    # Span times are wall-clock; the arrival is on the monotonic clock.
+    end = time.time_ns()
+    start = end - (time.monotonic_ns() - arrival_ns) if arrival_ns is not None else end
+    span = tracer.start_span(
+        REFUSAL_SPAN_NAME, context, trace.SpanKind.SERVER, attributes=attributes, start_time=min(start, end)
+    )
+    try:
+        record_admission(span, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal, None)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, reason))
+    finally:
+        span.end(end)
 
 
 def request_hook(span: trace.Span, environ: Mapping[str, Any]) -> None:
@@ -235,28 +280,46 @@ def request_hook(span: trace.Span, environ: Mapping[str, Any]) -> None:
 
 
 _instrument_lock = threading.Lock()
+# The tracer of refusal spans (instrument(refusal_spans=True)), None when off.
+_refusal_tracer: trace.Tracer | None = None
 
 
-def instrument() -> None:
-    """Record every admission decision from now on (see the module docstring); calling it again does nothing.
+def instrument(*, refusal_spans: bool = False, tracer_provider: trace.TracerProvider | None = None) -> None:
+    """Record every admission decision from now on (see the module docstring).
+
+    ``refusal_spans=True``: a refusal made where no span is recording — a
+    server embedding's, before any app or instrumentation ran — becomes a
+    span of its own, ``prazo refusal`` (kind SERVER, status ERROR, from the
+    request's arrival to the refusal, a child of the request's
+    ``traceparent`` when the request was parsed), from ``tracer_provider``
+    (default: the global one). Off by default: a span costs tens of
+    microseconds, far more than the refusal itself, and refusals come in
+    bursts exactly when the service is overloaded; the metrics count them.
+    Calling ``instrument`` again changes these settings.
 
     Raises ``RuntimeError`` if another admission observer is installed:
     there is one per process and this one will not silently replace it.
     """
+    global _refusal_tracer
+    if not isinstance(refusal_spans, bool):
+        raise TypeError(f"refusal_spans must be True or False, not {type(refusal_spans).__name__}")
     with _instrument_lock:
         current = admission_observer()
-        if current is observe_admission:
-            return
-        if current is not None:
+        if current is not None and current is not observe_admission:
             raise RuntimeError(f"another admission observer is installed ({current!r}); uninstall it first")
+        _refusal_tracer = (
+            trace.get_tracer(INSTRUMENTATION_SCOPE, tracer_provider=tracer_provider) if refusal_spans else None
+        )
         set_admission_observer(observe_admission)
 
 
 def uninstrument() -> None:
     """Stop recording admission decisions (the observer ``instrument()`` installed); nothing if not instrumented."""
+    global _refusal_tracer
     with _instrument_lock:
         if admission_observer() is observe_admission:
             set_admission_observer(None)
+            _refusal_tracer = None
 
 
 def is_instrumented() -> bool:

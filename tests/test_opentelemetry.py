@@ -378,6 +378,67 @@ def test_dispatcher_refusal_on_the_submitting_threads_span(
     assert dict(span.events[0].attributes or {})[prazo_otel.HTTP_STATUS_CODE] == 503
 
 
+@pytest.fixture
+def refusal_spans(exporter: InMemorySpanExporter) -> Iterator[None]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    prazo_otel.instrument(refusal_spans=True, tracer_provider=provider)
+    try:
+        yield
+    finally:
+        prazo_otel.uninstrument()
+
+
+def test_server_refusal_becomes_a_span_of_its_own(exporter: InMemorySpanExporter, refusal_spans: None) -> None:
+    """A waiting ticket expires in the dispatcher's line, where no span is current: a ``prazo refusal`` span."""
+    refused = threading.Event()
+    release = threading.Event()
+    dispatcher = AdmissionDispatcher(
+        1, 1, serve=lambda ticket: release.wait(CLIENT_TIMEOUT_S), reject=lambda ticket, exc: refused.set()
+    )
+    dispatcher.start()
+    try:
+        assert dispatcher.submit(Ticket("holder", Deadline.after(20), time.monotonic_ns()))
+        wait_until(lambda: dispatcher.stats()["in_flight"] == 1, "the holder runs")
+        assert dispatcher.submit(Ticket("waiter", Deadline.after(0.08), time.monotonic_ns()))
+        assert refused.wait(CLIENT_TIMEOUT_S)
+    finally:
+        release.set()
+        assert dispatcher.shutdown(timeout=CLIENT_TIMEOUT_S)
+    span = span_named(exporter, prazo_otel.REFUSAL_SPAN_NAME)
+    assert span.kind.name == "SERVER" and span.status.status_code.name == "ERROR"
+    attributes = dict(span.attributes or {})
+    assert attributes[prazo_otel.REASON] == "expired-in-queue"
+    assert attributes[prazo_otel.HTTP_STATUS_CODE] == 504
+    assert 0.08 <= attributes[prazo_otel.QUEUE_WAIT] < CLIENT_TIMEOUT_S
+    # The span covers the wait: from arrival to the refusal.
+    assert span.end_time is not None and span.start_time is not None
+    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(attributes[prazo_otel.QUEUE_WAIT], abs=0.05)
+
+
+@pytest.mark.parametrize("fast_path", PATHS)
+def test_refusal_span_continues_the_callers_trace(
+    exporter: InMemorySpanExporter, refusal_spans: None, fast_path: bool
+) -> None:
+    mw = AdmissionMiddleware(Gate(), max_concurrency=1, max_queue=0, fast_path=fast_path)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    environ = environ_for(x_request_budget_ms="0", traceparent=f"00-{trace_id}-00f067aa0ba902b7-01")
+    mw(environ, lambda *a: None)
+    span = span_named(exporter, prazo_otel.REFUSAL_SPAN_NAME)
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert span.parent is not None and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert dict(span.attributes or {})["http.request.method"] == "GET"
+    assert dict(span.attributes or {})[prazo_otel.REASON] == "expired-on-arrival"
+
+
+def test_no_refusal_span_unless_asked(exporter: InMemorySpanExporter, instrumented: None) -> None:
+    mw = AdmissionMiddleware(Gate(), max_concurrency=1, max_queue=0)
+    mw(environ_for(x_request_budget_ms="0"), lambda *a: None)
+    assert exporter.get_finished_spans() == ()
+    with pytest.raises(TypeError, match="refusal_spans"):
+        prazo_otel.instrument(refusal_spans="yes")  # type: ignore[arg-type]
+
+
 # -- the observer hook ------------------------------------------------------------------
 
 
