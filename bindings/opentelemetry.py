@@ -26,7 +26,8 @@ attribute                           type     value
                                              ``expired-in-queue``, ...); refusals only
 ``prazo.admission.queue_wait``      double   seconds from arrival to the slot (refused: to the refusal)
 ``prazo.deadline.budget``           double   seconds from arrival to the deadline the request got
-``prazo.deadline.budget_source``    string   the header that set the budget, or ``default``
+``prazo.deadline.budget_source``    string   the header that set the budget, or ``default`` (left out
+                                             when the server refused before parsing the request)
 ==================================  =======  ==========================================================
 
 A refusal also adds the event ``prazo.admission.refused`` with
@@ -110,6 +111,7 @@ __all__ = [
     "REASON",
     "REFUSAL_SPAN_NAME",
     "PrazoMetrics",
+    "budget_source_of",
     "instrument",
     "instrument_name",
     "is_instrumented",
@@ -156,6 +158,12 @@ _INTEGER_LABELS = frozenset({"code"})
 INSTRUMENTATION_SCOPE = "prazo"
 
 
+def budget_source_of(environ: Mapping[str, Any]) -> str:
+    """``prazo.deadline.budget_source`` of a parsed request: the header that set its budget, or ``default``."""
+    source = environ.get(BUDGET_SOURCE_KEY)
+    return source if isinstance(source, str) else "default"
+
+
 def record_admission(
     span: trace.Span,
     outcome: str,
@@ -167,15 +175,14 @@ def record_admission(
 ) -> None:
     """Write one admission decision on ``span`` (the attributes and, for a refusal, the event).
 
-    ``budget_source`` None means the default budget applied. ``arrival_ns``
-    None (unknown) leaves ``prazo.deadline.budget`` out.
+    ``budget_source`` is ``budget_source_of(environ)``; None (the request
+    was not parsed) leaves ``prazo.deadline.budget_source`` out, as
+    ``arrival_ns`` None (unknown) leaves out ``prazo.deadline.budget``.
     """
     queue_wait_s = max(queue_wait_ns, 0) / NS_PER_SECOND
-    attributes: dict[str, str | float] = {
-        OUTCOME: outcome,
-        QUEUE_WAIT: queue_wait_s,
-        BUDGET_SOURCE: budget_source or "default",
-    }
+    attributes: dict[str, str | float] = {OUTCOME: outcome, QUEUE_WAIT: queue_wait_s}
+    if budget_source is not None:
+        attributes[BUDGET_SOURCE] = budget_source
     if arrival_ns is not None:
         attributes[BUDGET] = (deadline_ns - arrival_ns) / NS_PER_SECOND
     if refusal is not None:
@@ -204,7 +211,7 @@ def observe_admission(
     try:
         span = trace.get_current_span()
         if span.is_recording():
-            source = None if environ is None else environ.get(BUDGET_SOURCE_KEY)
+            source = None if environ is None else budget_source_of(environ)
             record_admission(span, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal, source)
         elif refusal is None:
             if environ is not None:
@@ -266,7 +273,7 @@ def request_hook(span: trace.Span, environ: Mapping[str, Any]) -> None:
     """
     if span is None or not span.is_recording():
         return
-    source = environ.get(BUDGET_SOURCE_KEY)
+    source = budget_source_of(environ)
     record = environ.get(ADMISSION_KEY)
     if record is not None:
         outcome, arrival_ns, deadline_ns, queue_wait_ns = record
@@ -275,7 +282,7 @@ def request_hook(span: trace.Span, environ: Mapping[str, Any]) -> None:
     queue_wait_ms = environ.get(QUEUE_WAIT_MS_KEY)
     if queue_wait_ms is not None:
         span.set_attributes(
-            {OUTCOME: OUTCOME_ADMITTED, QUEUE_WAIT: max(queue_wait_ms, 0) / 1000, BUDGET_SOURCE: source or "default"}
+            {OUTCOME: OUTCOME_ADMITTED, QUEUE_WAIT: max(queue_wait_ms, 0) / 1000, BUDGET_SOURCE: source}
         )
 
 

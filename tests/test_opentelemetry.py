@@ -374,6 +374,8 @@ def test_dispatcher_refusal_on_the_submitting_threads_span(
     span = span_named(exporter, "io")
     attributes = prazo_attributes(span)
     assert (attributes[prazo_otel.OUTCOME], attributes[prazo_otel.REASON]) == ("refused", "queue-full")
+    # Refused before the request was parsed: where its budget came from is unknown.
+    assert prazo_otel.BUDGET_SOURCE not in attributes
     assert attributes[prazo_otel.BUDGET] == pytest.approx(2.0, abs=0.01)
     assert dict(span.events[0].attributes or {})[prazo_otel.HTTP_STATUS_CODE] == 503
 
