@@ -53,7 +53,7 @@ from prazo.core import (
     deadline_context,
 )
 
-__all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "supports"]
+__all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "set_observer", "supports"]
 
 
 cdef extern from "prazo_slots.h":
@@ -116,12 +116,24 @@ cdef double _NS_PER_MS = NS_PER_MS
 # The Python side, bound when the first CompiledPath is built:
 # prazo.bindings.wsgi imports this module, so it cannot be imported above.
 cdef bint _bound = False
-cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY
+cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _OUTCOME_ADMITTED, _OUTCOME_REFUSED
 cdef object _reject, _refuse, _AdmittedResponse
+
+# The admission observer (``prazo.bindings.wsgi.set_admission_observer``
+# sets it through ``set_observer``); a C global, so None costs one pointer
+# comparison per request.
+cdef object _observer = None
+
+
+def set_observer(observer):
+    """Tell ``observer`` of every decision of this path (None: nobody); ``wsgi.set_admission_observer`` calls it."""
+    global _observer
+    _observer = observer
 
 
 cdef int _bind_python_side() except -1:
     global _bound, _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
+    global _OUTCOME_ADMITTED, _OUTCOME_REFUSED
     if _bound:
         return 0
     from prazo.bindings import wsgi
@@ -132,6 +144,8 @@ cdef int _bind_python_side() except -1:
     _reject = wsgi._reject
     _refuse = wsgi._refuse
     _AdmittedResponse = wsgi.AdmittedResponse
+    _OUTCOME_ADMITTED = wsgi.OUTCOME_ADMITTED
+    _OUTCOME_REFUSED = wsgi.OUTCOME_REFUSED
     _bound = True
     return 0
 
@@ -340,6 +354,8 @@ cdef class CompiledPath:
         try:
             started_ns = self._queue._acquire(deadline_ns, arrival_ns)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            if _observer is not None:
+                _observer(env, _OUTCOME_REFUSED, arrival_ns, deadline_ns, prazo_monotonic_ns() - arrival_ns, exc)
             return _reject(exc, start_response, self._counters, self._retry_after_s)
         return self._run_admitted(env, start_response, deadline_ns, arrival_ns, started_ns)
 
@@ -352,6 +368,9 @@ cdef class CompiledPath:
         if self._queue_wait is not None:
             self._queue_wait.record_ns(queue_wait_ns if queue_wait_ns > 0 else 0)
         try:
+            if _observer is not None:
+                # Inside the try: an observer that raises still gives the slot back.
+                _observer(environ, _OUTCOME_ADMITTED, arrival_ns, deadline_ns, queue_wait_ns, None)
             environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
             # deadline_context's rule: an earlier deadline already current wins.
             outer = get_value(_DEADLINE_VAR)

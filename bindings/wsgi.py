@@ -92,9 +92,13 @@ from prazo.core import (
 __all__ = [
     "BUDGET_SOURCE_KEY",
     "DEADLINE_KEY",
+    "OUTCOME_ADMITTED",
+    "OUTCOME_BYPASSED",
+    "OUTCOME_REFUSED",
     "QUEUE_WAIT_MS_KEY",
     "REASON_SHUTTING_DOWN",
     "AdmissionMiddleware",
+    "AdmissionObserver",
     "AdmittedResponse",
     "Environ",
     "ListBody",
@@ -102,10 +106,13 @@ __all__ = [
     "StartResponse",
     "TimedRelease",
     "WSGIApp",
+    "admission_observer",
     "rejection_response",
     "request_deadline",
     "run_admitted",
     "send_rejection",
+    "set_admission_observer",
+    "status_and_reason",
 ]
 
 DEADLINE_KEY = "prazo.deadline"
@@ -121,6 +128,22 @@ ExcInfo = tuple[Any, Any, Any]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
+# What an admission decided, as an observer is told.
+OUTCOME_ADMITTED = "admitted"
+OUTCOME_BYPASSED = "bypassed"
+OUTCOME_REFUSED = "refused"
+
+#: ``observer(environ, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal)``:
+#: called in the thread that decided, before the app runs (admitted, bypassed)
+#: or the refusal is answered. ``environ`` is None where a server refuses
+#: before it parsed the request; ``arrival_ns`` is None when unknown;
+#: ``refusal`` is the ``QueueFull``/``DeadlineExceeded``/``ShutDown`` of a refusal.
+AdmissionObserver = Callable[[Environ | None, str, int | None, int, int, BaseException | None], object]
+
+# The one observer (prazo.bindings.opentelemetry installs one). None, the
+# default, costs each request one global read and nothing else.
+_observer: AdmissionObserver | None = None
+
 _STATUS_LINES = {503: "503 Service Unavailable", 504: "504 Gateway Timeout"}
 _INERT_BODIES = (list, tuple)
 # Never equal to a body chunk: marks the end of iter(callable, sentinel).
@@ -130,7 +153,8 @@ _END_OF_BODY = object()
 _REASON_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 
 
-def _status_and_reason(exc: BaseException) -> tuple[int, str]:
+def status_and_reason(exc: BaseException) -> tuple[int, str]:
+    """The status (503/504) and the ``X-Prazo-Reason`` of the refusal answering ``exc``; TypeError for others."""
     if isinstance(exc, DeadlineExceeded):
         status, fallback = 504, REASON_DEADLINE_EXCEEDED
     elif isinstance(exc, DownstreamOverloaded):
@@ -170,7 +194,7 @@ def rejection_response(exc: BaseException, *, retry_after_s: int = 1) -> tuple[s
     ('503 Service Unavailable', 'queue-full', b'503 Service Unavailable: queue-full\\n')
     """
     retry_after_s = _validate_retry_after(retry_after_s)
-    status, reason = _status_and_reason(exc)
+    status, reason = status_and_reason(exc)
     status_line = _STATUS_LINES[status]
     body = f"{status_line}: {reason}\n".encode("ascii")
     headers = [
@@ -237,7 +261,7 @@ class MiddlewareCounters:
 
     def count_response(self, exc: BaseException) -> None:
         """Count the refusal response sent for ``exc`` (503 or 504)."""
-        status, _ = _status_and_reason(exc)
+        status, _ = status_and_reason(exc)
         self.add(f"responses_{status}")
 
     def snapshot(self) -> dict[str, int]:
@@ -457,9 +481,14 @@ def _call_admitted(
     queue_wait_ns: int,
     counters: MiddlewareCounters | None,
     retry_after_s: int,
+    arrival_ns: int | None,
+    outcome: str,
 ) -> Iterable[bytes]:
     """``run_admitted`` with positional arguments only: keywords cost on every request."""
     try:
+        if _observer is not None:
+            # Inside the try: an observer that raises still gives the slot back.
+            _observer(environ, outcome, arrival_ns, deadline.ns, queue_wait_ns, None)
         environ[QUEUE_WAIT_MS_KEY] = queue_wait_ns / NS_PER_MS
         outer = current_deadline()
         context = deadline_context(deadline)
@@ -488,6 +517,7 @@ def run_admitted(
     *,
     counters: MiddlewareCounters | None = None,
     retry_after_s: int = 1,
+    arrival_ns: int | None = None,
 ) -> Iterable[bytes]:
     """Run a request that already holds a slot; return its response iterable.
 
@@ -500,9 +530,22 @@ def run_admitted(
     become a 504 / 503 while no output has been sent, and are counted in
     ``counters``. A list or tuple body comes back wrapped in a ``ListBody``
     (it runs no app code, and keeps the list's ``len()``); any other body in
-    an ``AdmittedResponse``.
+    an ``AdmittedResponse``. ``arrival_ns`` (when the request arrived, if
+    known) is for the admission observer (``set_admission_observer``), which
+    is told of the admission before the app runs.
     """
-    return _call_admitted(app, environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s)
+    return _call_admitted(
+        app,
+        environ,
+        start_response,
+        deadline,
+        release,
+        queue_wait_ns,
+        counters,
+        retry_after_s,
+        arrival_ns,
+        OUTCOME_ADMITTED,
+    )
 
 
 class TimedRelease:
@@ -551,6 +594,31 @@ def _import_compiled_path() -> ModuleType | None:
 
 
 _COMPILED_PATH = _import_compiled_path()
+
+
+def set_admission_observer(observer: AdmissionObserver | None) -> AdmissionObserver | None:
+    """Tell ``observer`` of every admission decision from now on (None: nobody); return the previous one.
+
+    One observer for the process, shared by every middleware (both paths),
+    ``run_admitted`` (the server embeddings, the front door's admitted
+    requests) and the server dispatcher's refusals. It runs on the request's
+    path, in the thread and context that decided, so it must be quick and
+    must not raise (one that raises before an app runs makes that request
+    fail, though its slot is given back). ``prazo.bindings.opentelemetry``
+    installs one with ``instrument()``.
+    """
+    global _observer
+    if observer is not None and not callable(observer):
+        raise TypeError(f"observer must be a callable or None, not {type(observer).__name__}")
+    previous, _observer = _observer, observer
+    if _COMPILED_PATH is not None:
+        _COMPILED_PATH.set_observer(observer)
+    return previous
+
+
+def admission_observer() -> AdmissionObserver | None:
+    """The observer ``set_admission_observer`` installed, or None."""
+    return _observer
 
 
 def _compiled_path_for(
@@ -759,6 +827,8 @@ class AdmissionMiddleware:
                 0,
                 self._counters,
                 self._retry_after_s,
+                arrival_ns,
+                OUTCOME_BYPASSED,
             )
         if critical is None:
             critical = self._critical is not None and self._critical(environ)
@@ -767,6 +837,8 @@ class AdmissionMiddleware:
             # request needs nothing beyond the plain acquire/release pair.
             started_ns = self._acquire(deadline, critical=True) if critical else self._acquire(deadline)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
+            if _observer is not None:
+                _observer(environ, OUTCOME_REFUSED, arrival_ns, deadline.ns, time.monotonic_ns() - arrival_ns, exc)
             return _reject(exc, start_response, self._counters, self._retry_after_s)
         queue_wait_ns = time.monotonic_ns() - arrival_ns
         # started_ns makes the request's service time a sample for the
@@ -788,6 +860,8 @@ class AdmissionMiddleware:
             queue_wait_ns,
             self._counters,
             self._retry_after_s,
+            arrival_ns,
+            OUTCOME_ADMITTED,
         )
 
     if TYPE_CHECKING:

@@ -45,9 +45,11 @@ from ..policies import CriticalClassifier
 from ..reaper import DeadlineReaper
 from ..wsgi import (
     BUDGET_SOURCE_KEY,
+    OUTCOME_REFUSED,
     MiddlewareCounters,
     StartResponse,
     WSGIApp,
+    admission_observer,
     run_admitted,
     send_rejection,
 )
@@ -304,6 +306,14 @@ class AdmissionDispatcher:
 
     def _refuse(self, ticket: Ticket, exc: BaseException) -> None:
         ticket.claimed = True
+        observer = admission_observer()
+        if observer is not None:
+            try:
+                # The request is not parsed yet (or not at hand): no environ.
+                queue_wait_ns = time.monotonic_ns() - ticket.arrival_ns
+                observer(None, OUTCOME_REFUSED, ticket.arrival_ns, ticket.deadline.ns, queue_wait_ns, exc)
+            except Exception:  # noqa: BLE001 - an observer must never cost a request its answer
+                _log.exception("prazo: the admission observer failed")
         try:
             self._reject_callback(ticket, exc)
         except Exception:  # noqa: BLE001 - one failed answer must not stop the others
@@ -408,8 +418,18 @@ class AdmittedApp:
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
             ticket.release(sample=False)
+            observer = admission_observer()
+            if observer is not None:
+                observer(environ, OUTCOME_REFUSED, ticket.arrival_ns, deadline.ns, ticket.queue_wait_ns, exc)
             self._counters.count_response(exc)
             return send_rejection(start_response, exc)
         return run_admitted(
-            self.app, environ, start_response, deadline, ticket.release, ticket.queue_wait_ns, counters=self._counters
+            self.app,
+            environ,
+            start_response,
+            deadline,
+            ticket.release,
+            ticket.queue_wait_ns,
+            counters=self._counters,
+            arrival_ns=ticket.arrival_ns,
         )

@@ -579,7 +579,15 @@ class FrontDoorServer:
         environ = self._environ(conn)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
         try:
-            result = run_admitted(self.app, environ, response.start_response, deadline, _nothing, conn.queue_wait_ns)
+            result = run_admitted(
+                self.app,
+                environ,
+                response.start_response,
+                deadline,
+                _nothing,
+                conn.queue_wait_ns,
+                arrival_ns=conn.arrival_ns,
+            )
         except Exception:  # noqa: BLE001 - any app error is a 500, as in every WSGI server
             self._app_errors += 1
             _log.exception("front door: the app raised")
