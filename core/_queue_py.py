@@ -707,7 +707,7 @@ class AdmissionQueue:
             # A releaser reads its clock before taking the lock, so its ``now``
             # may predate this entry's arrival: a slot is never granted
             # before its holder asked for it.
-            entry.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns
+            entry.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns  # noqa: FURB136 - max() is a call, where an interrupt could land
             if entry.cond is not None:
                 entry.state = _GRANTED
                 entry.cond.notify()
