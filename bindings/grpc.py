@@ -92,7 +92,9 @@ __all__ = [
     "DeadlineExceededRpcError",
     "DeadlineServerInterceptor",
     "DownstreamOverloadedRpcError",
+    "RpcBudgetPolicy",
     "admission_server",
+    "metadata_budget",
 ]
 
 T = TypeVar("T")
@@ -127,7 +129,7 @@ def _budget_fields(metadata: Sequence[tuple[str, Any]] | None) -> dict[str, str]
     return {key: ", ".join(parts) for key, parts in values.items()} or None
 
 
-def _metadata_budget(metadata: Sequence[tuple[str, Any]] | None) -> IncomingBudget:
+def metadata_budget(metadata: Sequence[tuple[str, Any]] | None) -> IncomingBudget:
     """The budget in gRPC metadata, judged by the HTTP rules (smallest valid value wins)."""
     fields = _budget_fields(metadata)
     return _NO_BUDGET if fields is None else budget_from_headers(fields)
@@ -138,7 +140,7 @@ class _Ticket:
 
     __slots__ = ("arrival_ns", "deadline", "incoming", "policy", "refusal", "resolved", "started")
 
-    def __init__(self, arrival_ns: int, incoming: IncomingBudget, policy: _RpcBudget) -> None:
+    def __init__(self, arrival_ns: int, incoming: IncomingBudget, policy: RpcBudgetPolicy) -> None:
         self.arrival_ns = arrival_ns
         self.incoming = incoming
         self.policy = policy
@@ -155,8 +157,16 @@ class _Ticket:
         return self.deadline
 
 
-class _RpcBudget:
-    """The server's budget rules: ``BudgetPolicy`` with "no deadline" allowed when nothing was asked."""
+class RpcBudgetPolicy:
+    """An RPC's deadline from its gRPC deadline and metadata budget: ``BudgetPolicy`` rules for gRPC.
+
+    ``deadline(arrival_ns, incoming, grpc_remaining_s, now_ns)`` is ``arrival
+    + min(gRPC deadline, incoming budget)``, or ``arrival +
+    default_budget_ms`` when neither is given (None when that is None too),
+    capped at ``arrival + max_budget_ms`` (None: no cap); a passed gRPC
+    deadline gives a deadline already passed. ``grpc_remaining_s`` is what
+    grpc reported left at ``now_ns`` (None, or grpc's huge "no deadline": none).
+    """
 
     __slots__ = ("_default", "_policy")
 
@@ -233,7 +243,7 @@ class DeadlineServerInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, *, default_budget_ms: float | None = None, max_budget_ms: float | None = None) -> None:
-        self._budget = _RpcBudget(default_budget_ms, max_budget_ms)
+        self._budget = RpcBudgetPolicy(default_budget_ms, max_budget_ms)
         self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._wrapped_lock = threading.Lock()
 
@@ -248,7 +258,7 @@ class DeadlineServerInterceptor(grpc.ServerInterceptor):
             return None
         # grpc runs interceptors in the RPC's own context, the one its handler
         # (and the executor's fn) runs in: the ticket rides there.
-        _ticket.set(_Ticket(arrival_ns, _metadata_budget(handler_call_details.invocation_metadata), self._budget))
+        _ticket.set(_Ticket(arrival_ns, metadata_budget(handler_call_details.invocation_metadata), self._budget))
         return self._wrap(handler)
 
     def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -265,13 +275,13 @@ class DeadlineServerInterceptor(grpc.ServerInterceptor):
         return wrapped
 
 
-def _admitted(context: grpc.ServicerContext, budget: _RpcBudget) -> Deadline | None:
+def _admitted(context: grpc.ServicerContext, budget: RpcBudgetPolicy) -> Deadline | None:
     """The handler's deadline; answers (and raises) instead when the RPC must not run."""
     ticket = _ticket.get()
     if ticket is None:
         # Not through intercept_service's context (a grpc that runs
         # interceptors elsewhere): arrival is now, as far as we can tell.
-        ticket = _Ticket(time.monotonic_ns(), _metadata_budget(context.invocation_metadata()), budget)
+        ticket = _Ticket(time.monotonic_ns(), metadata_budget(context.invocation_metadata()), budget)
     ticket.started = True
     if ticket.refusal is not None:
         _abort(context, ticket.refusal)
@@ -281,7 +291,7 @@ def _admitted(context: grpc.ServicerContext, budget: _RpcBudget) -> Deadline | N
     return deadline
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler, budget: _RpcBudget) -> grpc.RpcMethodHandler:
+def _wrap_handler(handler: grpc.RpcMethodHandler, budget: RpcBudgetPolicy) -> grpc.RpcMethodHandler:
     if handler.request_streaming and handler.response_streaming:
         behavior, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
