@@ -746,4 +746,3 @@ class DeadlineClientInterceptor(
         if details is None:
             return continuation(client_call_details, request_iterator)
         return _MappedStream(continuation(details, request_iterator), details.method)
-

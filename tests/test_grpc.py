@@ -449,7 +449,9 @@ def test_rpc_deadline_never_extends_any_limit(
 def test_metadata_budget_takes_the_smallest_valid_value() -> None:
     assert metadata_budget(None).budget_ms is None
     assert metadata_budget([("user-agent", "x")]).budget_ms is None
-    incoming = metadata_budget([("x-request-budget-ms", "500"), ("x-request-budget-ms", "oops"), ("X-Request-Budget-Ms", "300")])
+    incoming = metadata_budget(
+        [("x-request-budget-ms", "500"), ("x-request-budget-ms", "oops"), ("X-Request-Budget-Ms", "300")]
+    )
     assert incoming.budget_ms == 300 and incoming.invalid == 1
 
 
