@@ -505,16 +505,10 @@ def admission_server(
 # -- client side ---------------------------------------------------------------------------
 
 
-class DownstreamOverloadedRpcError(DownstreamOverloaded, grpc.RpcError):
-    """The server answered ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE``: a 503 (retry elsewhere).
+class _RpcErrorView:
+    """``grpc.RpcError``'s accessors, answered by the original error on ``.rpc_error``."""
 
-    Also a ``grpc.RpcError``: ``code()``, ``details()`` and the metadata are
-    the original's, which is on ``.rpc_error``.
-    """
-
-    def __init__(self, rpc_error: grpc.RpcError, method: str) -> None:
-        super().__init__(message=f"{method} answered {_code_name(rpc_error)}: {_details(rpc_error)}")
-        self.rpc_error = rpc_error
+    rpc_error: grpc.RpcError
 
     def code(self) -> Any:
         return self.rpc_error.code()  # type: ignore[attr-defined]
@@ -528,12 +522,24 @@ class DownstreamOverloadedRpcError(DownstreamOverloaded, grpc.RpcError):
     def trailing_metadata(self) -> Any:
         return self.rpc_error.trailing_metadata()  # type: ignore[attr-defined]
 
+
+class DownstreamOverloadedRpcError(_RpcErrorView, DownstreamOverloaded, grpc.RpcError):
+    """The server answered ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE``: a 503 (retry elsewhere).
+
+    Also a ``grpc.RpcError``: ``code()``, ``details()`` and the metadata are
+    the original's, which is on ``.rpc_error``.
+    """
+
+    def __init__(self, rpc_error: grpc.RpcError, method: str) -> None:
+        super().__init__(message=f"{method} answered {_code_name(rpc_error)}: {_details(rpc_error)}")
+        self.rpc_error = rpc_error
+
     def __reduce__(self):  # type: ignore[no-untyped-def]
         # The RPC error (a live call) does not pickle; the reason does.
         return (DownstreamOverloaded, (self.reason, str(self)))
 
 
-class DeadlineExceededRpcError(DeadlineExceeded, grpc.RpcError):
+class DeadlineExceededRpcError(_RpcErrorView, DeadlineExceeded, grpc.RpcError):
     """The server answered ``DEADLINE_EXCEEDED`` (or the call's timeout ran out): a 504.
 
     Also a ``grpc.RpcError``, like ``DownstreamOverloadedRpcError``.
@@ -543,11 +549,6 @@ class DeadlineExceededRpcError(DeadlineExceeded, grpc.RpcError):
         base = downstream_timed_out(method)
         super().__init__(base.reason, str(base))
         self.rpc_error = rpc_error
-
-    code = DownstreamOverloadedRpcError.code
-    details = DownstreamOverloadedRpcError.details
-    initial_metadata = DownstreamOverloadedRpcError.initial_metadata
-    trailing_metadata = DownstreamOverloadedRpcError.trailing_metadata
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (DeadlineExceeded, (self.reason, str(self)))
