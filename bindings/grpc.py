@@ -724,26 +724,20 @@ class DeadlineClientInterceptor(
             getattr(details, "compression", None),
         )
 
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+    def _intercept(self, continuation: Any, client_call_details: Any, request: Any, mapped: type[_MappedCall]) -> Any:
         details = self._budgeted(client_call_details)
         if details is None:
             return continuation(client_call_details, request)
-        return _MappedCall(continuation(details, request), details.method)
+        return mapped(continuation(details, request), details.method)
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return self._intercept(continuation, client_call_details, request, _MappedCall)
 
     def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        details = self._budgeted(client_call_details)
-        if details is None:
-            return continuation(client_call_details, request_iterator)
-        return _MappedCall(continuation(details, request_iterator), details.method)
+        return self._intercept(continuation, client_call_details, request_iterator, _MappedCall)
 
     def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        details = self._budgeted(client_call_details)
-        if details is None:
-            return continuation(client_call_details, request)
-        return _MappedStream(continuation(details, request), details.method)
+        return self._intercept(continuation, client_call_details, request, _MappedStream)
 
     def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        details = self._budgeted(client_call_details)
-        if details is None:
-            return continuation(client_call_details, request_iterator)
-        return _MappedStream(continuation(details, request_iterator), details.method)
+        return self._intercept(continuation, client_call_details, request_iterator, _MappedStream)

@@ -1,10 +1,10 @@
 """HTTP → gRPC → HTTP on real loopback servers: the budget shrinks at every hop.
 
-A: a werkzeug threaded server behind ``AdmissionMiddleware``; its app calls B
+A: prazo's werkzeug server embedding (``prazo serve --server werkzeug``); its app calls B
    through a channel with ``DeadlineClientInterceptor``.
 B: a grpcio server from ``admission_server`` (``AdmissionPool`` executor); its
    handler calls C with prazo's ``requests`` or ``urllib`` binding.
-C: a werkzeug threaded server behind ``AdmissionMiddleware``.
+C: prazo's werkzeug server embedding too.
 
 Each hop records the budget it was given when it started. The budget must
 strictly decrease, each hop seeing no more than the previous one had minus
@@ -28,9 +28,8 @@ from prazo.bindings.clients.urllib import deadline_urlopen
 from prazo.bindings.grpc import DeadlineClientInterceptor, admission_server
 from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER
 from prazo.bindings.pool import AdmissionPool
-from prazo.bindings.wsgi import AdmissionMiddleware
+from prazo.bindings.servers.werkzeug import make_server
 from prazo.core import REASON_NO_BUDGET_FOR_DOWNSTREAM, current_deadline
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 MARGIN_MS = 20
 GRPC_SLACK_MS = 15
@@ -48,28 +47,23 @@ class Hops:
     c_header: list[float] = field(default_factory=list)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        """Tests read records, not access logs."""
-
-
 @pytest.fixture
 def http_server() -> Iterator[Callable[[Callable[..., Iterable[bytes]]], str]]:
+    """Start prazo's werkzeug server embedding (admission at the server's own queue) on ``app``."""
     servers = []
 
     def start(app: Callable[..., Iterable[bytes]]) -> str:
-        middleware = AdmissionMiddleware(app, max_concurrency=4, max_queue=4, default_budget_ms=5000)
-        server = make_server("127.0.0.1", 0, middleware, threaded=True, request_handler=_QuietHandler)
+        server = make_server("127.0.0.1", 0, app, threads=4, max_queue=4, default_budget_ms=5000)
+        server.shutdown_timeout = 10.0
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         servers.append((server, thread))
-        return f"http://127.0.0.1:{server.server_port}/"
+        return f"http://127.0.0.1:{server.server_address[1]}/"
 
     yield start
     for server, thread in servers:
         server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        thread.join(timeout=10)
 
 
 def _c_app(hops: Hops, status: str) -> Callable[..., Iterable[bytes]]:
