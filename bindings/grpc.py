@@ -81,6 +81,7 @@ from .headers import (
     IncomingBudget,
     budget_from_headers,
     checked_ms,
+    format_budget_ms,
 )
 from .outgoing import DEFAULT_MARGIN_MS, downstream_timed_out, outgoing_budget, validate_margin_ms
 from .pool import AdmissionPool
@@ -107,6 +108,7 @@ REASON_METADATA_KEY = REASON_HEADER.lower()
 # Budget fields a gRPC peer may put in the metadata (grpc-timeout itself is
 # consumed by grpc and arrives as the call's deadline).
 _BUDGET_KEYS = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
+_BUDGET_KEY = BUDGET_HEADER.lower()
 _NO_BUDGET = IncomingBudget(None, 0, None)
 # grpc reports "no deadline" as a remaining time of about 9.2e18 s; anything
 # beyond what a budget can hold is that.
@@ -686,9 +688,10 @@ class DeadlineClientInterceptor(
     Under a ``deadline_scope`` every call (all four kinds):
 
     * gets ``timeout`` = remaining − ``margin_ms``, or the caller's own
-      ``timeout`` when that is smaller; budget fields the caller put in the
-      metadata (``x-request-budget-ms`` ...) can shorten it, never lengthen
-      it, and are dropped (the deadline is the one budget sent);
+      ``timeout`` when that is smaller, and the same budget (whole ms, rounded
+      down) in the metadata ``x-request-budget-ms``, because grpc rounds the
+      wire ``grpc-timeout`` up; budget fields the caller put in the metadata
+      can shorten it, never lengthen it, and are replaced;
     * is not made when nothing is left: ``DeadlineExceeded``
       (``no-budget-for-downstream``), raised by the call — by iterating it
       for a streamed response, as grpc reports interceptor errors there;
@@ -713,12 +716,17 @@ class DeadlineClientInterceptor(
         budget = outgoing_budget(self.margin_ms, headers=_budget_fields(metadata))
         if budget is None:
             return None
-        if metadata:
-            metadata = [(key, value) for key, value in metadata if key.lower() not in _BUDGET_KEYS]
+        kept = [(key, value) for key, value in metadata or () if key.lower() not in _BUDGET_KEYS]
+        # The budget also goes in the metadata, in whole ms rounded down: grpc
+        # rounds the wire grpc-timeout *up* (to 10 ms from 1 s on) and a
+        # receiver's gRPC deadline came out up to ~10 ms later than the
+        # caller's; a prazo server takes the smaller of the two.
+        timeout_s = budget.cap(details.timeout)
+        kept.append((_BUDGET_KEY, format_budget_ms(timeout_s * 1000.0)))
         return _CallDetails(
             details.method,
-            budget.cap(details.timeout),
-            metadata,
+            timeout_s,
+            kept,
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),
