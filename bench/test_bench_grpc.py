@@ -8,6 +8,8 @@ the per-RPC cost is the round time divided by ``CALLS``
 * ``plain``: ``grpc.server(ThreadPoolExecutor(4))``, a plain channel;
 * ``server-interceptor``: the same plus ``DeadlineServerInterceptor``;
 * ``admission-server``: ``admission_server(AdmissionPool(4, 64))``, a plain channel;
+* ``noop-client-interceptor``: that server, and a channel with a client
+  interceptor that does nothing (grpc's own interceptor machinery);
 * ``admission-both``: that server, and the client under a ``deadline_scope``
   through ``DeadlineClientInterceptor``.
 
@@ -36,7 +38,14 @@ ROUNDS = 15
 WARMUP_CALLS = 200
 PAYLOAD = b"0123456789abcdef"
 METHOD = "/prazo.bench.Echo/Echo"
-COMPETITORS = ("plain", "server-interceptor", "admission-server", "admission-both")
+COMPETITORS = ("plain", "server-interceptor", "admission-server", "noop-client-interceptor", "admission-both")
+
+
+class _NoopClientInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """What grpc's own client-interceptor machinery costs, with nothing of prazo's."""
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(client_call_details, request)
 
 
 def _echo(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -52,7 +61,7 @@ def _served(kind: str) -> Iterator[Callable[[], None]]:
         elif kind == "server-interceptor":
             executor = stack.enter_context(ThreadPoolExecutor(4))
             server = grpc.server(executor, interceptors=[DeadlineServerInterceptor()])
-        else:
+        else:  # the admission server, whatever the client
             pool = AdmissionPool(max_workers=4, max_queue=64)
             stack.callback(pool.shutdown)
             server = admission_server(pool)
@@ -69,6 +78,8 @@ def _served(kind: str) -> Iterator[Callable[[], None]]:
         channel: grpc.Channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
         if kind == "admission-both":
             channel = grpc.intercept_channel(channel, DeadlineClientInterceptor())
+        elif kind == "noop-client-interceptor":
+            channel = grpc.intercept_channel(channel, _NoopClientInterceptor())
         call = channel.unary_unary(METHOD)
 
         def round_of_calls() -> None:
