@@ -401,7 +401,14 @@ class _Submission:
 
     def refuse(self, exc: BaseException) -> None:
         self.ticket.refusal = exc
-        refusal = self.executor.refusals.submit(self.fn, *self.args, **self.kwargs)
+        try:
+            refusal = self.executor.refusals.submit(self.fn, *self.args, **self.kwargs)
+        except RuntimeError:
+            # shutdown(wait=False) stopped the refusal threads while RPCs were
+            # still in line: the client's own deadline (or the server's stop) ends it.
+            _LOGGER.warning("prazo AdmissionExecutor: an RPC refused after shutdown() could not be answered")
+            self.done.set_result(None)
+            return
         refusal.add_done_callback(self.finished)
 
     def finished(self, refusal: Future[Any]) -> None:

@@ -566,3 +566,23 @@ def test_client_margin_is_checked() -> None:
         DeadlineClientInterceptor(margin_ms=-1)
     with pytest.raises(TypeError, match="margin_ms"):
         DeadlineClientInterceptor(margin_ms="20")  # type: ignore[arg-type]
+
+
+def test_refusal_after_shutdown_without_wait_is_logged_not_raised(
+    serve: Callable[..., Served], caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = AdmissionPool(max_workers=1, max_queue=2)
+    executor = AdmissionExecutor(pool)
+    served = serve(executor=executor, interceptors=[DeadlineServerInterceptor()])
+    first = served.method("Block").future(b"x", timeout=WAIT_S)
+    assert served.rec.entered.wait(WAIT_S)
+    with caplog.at_level(logging.WARNING, logger="prazo.bindings.grpc"):
+        late = served.method("Echo").future(b"late", timeout=1.0, metadata=(("x-request-budget-ms", "200"),))
+        assert _wait_until(lambda: pool.stats()["queued"] == 1)
+        executor.shutdown(wait=False)
+        # Nobody is left to answer the refusal at 200 ms: the client's own deadline ends the call.
+        error = late.exception(WAIT_S)
+        assert _wait_until(lambda: "could not be answered" in caplog.text)
+    assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    served.rec.gate.set()
+    assert first.result(WAIT_S) == b"released"
