@@ -114,7 +114,7 @@ _NO_BUDGET = IncomingBudget(None, 0, None)
 # beyond what a budget can hold is that.
 _NO_DEADLINE_S = MAX_WIRE_MS / 1000.0
 _INT64_MAX = 2**63 - 1
-# The status each prazo refusal answers with (a 503 stays "retry elsewhere").
+# What a client reads as a 503 ("overloaded, retry elsewhere"), never as a 504.
 _OVERLOADED_CODES = frozenset((grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
 
 
@@ -172,7 +172,7 @@ class RpcBudgetPolicy:
 
     __slots__ = ("_default", "_policy")
 
-    def __init__(self, default_budget_ms: float | None, max_budget_ms: float | None) -> None:
+    def __init__(self, *, default_budget_ms: float | None = None, max_budget_ms: float | None = None) -> None:
         if default_budget_ms is not None:
             checked_ms(default_budget_ms, "default_budget_ms", positive=True)
         if max_budget_ms is not None:
@@ -245,7 +245,7 @@ class DeadlineServerInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, *, default_budget_ms: float | None = None, max_budget_ms: float | None = None) -> None:
-        self._budget = RpcBudgetPolicy(default_budget_ms, max_budget_ms)
+        self._budget = RpcBudgetPolicy(default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms)
         self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._wrapped_lock = threading.Lock()
 

@@ -427,7 +427,7 @@ def test_rpc_deadline_never_extends_any_limit(
     default_ms: float | None,
     max_ms: float | None,
 ) -> None:
-    policy = RpcBudgetPolicy(default_ms, max_ms)
+    policy = RpcBudgetPolicy(default_budget_ms=default_ms, max_budget_ms=max_ms)
     now_ns = arrival_ns + waited_ns
     incoming = metadata_budget(None if metadata_ms is None else [("x-request-budget-ms", str(metadata_ms))])
     deadline = policy.deadline(arrival_ns, incoming, grpc_remaining_s, now_ns)
