@@ -88,6 +88,7 @@ from .pool import AdmissionPool
 
 __all__ = [
     "REASON_METADATA_KEY",
+    "REASON_SHUTDOWN",
     "AdmissionExecutor",
     "DeadlineClientInterceptor",
     "DeadlineExceededRpcError",
@@ -110,6 +111,8 @@ REASON_METADATA_KEY = REASON_HEADER.lower()
 _BUDGET_KEYS = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
 _BUDGET_KEY = BUDGET_HEADER.lower()
 _NO_BUDGET = IncomingBudget(None, 0, None)
+# The reason of an RPC refused because the pool is shut down (answered UNAVAILABLE).
+REASON_SHUTDOWN = "shutdown"
 # grpc reports "no deadline" as a remaining time of about 9.2e18 s; anything
 # beyond what a budget can hold is that.
 _NO_DEADLINE_S = MAX_WIRE_MS / 1000.0
@@ -364,6 +367,11 @@ def _grpc_remaining_s(args: tuple[Any, ...]) -> float | None:
     return None
 
 
+def _shutting_down() -> DownstreamOverloaded:
+    """The refusal of an RPC the pool will not run because it is shut down: ``UNAVAILABLE``."""
+    return DownstreamOverloaded(REASON_SHUTDOWN, "the server is shutting down")
+
+
 class _Submission:
     """One RPC in the pool: when the pool refuses it after all, the refusal thread answers it."""
 
@@ -388,7 +396,7 @@ class _Submission:
     def pool_done(self, future: Future[Any]) -> None:
         if future.cancelled():
             # shutdown(cancel_futures=True): the RPC still gets an answer.
-            self.refuse(DownstreamOverloaded("shutdown", "the server is shutting down"))
+            self.refuse(_shutting_down())
             return
         exc = future.exception()
         if isinstance(exc, (DeadlineExceeded, QueueFull)) and not self.ticket.started:
@@ -437,7 +445,9 @@ class AdmissionExecutor(Executor):
     rather than left hanging.
 
     Stop the gRPC server before ``shutdown()``: this shuts down the pool
-    (cancelled RPCs are answered ``UNAVAILABLE``) and then the refusal threads.
+    (cancelled RPCs are answered ``UNAVAILABLE``, reason ``shutdown``, as is
+    any RPC arriving at a server whose pool was shut down) and then the
+    refusal threads.
     """
 
     def __init__(self, pool: AdmissionPool, *, refusal_threads: int = 1) -> None:
@@ -465,6 +475,9 @@ class AdmissionExecutor(Executor):
             future = self.pool.submit_until(deadline, fn, *args, **kwargs)
         except QueueFull as exc:
             submission.refuse(exc.with_traceback(None))
+        except RuntimeError:
+            # The pool was shut down under a running server.
+            submission.refuse(_shutting_down())
         else:
             future.add_done_callback(submission.pool_done)
         return submission.done

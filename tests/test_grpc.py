@@ -342,6 +342,7 @@ def test_shutdown_cancelling_answers_queued_rpcs_unavailable(serve: Callable[...
     served.pool.shutdown(wait=False, cancel_futures=True)
     error = queued.exception(WAIT_S)
     assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
+    assert _reason(error) == "shutdown"
     served.rec.gate.set()
     assert first.result(WAIT_S) == b"released"
 
@@ -586,3 +587,15 @@ def test_refusal_after_shutdown_without_wait_is_logged_not_raised(
     assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     served.rec.gate.set()
     assert first.result(WAIT_S) == b"released"
+
+
+def test_pool_shut_down_under_a_running_server_answers_unavailable(serve: Callable[..., Served]) -> None:
+    served = serve()
+    assert served.pool is not None
+    served.pool.shutdown()
+    for _ in range(2):  # the serving thread survives the first one
+        with pytest.raises(grpc.RpcError) as caught:
+            served.method("Echo")(b"x", timeout=WAIT_S)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        assert _reason(caught.value) == "shutdown"
+    assert served.rec.calls == 0
