@@ -1,0 +1,336 @@
+"""prazo behind a real HAProxy: two prazo waitress servers on loopback, the shipped haproxy.cfg in front.
+
+What is proved, each against the real processes:
+
+* HAProxy stamps ``X-Request-Start`` (replacing whatever a client sent) and
+  prazo believes a stamp only from HAProxy's address (``trusted_proxies``);
+* the time a request waited in HAProxy's queue (servers at ``maxconn``) comes
+  off the budget the app sees, and the budget header passes through unchanged;
+* a ``503 queue-full`` from one backend is retried on the other (GET), and the
+  client gets 503 + ``Retry-After`` only when both are full; a POST is not
+  retried (a 503 may come from an app that ran);
+* a 504 — the app ran out of time, or the request expired in prazo's queue —
+  is never retried: every request ran (or was refused) exactly once.
+
+The config is ``examples/loadbalancers/haproxy.cfg`` as the README ships it
+(``prazo.bench.haproxy.HAProxyProcess``). Direct requests to a backend come
+from 127.0.0.3, HAProxy's from 127.0.0.1 (the trusted proxy). Real time is
+involved: every bound is generous, nothing asserts speed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S
+from _services import free_port, haproxy_binary
+from prazo.bench.haproxy import HAProxyProcess
+from prazo.bindings.proxy_headers import parse_request_start_ns
+from prazo.bindings.servers import waitress as prazo_waitress
+from prazo.bindings.servers.settings import resolve_settings
+from prazo.core import current_deadline
+
+HAPROXY_ADDRESS = "127.0.0.1"
+# Linux routes all of 127.0.0.0/8 to loopback: a direct client that is not the proxy.
+DIRECT_CLIENT = "127.0.0.3"
+BUDGET_HEADER = "X-Request-Budget-Ms"
+
+
+@dataclass
+class Backend:
+    """One prazo waitress server whose app says who it is and counts its calls per path."""
+
+    name: str
+    threads: int
+    max_queue: int
+    calls: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    server: Any = None
+    thread: threading.Thread | None = None
+
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        with self.lock:
+            self.calls[path] = self.calls.get(path, 0) + 1
+        query = dict(part.split("=", 1) for part in environ.get("QUERY_STRING", "").split("&") if "=" in part)
+        if path == "/hold":
+            # Holds this backend's thread until the test creates the gate file.
+            Path(query["mark"]).touch()
+            end = time.monotonic() + APP_WAIT_S
+            while not os.path.exists(query["gate"]) and time.monotonic() < end:
+                time.sleep(0.005)
+        elif path == "/expire":
+            # Runs past its deadline and notices: DeadlineExceeded -> prazo's 504.
+            deadline = current_deadline()
+            assert deadline is not None
+            time.sleep(max(deadline.remaining(), 0) + 0.05)
+            deadline.check()
+        deadline = environ["prazo.deadline"]
+        body = (
+            f"backend={self.name} remaining_ms={deadline.remaining_ms():.0f} "
+            f"queue_wait_ms={environ.get('prazo.queue_wait_ms', 0):.0f} "
+            f"budget_header={environ.get('HTTP_X_REQUEST_BUDGET_MS', '-')} "
+            f"request_start={environ.get('HTTP_X_REQUEST_START', '-')}"
+        ).encode("latin-1")
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def start(self) -> None:
+        settings = resolve_settings(
+            threads=self.threads,
+            max_queue=self.max_queue,
+            default_budget_ms=10000,
+            trust_request_start=True,
+            trusted_proxies=[HAPROXY_ADDRESS],
+            environ={},
+        )
+        self.server = prazo_waitress.create_server(self.app, host="127.0.0.1", port=0, settings=settings)
+        self.thread = threading.Thread(target=self.server.run, name=f"backend-{self.name}", daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.effective_port)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.server.task_dispatcher.stats())
+
+    def count(self, path: str) -> int:
+        with self.lock:
+            return self.calls.get(path, 0)
+
+    def stop(self) -> None:
+        prazo_waitress.shutdown(self.server, 10.0)
+        if self.thread is not None:
+            self.thread.join(CLIENT_TIMEOUT_S)
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    fields: dict[str, str]
+
+
+def call(
+    port: int, path: str, headers: dict[str, str] | None = None, *, method: str = "GET", source: str | None = None
+) -> Answer:
+    """One request on a fresh connection (from ``source`` when given); the body's ``k=v`` words as ``fields``."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=CLIENT_TIMEOUT_S, source_address=(source, 0) if source else None
+    )
+    try:
+        conn.request(method, path, body=b"x" if method == "POST" else None, headers=headers or {})
+        response = conn.getresponse()
+        body = response.read().decode("latin-1")
+        fields = dict(word.split("=", 1) for word in body.split() if "=" in word)
+        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, fields)
+    finally:
+        conn.close()
+
+
+class Holder:
+    """A request to ``/hold`` that occupies one thread of whichever backend serves it, until ``release()``."""
+
+    def __init__(self, port: int, workdir: Path, name: str, source: str | None = None) -> None:
+        self.mark = workdir / f"{name}.mark"
+        self.gate = workdir / f"{name}.gate"
+        self.answer: Answer | None = None
+        path = f"/hold?mark={self.mark}&gate={self.gate}"
+        self._thread = threading.Thread(target=self._run, args=(port, path, source), daemon=True)
+        self._thread.start()
+        end = time.monotonic() + CLIENT_TIMEOUT_S
+        while not self.mark.exists():
+            assert time.monotonic() < end, "the holding request never reached an app"
+            time.sleep(0.005)
+
+    def _run(self, port: int, path: str, source: str | None) -> None:
+        self.answer = call(port, path, source=source)
+
+    def release(self) -> Answer:
+        self.gate.touch()
+        self._thread.join(CLIENT_TIMEOUT_S)
+        assert self.answer is not None
+        return self.answer
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="prazo-lb-") as path:
+        yield Path(path)
+
+
+@pytest.fixture
+def max_queue() -> int:
+    """Each backend's prazo queue: none by default (full = one request running); a test may override it."""
+    return 0
+
+
+@pytest.fixture
+def backends(max_queue: int) -> Iterator[tuple[Backend, Backend]]:
+    """Two backends a and b, one thread each."""
+    pair = (Backend("a", 1, max_queue), Backend("b", 1, max_queue))
+    for backend in pair:
+        backend.start()
+    try:
+        yield pair
+    finally:
+        for backend in pair:
+            backend.stop()
+
+
+def start_haproxy(backends: tuple[Backend, Backend], maxconn: int) -> HAProxyProcess:
+    return HAProxyProcess.start(
+        free_port(), [f"127.0.0.1:{b.port}" for b in backends], maxconn=maxconn, binary=haproxy_binary()
+    )
+
+
+@pytest.fixture
+def haproxy(backends: tuple[Backend, Backend]) -> Iterator[HAProxyProcess]:
+    """The shipped config with a per-server maxconn above what the backends hold: HAProxy never queues."""
+    proxy = start_haproxy(backends, maxconn=10)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_haproxy_stamps_request_start_and_prazo_trusts_it_only_from_haproxy(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess
+) -> None:
+    forged = f"t={time.time() - 4.0:.3f}"  # claims the request waited 4 s in a proxy
+    headers = {"X-Request-Start": forged, BUDGET_HEADER: "10000"}
+
+    through = call(haproxy.port, "/whoami", headers)
+    assert through.status == 200
+    # HAProxy replaced the client's stamp with its own, a moment ago (ms since the epoch)...
+    assert through.fields["request_start"] != forged
+    stamp_ns = parse_request_start_ns(through.fields["request_start"])
+    assert stamp_ns is not None and abs(stamp_ns / 1e9 - time.time()) < 60
+    # ...which the backend trusted (so the forged 4 s were never taken), and the budget header is unchanged.
+    assert int(through.fields["remaining_ms"]) > 8000
+    assert through.fields["budget_header"] == "10000"
+
+    # A direct client is not the proxy: its stamp is ignored ...
+    for backend in backends:
+        direct = call(backend.port, "/whoami", headers, source=DIRECT_CLIENT)
+        assert direct.status == 200
+        assert int(direct.fields["remaining_ms"]) > 8000
+    # ... while the same stamp from the trusted address (where HAProxy connects from) counts.
+    trusted = call(backends[0].port, "/whoami", headers, source=HAPROXY_ADDRESS)
+    assert int(trusted.fields["remaining_ms"]) <= 6000 + 500
+
+
+def test_time_queued_in_haproxy_comes_off_the_budget(
+    backends: tuple[Backend, Backend], workdir: Path
+) -> None:
+    # maxconn 1: with both backends busy, HAProxy holds the next request in its own queue.
+    proxy = start_haproxy(backends, maxconn=1)
+    try:
+        holders = [Holder(proxy.port, workdir, f"hold{i}") for i in range(2)]
+        assert {backend.count("/hold") for backend in backends} == {1}  # one per backend
+        result: dict[str, Any] = {}
+
+        def queued() -> None:
+            result["answer"] = call(proxy.port, "/whoami", {BUDGET_HEADER: "10000"})
+
+        waiter = threading.Thread(target=queued, daemon=True)
+        waiter.start()
+        time.sleep(1.5)  # the request waits in HAProxy's queue all this time
+        assert sum(backend.count("/whoami") for backend in backends) == 0
+        for holder in holders:
+            assert holder.release().status == 200
+        waiter.join(CLIENT_TIMEOUT_S)
+    finally:
+        proxy.stop()
+    answer: Answer = result["answer"]
+    assert answer.status == 200
+    # At least 1.5 s of the 10 s budget went in HAProxy's queue (a 0.5 s allowance for
+    # HAProxy stamping late), not in prazo's: the backend took it off from the stamp.
+    assert int(answer.fields["remaining_ms"]) <= 10000 - 1000
+    assert int(answer.fields["queue_wait_ms"]) < 1000
+    assert answer.fields["budget_header"] == "10000"
+
+
+def test_queue_full_503_is_retried_on_the_other_backend(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+) -> None:
+    a, b = backends
+    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)  # HAProxy does not know a is full
+    answers = [call(haproxy.port, "/whoami", {BUDGET_HEADER: "5000"}) for _ in range(6)]
+    holder.release()
+    assert [answer.status for answer in answers] == [200] * 6
+    assert {answer.fields["backend"] for answer in answers} == {"b"}
+    # HAProxy did send some of them to a first: a refused them at once (the app never ran) ...
+    assert a.stats()["rejected_full"] >= 1
+    assert a.count("/whoami") == 0
+    # ... and each ran exactly once, on b.
+    assert b.count("/whoami") == 6
+
+
+def test_both_backends_full_the_client_gets_the_503_with_retry_after(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+) -> None:
+    holders = [Holder(backend.port, workdir, f"hold-{backend.name}", DIRECT_CLIENT) for backend in backends]
+    answer = call(haproxy.port, "/whoami")
+    for holder in holders:
+        holder.release()
+    assert answer.status == 503
+    assert answer.headers["x-prazo-reason"] == "queue-full"
+    assert answer.headers["retry-after"] == "1"
+    # retries 2: three attempts in all, on both backends (option redispatch), none ran the app.
+    refused = [backend.stats()["rejected_full"] for backend in backends]
+    assert sum(refused) == 3 and min(refused) >= 1, refused
+    assert sum(backend.count("/whoami") for backend in backends) == 0
+
+
+def test_a_post_is_not_retried(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+) -> None:
+    a, b = backends
+    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
+    answers = [call(haproxy.port, "/whoami", method="POST") for _ in range(6)]
+    holder.release()
+    refused = [answer for answer in answers if answer.status == 503]
+    # Those HAProxy sent to a came back 503 queue-full to the client (no L7 retry for a POST) ...
+    assert len(refused) == a.stats()["rejected_full"] >= 1
+    assert {answer.headers["x-prazo-reason"] for answer in refused} == {"queue-full"}
+    # ... the rest ran once on b.
+    assert b.count("/whoami") == len(answers) - len(refused)
+
+
+def test_a_504_from_the_app_is_never_retried(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess
+) -> None:
+    answers = [call(haproxy.port, "/expire", {BUDGET_HEADER: "200"}) for _ in range(4)]
+    assert [answer.status for answer in answers] == [504] * 4
+    assert {answer.headers["x-prazo-reason"] for answer in answers} == {"deadline-exceeded"}
+    # Four requests, four runs in all: no backend ran one a second time.
+    assert sum(backend.count("/expire") for backend in backends) == 4
+
+
+@pytest.mark.parametrize("max_queue", [1])
+def test_a_504_expired_in_prazos_queue_is_never_retried(
+    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+) -> None:
+    a, b = backends
+    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
+    # Sent to a, a request waits in a's queue and expires there (504, the app never runs);
+    # sent to b, it runs. A 504 retried on b would have come back 200 instead.
+    answers = [call(haproxy.port, "/whoami", {BUDGET_HEADER: "300"}) for _ in range(6)]
+    holder.release()
+    expired = [answer for answer in answers if answer.status == 504]
+    assert {answer.headers["x-prazo-reason"] for answer in expired} == {"expired-in-queue"}
+    assert len(expired) == a.stats()["expired"] >= 1
+    assert a.count("/whoami") == 0
+    assert b.count("/whoami") == len(answers) - len(expired)
+    assert {answer.fields["backend"] for answer in answers if answer.status == 200} <= {"b"}
