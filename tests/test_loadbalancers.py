@@ -1,9 +1,13 @@
-"""prazo behind a real HAProxy: two prazo waitress servers on loopback, the shipped haproxy.cfg in front.
+"""prazo behind a real load balancer: two prazo waitress servers on loopback, a shipped config in front.
+
+HAProxy (``examples/loadbalancers/haproxy.cfg``, run as is) always; nginx
+(``nginx.conf``, its example addresses replaced) when it is installed — it is
+not one of the services ``make test`` installs, so those tests skip without it.
 
 What is proved, each against the real processes:
 
-* HAProxy stamps ``X-Request-Start`` (replacing whatever a client sent) and
-  prazo believes a stamp only from HAProxy's address (``trusted_proxies``);
+* the balancer stamps ``X-Request-Start`` (replacing whatever a client sent) and
+  prazo believes a stamp only from the balancer's address (``trusted_proxies``);
 * the time a request waited in HAProxy's queue (servers at ``maxconn``) comes
   off the budget the app sees, and the budget header passes through unchanged;
 * a ``503 queue-full`` from one backend is retried on the other (GET), and the
@@ -12,9 +16,9 @@ What is proved, each against the real processes:
 * a 504 — the app ran out of time, or the request expired in prazo's queue —
   is never retried: every request ran (or was refused) exactly once.
 
-The config is ``examples/loadbalancers/haproxy.cfg`` as the README ships it
-(``prazo.bench.haproxy.HAProxyProcess``). Direct requests to a backend come
-from 127.0.0.3, HAProxy's from 127.0.0.1 (the trusted proxy). Real time is
+HAProxy's queue (``maxconn``) has no nginx twin: nginx OSS does not queue.
+The launchers are ``prazo.bench.loadbalancers``'. Direct requests to a backend come
+from 127.0.0.3, the balancer's from 127.0.0.1 (the trusted proxy). Real time is
 involved: every bound is generous, nothing asserts speed.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -33,7 +38,7 @@ from typing import Any
 import pytest
 from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S
 from _services import free_port, haproxy_binary
-from prazo.bench.haproxy import HAProxyProcess
+from prazo.bench.loadbalancers import HAProxyProcess, LoadBalancerProcess, NginxProcess
 from prazo.bindings.proxy_headers import parse_request_start_ns
 from prazo.bindings.servers import waitress as prazo_waitress
 from prazo.bindings.servers.settings import resolve_settings
@@ -194,25 +199,38 @@ def start_haproxy(backends: tuple[Backend, Backend], maxconn: int) -> HAProxyPro
     )
 
 
-@pytest.fixture
-def haproxy(backends: tuple[Backend, Backend]) -> Iterator[HAProxyProcess]:
-    """The shipped config with a per-server maxconn above what the backends hold: HAProxy never queues."""
-    proxy = start_haproxy(backends, maxconn=10)
+# Attempts a request gets when every backend answers 503: HAProxy `retries 2` -> 3; nginx
+# `proxy_next_upstream_tries 2` -> 2.
+ATTEMPTS = {"haproxy": 3, "nginx": 2}
+
+
+@pytest.fixture(params=["haproxy", "nginx"])
+def lb(request: pytest.FixtureRequest, backends: tuple[Backend, Backend], workdir: Path) -> Iterator[LoadBalancerProcess]:
+    """The balancer in front of both backends; HAProxy's per-server maxconn above what they hold (it never queues)."""
+    proxy: LoadBalancerProcess
+    if request.param == "haproxy":
+        proxy = start_haproxy(backends, maxconn=10)
+    else:
+        binary = shutil.which("nginx")
+        if binary is None:
+            pytest.skip("nginx is not installed (optional: apt-get install nginx-light)")
+        proxy = NginxProcess.start(free_port(), [f"127.0.0.1:{b.port}" for b in backends], workdir, binary=binary)
     try:
         yield proxy
     finally:
         proxy.stop()
 
 
-def test_haproxy_stamps_request_start_and_prazo_trusts_it_only_from_haproxy(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess
+def test_the_balancer_stamps_request_start_and_prazo_trusts_it_only_from_there(
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess
 ) -> None:
     forged = f"t={time.time() - 4.0:.3f}"  # claims the request waited 4 s in a proxy
     headers = {"X-Request-Start": forged, BUDGET_HEADER: "10000"}
 
-    through = call(haproxy.port, "/whoami", headers)
+    through = call(lb.port, "/whoami", headers)
     assert through.status == 200
-    # HAProxy replaced the client's stamp with its own, a moment ago (ms since the epoch)...
+    # The balancer replaced the client's stamp with its own, a moment ago (HAProxy: ms since
+    # the epoch, nginx: seconds with a fraction)...
     assert through.fields["request_start"] != forged
     stamp_ns = parse_request_start_ns(through.fields["request_start"])
     assert stamp_ns is not None and abs(stamp_ns / 1e9 - time.time()) < 60
@@ -225,7 +243,7 @@ def test_haproxy_stamps_request_start_and_prazo_trusts_it_only_from_haproxy(
         direct = call(backend.port, "/whoami", headers, source=DIRECT_CLIENT)
         assert direct.status == 200
         assert int(direct.fields["remaining_ms"]) > 8000
-    # ... while the same stamp from the trusted address (where HAProxy connects from) counts.
+    # ... while the same stamp from the trusted address (where the balancer connects from) counts.
     trusted = call(backends[0].port, "/whoami", headers, source=HAPROXY_ADDRESS)
     assert int(trusted.fields["remaining_ms"]) <= 6000 + 500
 
@@ -262,15 +280,15 @@ def test_time_queued_in_haproxy_comes_off_the_budget(
 
 
 def test_queue_full_503_is_retried_on_the_other_backend(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
 ) -> None:
     a, b = backends
-    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)  # HAProxy does not know a is full
-    answers = [call(haproxy.port, "/whoami", {BUDGET_HEADER: "5000"}) for _ in range(6)]
+    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)  # the balancer does not know a is full
+    answers = [call(lb.port, "/whoami", {BUDGET_HEADER: "5000"}) for _ in range(6)]
     holder.release()
     assert [answer.status for answer in answers] == [200] * 6
     assert {answer.fields["backend"] for answer in answers} == {"b"}
-    # HAProxy did send some of them to a first: a refused them at once (the app never ran) ...
+    # The balancer did send some of them to a first: a refused them at once (the app never ran) ...
     assert a.stats()["rejected_full"] >= 1
     assert a.count("/whoami") == 0
     # ... and each ran exactly once, on b.
@@ -278,30 +296,30 @@ def test_queue_full_503_is_retried_on_the_other_backend(
 
 
 def test_both_backends_full_the_client_gets_the_503_with_retry_after(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
 ) -> None:
     holders = [Holder(backend.port, workdir, f"hold-{backend.name}", DIRECT_CLIENT) for backend in backends]
-    answer = call(haproxy.port, "/whoami")
+    answer = call(lb.port, "/whoami")
     for holder in holders:
         holder.release()
     assert answer.status == 503
     assert answer.headers["x-prazo-reason"] == "queue-full"
     assert answer.headers["retry-after"] == "1"
-    # retries 2: three attempts in all, on both backends (option redispatch), none ran the app.
+    # Every attempt the config allows, on both backends, none ran the app.
     refused = [backend.stats()["rejected_full"] for backend in backends]
-    assert sum(refused) == 3 and min(refused) >= 1, refused
+    assert sum(refused) == ATTEMPTS[lb.name] and min(refused) >= 1, refused
     assert sum(backend.count("/whoami") for backend in backends) == 0
 
 
 def test_a_post_is_not_retried(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
 ) -> None:
     a, b = backends
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
-    answers = [call(haproxy.port, "/whoami", method="POST") for _ in range(6)]
+    answers = [call(lb.port, "/whoami", method="POST") for _ in range(6)]
     holder.release()
     refused = [answer for answer in answers if answer.status == 503]
-    # Those HAProxy sent to a came back 503 queue-full to the client (no L7 retry for a POST) ...
+    # Those the balancer sent to a came back 503 queue-full to the client (no L7 retry for a POST) ...
     assert len(refused) == a.stats()["rejected_full"] >= 1
     assert {answer.headers["x-prazo-reason"] for answer in refused} == {"queue-full"}
     # ... the rest ran once on b.
@@ -309,9 +327,9 @@ def test_a_post_is_not_retried(
 
 
 def test_a_504_from_the_app_is_never_retried(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess
 ) -> None:
-    answers = [call(haproxy.port, "/expire", {BUDGET_HEADER: "200"}) for _ in range(4)]
+    answers = [call(lb.port, "/expire", {BUDGET_HEADER: "200"}) for _ in range(4)]
     assert [answer.status for answer in answers] == [504] * 4
     assert {answer.headers["x-prazo-reason"] for answer in answers} == {"deadline-exceeded"}
     # Four requests, four runs in all: no backend ran one a second time.
@@ -320,13 +338,13 @@ def test_a_504_from_the_app_is_never_retried(
 
 @pytest.mark.parametrize("max_queue", [1])
 def test_a_504_expired_in_prazos_queue_is_never_retried(
-    backends: tuple[Backend, Backend], haproxy: HAProxyProcess, workdir: Path
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
 ) -> None:
     a, b = backends
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
     # Sent to a, a request waits in a's queue and expires there (504, the app never runs);
     # sent to b, it runs. A 504 retried on b would have come back 200 instead.
-    answers = [call(haproxy.port, "/whoami", {BUDGET_HEADER: "300"}) for _ in range(6)]
+    answers = [call(lb.port, "/whoami", {BUDGET_HEADER: "300"}) for _ in range(6)]
     holder.release()
     expired = [answer for answer in answers if answer.status == 504]
     assert {answer.headers["x-prazo-reason"] for answer in expired} == {"expired-in-queue"}
