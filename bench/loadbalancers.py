@@ -100,9 +100,7 @@ class LoadBalancerProcess:
 
     @classmethod
     def _launch(cls, argv: Sequence[str], port: int, env: dict[str, str] | None = None) -> Any:
-        process = subprocess.Popen(
-            list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        process = subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         end = time.monotonic() + _START_TIMEOUT_S
         while True:
             if process.poll() is not None:
@@ -113,7 +111,9 @@ class LoadBalancerProcess:
             except OSError:
                 if time.monotonic() > end:
                     process.kill()
-                    raise RuntimeError(f"{cls.name} did not listen on port {port}: {process.communicate()[1]}") from None
+                    raise RuntimeError(
+                        f"{cls.name} did not listen on port {port}: {process.communicate()[1]}"
+                    ) from None
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -205,7 +205,9 @@ ATTEMPTS = {"haproxy": 3, "nginx": 2}
 
 
 @pytest.fixture(params=["haproxy", "nginx"])
-def lb(request: pytest.FixtureRequest, backends: tuple[Backend, Backend], workdir: Path) -> Iterator[LoadBalancerProcess]:
+def lb(
+    request: pytest.FixtureRequest, backends: tuple[Backend, Backend], workdir: Path
+) -> Iterator[LoadBalancerProcess]:
     """The balancer in front of both backends; HAProxy's per-server maxconn above what they hold (it never queues)."""
     proxy: LoadBalancerProcess
     if request.param == "haproxy":
@@ -248,9 +250,8 @@ def test_the_balancer_stamps_request_start_and_prazo_trusts_it_only_from_there(
     assert int(trusted.fields["remaining_ms"]) <= 6000 + 500
 
 
-def test_time_queued_in_haproxy_comes_off_the_budget(
-    backends: tuple[Backend, Backend], workdir: Path
-) -> None:
+@pytest.mark.slow
+def test_time_queued_in_haproxy_comes_off_the_budget(backends: tuple[Backend, Backend], workdir: Path) -> None:
     # maxconn 1: with both backends busy, HAProxy holds the next request in its own queue.
     proxy = start_haproxy(backends, maxconn=1)
     try:
@@ -311,9 +312,7 @@ def test_both_backends_full_the_client_gets_the_503_with_retry_after(
     assert sum(backend.count("/whoami") for backend in backends) == 0
 
 
-def test_a_post_is_not_retried(
-    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
-) -> None:
+def test_a_post_is_not_retried(backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path) -> None:
     a, b = backends
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
     answers = [call(lb.port, "/whoami", method="POST") for _ in range(6)]
@@ -326,9 +325,7 @@ def test_a_post_is_not_retried(
     assert b.count("/whoami") == len(answers) - len(refused)
 
 
-def test_a_504_from_the_app_is_never_retried(
-    backends: tuple[Backend, Backend], lb: LoadBalancerProcess
-) -> None:
+def test_a_504_from_the_app_is_never_retried(backends: tuple[Backend, Backend], lb: LoadBalancerProcess) -> None:
     answers = [call(lb.port, "/expire", {BUDGET_HEADER: "200"}) for _ in range(4)]
     assert [answer.status for answer in answers] == [504] * 4
     assert {answer.headers["x-prazo-reason"] for answer in answers} == {"deadline-exceeded"}
