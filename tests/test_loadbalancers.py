@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S
+from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, TESTS_DIR
 from _services import free_port, haproxy_binary
 from prazo.bench.loadbalancers import HAProxyProcess, LoadBalancerProcess, NginxProcess
 from prazo.bindings.proxy_headers import parse_request_start_ns
@@ -124,6 +127,7 @@ class Answer:
     status: int
     headers: dict[str, str]
     fields: dict[str, str]
+    body: str
 
 
 def call(
@@ -138,7 +142,7 @@ def call(
         response = conn.getresponse()
         body = response.read().decode("latin-1")
         fields = dict(word.split("=", 1) for word in body.split() if "=" in word)
-        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, fields)
+        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, fields, body)
     finally:
         conn.close()
 
@@ -146,11 +150,11 @@ def call(
 class Holder:
     """A request to ``/hold`` that occupies one thread of whichever backend serves it, until ``release()``."""
 
-    def __init__(self, port: int, workdir: Path, name: str, source: str | None = None) -> None:
+    def __init__(self, port: int, workdir: Path, name: str, source: str | None = None, endpoint: str = "/hold") -> None:
         self.mark = workdir / f"{name}.mark"
         self.gate = workdir / f"{name}.gate"
         self.answer: Answer | None = None
-        path = f"/hold?mark={self.mark}&gate={self.gate}"
+        path = f"{endpoint}?mark={self.mark}&gate={self.gate}"
         self._thread = threading.Thread(target=self._run, args=(port, path, source), daemon=True)
         self._thread.start()
         end = time.monotonic() + CLIENT_TIMEOUT_S
@@ -349,3 +353,47 @@ def test_a_504_expired_in_prazos_queue_is_never_retried(
     assert a.count("/whoami") == 0
     assert b.count("/whoami") == len(answers) - len(expired)
     assert {answer.fields["backend"] for answer in answers if answer.status == 200} <= {"b"}
+
+
+def start_prazo_serve(*flags: str) -> tuple[subprocess.Popen[str], int]:
+    """``prazo serve _server_harness:app`` (waitress) with ``flags``, as a process; its port once it answers."""
+    command = [sys.executable, "-m", "prazo.bindings.servers.serve", "_server_harness:app", "--port", "0", *flags]
+    process = subprocess.Popen(command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    match = re.search(r"http://127\.0\.0\.1:(\d+) ", process.stdout.readline())
+    assert match, "prazo serve did not announce its address"
+    return process, int(match.group(1))
+
+
+@pytest.mark.slow
+def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(workdir: Path) -> None:
+    # The flags of the recipe in haproxy.cfg's header, HAProxy's address as the trusted proxy.
+    flags = ("--threads", "1", "--max-queue", "0", "--trust-request-start", "--trusted-proxy", HAPROXY_ADDRESS)
+    started = [start_prazo_serve(*flags) for _ in "ab"]
+    proxy: HAProxyProcess | None = None
+    try:
+        (_, port_a), (_, port_b) = started
+        proxy = HAProxyProcess.start(
+            free_port(), [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"], maxconn=10, binary=haproxy_binary()
+        )
+        seen = call(proxy.port, "/budget-header", {BUDGET_HEADER: "5000"})
+        assert seen.status == 200 and seen.fields["header"] == "5000"
+        # The flags made the stamp count from HAProxy's address only.
+        forged = {"X-Request-Start": f"t={time.time() - 3.0:.3f}", BUDGET_HEADER: "10000"}
+        assert int(call(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"]) <= 7500
+        assert int(call(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
+        # a full (held directly): every request through HAProxy still runs, once, on b.
+        holder = Holder(port_a, workdir, "hold-a", DIRECT_CLIENT, endpoint="/work")
+        answers = [call(proxy.port, "/work", {BUDGET_HEADER: "5000"}) for _ in range(4)]
+        assert holder.release().status == 200
+        assert [answer.status for answer in answers] == [200] * 4
+        # /calls counts the app's /work runs in each process: the holder on a, the four on b.
+        assert [int(call(port, "/calls").body) for port in (port_a, port_b)] == [1, 4]
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        for process, _ in started:
+            process.terminate()
+            process.wait(CLIENT_TIMEOUT_S)
+            if process.stdout is not None:
+                process.stdout.close()
