@@ -365,10 +365,14 @@ def start_prazo_serve(*flags: str) -> tuple[subprocess.Popen[str], int]:
     return process, int(match.group(1))
 
 
+# "prazo": the front door, whose C line orders by the header budget; its workers take the
+# proxy's queue time off before the app may start.
 @pytest.mark.slow
-def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(workdir: Path) -> None:
+@pytest.mark.parametrize("server", ["waitress", "prazo"])
+def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(server: str, workdir: Path) -> None:
     # The flags of the recipe in haproxy.cfg's header, HAProxy's address as the trusted proxy.
-    flags = ("--threads", "1", "--max-queue", "0", "--trust-request-start", "--trusted-proxy", HAPROXY_ADDRESS)
+    flags = ("--server", server, "--threads", "1", "--max-queue", "0")
+    flags += ("--trust-request-start", "--trusted-proxy", HAPROXY_ADDRESS)
     started = [start_prazo_serve(*flags) for _ in "ab"]
     proxy: HAProxyProcess | None = None
     try:
@@ -378,10 +382,15 @@ def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(work
         )
         seen = call(proxy.port, "/budget-header", {BUDGET_HEADER: "5000"})
         assert seen.status == 200 and seen.fields["header"] == "5000"
-        # The flags made the stamp count from HAProxy's address only.
+        # The flags made a stamp count from HAProxy's address only ...
         forged = {"X-Request-Start": f"t={time.time() - 3.0:.3f}", BUDGET_HEADER: "10000"}
         assert int(call(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"]) <= 7500
         assert int(call(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
+        # ... and a request whose budget went by in the proxy never runs.
+        spent = {**forged, BUDGET_HEADER: "2000"}
+        late = call(port_a, "/work", spent, source=HAPROXY_ADDRESS)
+        assert (late.status, late.headers["x-prazo-reason"]) == (504, "expired-on-arrival")
+        assert call(port_a, "/calls").body == "0"
         # a full (held directly): every request through HAProxy still runs, once, on b.
         holder = Holder(port_a, workdir, "hold-a", DIRECT_CLIENT, endpoint="/work")
         answers = [call(proxy.port, "/work", {BUDGET_HEADER: "5000"}) for _ in range(4)]
