@@ -64,6 +64,7 @@ class Backend:
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: Any = None
     thread: threading.Thread | None = None
+    holding: int = 0  # /hold requests running now
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -72,10 +73,14 @@ class Backend:
         query = dict(part.split("=", 1) for part in environ.get("QUERY_STRING", "").split("&") if "=" in part)
         if path == "/hold":
             # Holds this backend's thread until the test creates the gate file.
+            with self.lock:
+                self.holding += 1
             Path(query["mark"]).touch()
             end = time.monotonic() + APP_WAIT_S
             while not os.path.exists(query["gate"]) and time.monotonic() < end:
                 time.sleep(0.005)
+            with self.lock:
+                self.holding -= 1
         elif path == "/expire":
             # Runs past its deadline and notices: DeadlineExceeded -> prazo's 504.
             deadline = current_deadline()
@@ -116,6 +121,18 @@ class Backend:
         with self.lock:
             return self.calls.get(path, 0)
 
+    def settle(self) -> None:
+        """Wait until only the held requests occupy a slot.
+
+        A server frees a slot a moment after its answer reached the client, so
+        the next request, sent at once, could find a one-thread backend still
+        full and be refused: every test waits for this between requests.
+        """
+        end = time.monotonic() + CLIENT_TIMEOUT_S
+        while self.stats()["in_flight"] > self.holding:
+            assert time.monotonic() < end, self.stats()
+            time.sleep(0.002)
+
     def stop(self) -> None:
         prazo_waitress.shutdown(self.server, 10.0)
         if self.thread is not None:
@@ -145,6 +162,28 @@ def call(
         return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, fields, body)
     finally:
         conn.close()
+
+
+def settled_calls(
+    backends: tuple[Backend, Backend],
+    count: int,
+    port: int,
+    path: str,
+    headers: dict[str, str] | None = None,
+    **options: Any,
+) -> list[Answer]:
+    """``count`` sequential requests, each sent once both backends have settled after the previous one."""
+    answers = []
+    for _ in range(count):
+        answers.append(call(port, path, headers, **options))
+        for backend in backends:
+            backend.settle()
+    return answers
+
+
+# prazo serve runs in another process, whose queue cannot be watched: a pause far longer than
+# a server needs to free a slot after sending its answer.
+PROCESS_SETTLE_S = 0.2
 
 
 class Holder:
@@ -233,7 +272,7 @@ def test_the_balancer_stamps_request_start_and_prazo_trusts_it_only_from_there(
     forged = f"t={time.time() - 4.0:.3f}"  # claims the request waited 4 s in a proxy
     headers = {"X-Request-Start": forged, BUDGET_HEADER: "10000"}
 
-    through = call(lb.port, "/whoami", headers)
+    (through,) = settled_calls(backends, 1, lb.port, "/whoami", headers)
     assert through.status == 200
     # The balancer replaced the client's stamp with its own, a moment ago (HAProxy: ms since
     # the epoch, nginx: seconds with a fraction)...
@@ -246,7 +285,7 @@ def test_the_balancer_stamps_request_start_and_prazo_trusts_it_only_from_there(
 
     # A direct client is not the proxy: its stamp is ignored ...
     for backend in backends:
-        direct = call(backend.port, "/whoami", headers, source=DIRECT_CLIENT)
+        (direct,) = settled_calls(backends, 1, backend.port, "/whoami", headers, source=DIRECT_CLIENT)
         assert direct.status == 200
         assert int(direct.fields["remaining_ms"]) > 8000
     # ... while the same stamp from the trusted address (where the balancer connects from) counts.
@@ -289,7 +328,7 @@ def test_queue_full_503_is_retried_on_the_other_backend(
 ) -> None:
     a, b = backends
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)  # the balancer does not know a is full
-    answers = [call(lb.port, "/whoami", {BUDGET_HEADER: "5000"}) for _ in range(6)]
+    answers = settled_calls(backends, 6, lb.port, "/whoami", {BUDGET_HEADER: "5000"})
     holder.release()
     assert [answer.status for answer in answers] == [200] * 6
     assert {answer.fields["backend"] for answer in answers} == {"b"}
@@ -319,7 +358,7 @@ def test_both_backends_full_the_client_gets_the_503_with_retry_after(
 def test_a_post_is_not_retried(backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path) -> None:
     a, b = backends
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
-    answers = [call(lb.port, "/whoami", method="POST") for _ in range(6)]
+    answers = settled_calls(backends, 6, lb.port, "/whoami", method="POST")
     holder.release()
     refused = [answer for answer in answers if answer.status == 503]
     # Those the balancer sent to a came back 503 queue-full to the client (no L7 retry for a POST) ...
@@ -330,7 +369,7 @@ def test_a_post_is_not_retried(backends: tuple[Backend, Backend], lb: LoadBalanc
 
 
 def test_a_504_from_the_app_is_never_retried(backends: tuple[Backend, Backend], lb: LoadBalancerProcess) -> None:
-    answers = [call(lb.port, "/expire", {BUDGET_HEADER: "200"}) for _ in range(4)]
+    answers = settled_calls(backends, 4, lb.port, "/expire", {BUDGET_HEADER: "200"})
     assert [answer.status for answer in answers] == [504] * 4
     assert {answer.headers["x-prazo-reason"] for answer in answers} == {"deadline-exceeded"}
     # Four requests, four runs in all: no backend ran one a second time.
@@ -345,7 +384,7 @@ def test_a_504_expired_in_prazos_queue_is_never_retried(
     holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
     # Sent to a, a request waits in a's queue and expires there (504, the app never runs);
     # sent to b, it runs. A 504 retried on b would have come back 200 instead.
-    answers = [call(lb.port, "/whoami", {BUDGET_HEADER: "300"}) for _ in range(6)]
+    answers = settled_calls(backends, 6, lb.port, "/whoami", {BUDGET_HEADER: "300"})
     holder.release()
     expired = [answer for answer in answers if answer.status == 504]
     assert {answer.headers["x-prazo-reason"] for answer in expired} == {"expired-in-queue"}
@@ -367,6 +406,12 @@ def start_prazo_serve(*flags: str) -> tuple[subprocess.Popen[str], int]:
 
 # "prazo": the front door, whose C line orders by the header budget; its workers take the
 # proxy's queue time off before the app may start.
+def call_then_settle(port: int, path: str, headers: dict[str, str] | None = None, **options: Any) -> Answer:
+    answer = call(port, path, headers, **options)
+    time.sleep(PROCESS_SETTLE_S)
+    return answer
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("server", ["waitress", "prazo"])
 def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(server: str, workdir: Path) -> None:
@@ -380,24 +425,29 @@ def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(serv
         proxy = HAProxyProcess.start(
             free_port(), [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"], maxconn=10, binary=haproxy_binary()
         )
-        seen = call(proxy.port, "/budget-header", {BUDGET_HEADER: "5000"})
+        seen = call_then_settle(proxy.port, "/budget-header", {BUDGET_HEADER: "5000"})
         assert seen.status == 200 and seen.fields["header"] == "5000"
         # The flags made a stamp count from HAProxy's address only ...
         forged = {"X-Request-Start": f"t={time.time() - 3.0:.3f}", BUDGET_HEADER: "10000"}
-        assert int(call(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"]) <= 7500
-        assert int(call(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
+        assert (
+            int(call_then_settle(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"])
+            <= 7500
+        )
+        assert (
+            int(call_then_settle(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
+        )
         # ... and a request whose budget went by in the proxy never runs.
         spent = {**forged, BUDGET_HEADER: "2000"}
-        late = call(port_a, "/work", spent, source=HAPROXY_ADDRESS)
+        late = call_then_settle(port_a, "/work", spent, source=HAPROXY_ADDRESS)
         assert (late.status, late.headers["x-prazo-reason"]) == (504, "expired-on-arrival")
-        assert call(port_a, "/calls").body == "0"
+        assert call_then_settle(port_a, "/calls").body == "0"
         # a full (held directly): every request through HAProxy still runs, once, on b.
         holder = Holder(port_a, workdir, "hold-a", DIRECT_CLIENT, endpoint="/work")
-        answers = [call(proxy.port, "/work", {BUDGET_HEADER: "5000"}) for _ in range(4)]
+        answers = [call_then_settle(proxy.port, "/work", {BUDGET_HEADER: "5000"}) for _ in range(4)]
         assert holder.release().status == 200
         assert [answer.status for answer in answers] == [200] * 4
         # /calls counts the app's /work runs in each process: the holder on a, the four on b.
-        assert [int(call(port, "/calls").body) for port in (port_a, port_b)] == [1, 4]
+        assert [int(call_then_settle(port, "/calls").body) for port in (port_a, port_b)] == [1, 4]
     finally:
         if proxy is not None:
             proxy.stop()
