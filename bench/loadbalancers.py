@@ -47,7 +47,7 @@ LOADBALANCER_EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "l
 SHIPPED_HAPROXY_CONFIG = LOADBALANCER_EXAMPLES / "haproxy.cfg"
 SHIPPED_NGINX_CONFIG = LOADBALANCER_EXAMPLES / "nginx.conf"
 #: The example addresses of nginx.conf: its listener, the two backends, and its pid file.
-NGINX_EXAMPLE_ADDRESSES = ("listen 127.0.0.1:8080;", "server 10.0.0.11:8000 ", "server 10.0.0.12:8000 ")
+NGINX_EXAMPLE_ADDRESSES = ("listen 127.0.0.1:8080;", "server 10.0.0.11:8000", "server 10.0.0.12:8000")
 _NGINX_EXAMPLE_PID = "pid /tmp/prazo-nginx.pid;"
 
 # A balancer parses its config and binds in milliseconds; seconds mean a loaded machine, far more a broken one.
@@ -78,7 +78,7 @@ def nginx_config_for(port: int, backends: Sequence[str], workdir: Path, config: 
     text = config.read_text()
     replacements = zip(
         (*NGINX_EXAMPLE_ADDRESSES, _NGINX_EXAMPLE_PID),
-        (f"listen 127.0.0.1:{port};", f"server {backends[0]} ", f"server {backends[1]} ", f"pid {workdir}/nginx.pid;"),
+        (f"listen 127.0.0.1:{port};", f"server {backends[0]}", f"server {backends[1]}", f"pid {workdir}/nginx.pid;"),
     )
     for example, actual in replacements:
         if text.count(example) != 1:

@@ -339,6 +339,22 @@ def test_queue_full_503_is_retried_on_the_other_backend(
     assert b.count("/whoami") == 6
 
 
+def test_a_server_that_refused_is_not_taken_out_of_rotation(
+    backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
+) -> None:
+    a = backends[0]
+    holder = Holder(a.port, workdir, "hold-a", source=DIRECT_CLIENT)
+    settled_calls(backends, 4, lb.port, "/whoami")
+    holder.release()
+    a.settle()
+    assert a.stats()["rejected_full"] >= 1
+    # a was full, not broken: once it has room it gets its share again at once (nginx's
+    # default max_fails=1 would have kept it out for fail_timeout, 10 s).
+    answers = settled_calls(backends, 6, lb.port, "/whoami")
+    assert [answer.status for answer in answers] == [200] * 6
+    assert a.count("/whoami") >= 1
+
+
 def test_both_backends_full_the_client_gets_the_503_with_retry_after(
     backends: tuple[Backend, Backend], lb: LoadBalancerProcess, workdir: Path
 ) -> None:
