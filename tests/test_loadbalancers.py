@@ -13,8 +13,11 @@ What is proved, each against the real processes:
 * a ``503 queue-full`` from one backend is retried on the other (GET), and the
   client gets 503 + ``Retry-After`` only when both are full; a POST is not
   retried (a 503 may come from an app that ran);
+* a server that refused (busy, not broken) gets its share again at once;
 * a 504 — the app ran out of time, or the request expired in prazo's queue —
-  is never retried: every request ran (or was refused) exactly once.
+  is never retried: every request ran (or was refused) exactly once;
+* the recipe itself: ``prazo serve --trust-request-start --trusted-proxy``
+  processes (waitress and the front door) behind the shipped haproxy.cfg.
 
 HAProxy's queue (``maxconn``) has no nginx twin: nginx OSS does not queue.
 The launchers are ``prazo.bench.loadbalancers``'. Direct requests to a backend come
