@@ -31,7 +31,11 @@ triaged too. Shutdown: the listening socket closes (new connections are
 refused), admitted requests — running and waiting — finish within the
 timeout, a request arriving on an open connection meanwhile gets ``503
 shutting-down``, and what still waits at the end gets ``503 shutting-down``.
-Linux only (epoll); TLS is not supported (terminate it in front).
+Linux only (epoll); TLS is not supported (terminate it in front). With
+``trust_request_start`` the time a request queued in a trusted front proxy
+(``X-Request-Start``) is taken off its deadline when a worker picks it up,
+before the app may start (504 when nothing is left); the C line orders and
+expires requests by the budget headers alone.
 
 The queue policies of ``AdmissionQueue`` (POLICIES.md) run in the same C
 thread and in the workers' pickup, with the same semantics and reasons:
@@ -396,8 +400,6 @@ class FrontDoorServer:
         shutdown_timeout: float = 5.0,
         policies: dict[str, Any] | None = None,
     ) -> None:
-        if settings.trust_request_start:
-            raise ValueError("the front door does not read X-Request-Start yet (trust_request_start)")
         if not sys.platform.startswith("linux"):
             raise RuntimeError("the front door runs on Linux only (epoll)")
         engine_module = compiled_engine()
@@ -453,6 +455,10 @@ class FrontDoorServer:
         self._stopped = threading.Event()
         self._expired_at_start = 0
         self._app_errors = 0
+        # trust_request_start: the front-proxy correction, applied when a worker
+        # picks the request up (the C line orders and expires on the deadline
+        # from the budget headers alone; see _serve).
+        self._front_proxy = settings.policy() if settings.trust_request_start else None
 
     @property
     def port(self) -> int:
@@ -566,17 +572,32 @@ class FrontDoorServer:
             environ[BUDGET_SOURCE_KEY] = conn.budget_source
         return environ
 
+    def _refuse_expired(self, conn: Any, reason: str, may_keep_alive: bool) -> bool:
+        """Answer 504 ``reason`` to a request a worker picked up too late; True when the connection stays open."""
+        self._expired_at_start += 1
+        keep = may_keep_alive and conn.content_length <= 0 and not conn.chunked
+        conn.write(rejection_bytes(DeadlineExceeded(reason), keep_alive=keep))
+        return keep
+
     def _serve(self, conn: Any) -> bool:
         """Run one admitted request; True when the connection may carry the next one."""
         deadline = Deadline.at_ns(conn.deadline_ns)
         may_keep_alive = bool(conn.client_keep_alive) and not self._engine.draining
         if time.monotonic_ns() >= deadline.ns:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
-            self._expired_at_start += 1
-            keep = may_keep_alive and conn.content_length <= 0 and not conn.chunked
-            conn.write(rejection_bytes(DeadlineExceeded("expired-in-queue"), keep_alive=keep))
-            return keep
+            return self._refuse_expired(conn, "expired-in-queue", may_keep_alive)
         environ = self._environ(conn)
+        if self._front_proxy is not None:
+            # The time queued in a trusted front proxy (X-Request-Start) comes off
+            # here, before the app could start: the C line held the request by
+            # its header deadline at most, and a request whose corrected deadline
+            # passed never runs.
+            upstream_ns = self._front_proxy.upstream_queue_ns(environ, conn.arrival_ns)
+            if upstream_ns > 0:
+                deadline = Deadline.at_ns(deadline.ns - upstream_ns)
+                if time.monotonic_ns() >= deadline.ns:
+                    reason = "expired-on-arrival" if deadline.ns <= conn.arrival_ns else "expired-in-queue"
+                    return self._refuse_expired(conn, reason, may_keep_alive)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
         try:
             result = run_admitted(

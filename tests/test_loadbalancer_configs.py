@@ -1,0 +1,108 @@
+"""The shipped load-balancer configs (``examples/loadbalancers/``) are valid and say what prazo relies on.
+
+HAProxy and nginx are run for real in ``test_loadbalancers.py``; here HAProxy's
+own check (``haproxy -c``) and nginx's (``nginx -t``, when nginx is installed)
+accept the files, and Envoy's — not packaged in Debian, so never run here — is
+parsed and checked field by field: the stamp, the budget it sends, which
+statuses it retries and where.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from _services import free_port, haproxy_binary
+from prazo.bench.loadbalancers import (
+    LOADBALANCER_EXAMPLES,
+    SHIPPED_HAPROXY_CONFIG,
+    SHIPPED_NGINX_CONFIG,
+    haproxy_environment,
+    nginx_config_for,
+)
+from prazo.bindings.headers import ENVOY_TIMEOUT_HEADER
+from prazo.bindings.proxy_headers import REQUEST_START_HEADER, parse_request_start_ns
+from prazo.bindings.servers.settings import DEFAULT_MAX_BUDGET_MS
+
+ENVOY_CONFIG = LOADBALANCER_EXAMPLES / "envoy.yaml"
+
+
+def test_haproxy_accepts_the_shipped_config() -> None:
+    env = {**os.environ, **haproxy_environment("127.0.0.1:8080", ["127.0.0.1:8001", "127.0.0.1:8002"], 20)}
+    check = subprocess.run(
+        [haproxy_binary(), "-c", "-f", str(SHIPPED_HAPROXY_CONFIG)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_haproxy_retries_503_never_504() -> None:
+    lines = [line.split("#")[0].split() for line in SHIPPED_HAPROXY_CONFIG.read_text().splitlines()]
+    retry_on = [words[1:] for words in lines if words[:1] == ["retry-on"]]
+    assert retry_on == [["conn-failure", "503"]]
+    assert ["option", "redispatch", "1"] in lines
+
+
+def test_nginx_accepts_the_shipped_config(tmp_path: Path) -> None:
+    binary = shutil.which("nginx")
+    if binary is None:
+        pytest.skip("nginx is not installed (optional: apt-get install nginx-light)")
+    config = nginx_config_for(free_port(), ["127.0.0.1:8001", "127.0.0.1:8002"], tmp_path)
+    check = subprocess.run(
+        [binary, "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+    # The copy in the README is the shipped file, not the rendered one: only the addresses differ.
+    assert config.read_text().count("\n") == SHIPPED_NGINX_CONFIG.read_text().count("\n")
+
+
+def _route(config: dict[str, Any]) -> dict[str, Any]:
+    (listener,) = config["static_resources"]["listeners"]
+    (chain,) = listener["filter_chains"]
+    (manager,) = chain["filters"]
+    assert manager["name"] == "envoy.filters.network.http_connection_manager"
+    (host,) = manager["typed_config"]["route_config"]["virtual_hosts"]
+    (route,) = host["routes"]
+    assert isinstance(route, dict)
+    return route
+
+
+def test_envoy_config_retries_503_on_another_host_and_never_504() -> None:
+    route = _route(yaml.safe_load(ENVOY_CONFIG.read_text()))["route"]
+    policy = route["retry_policy"]
+    retry_on = set(policy["retry_on"].split(","))
+    assert retry_on == {"connect-failure", "retriable-status-codes"}
+    assert policy["retriable_status_codes"] == [503]
+    # Nothing that would retry a 504 or a request that may have run.
+    assert not retry_on & {"5xx", "gateway-error", "reset", "retriable-4xx"}
+    assert [p["name"] for p in policy["retry_host_predicate"]] == ["envoy.retry_host_predicates.previous_hosts"]
+    (method,) = policy["retriable_request_headers"]
+    assert method["name"] == ":method" and method["string_match"]["safe_regex"]["regex"] == "GET|HEAD"
+
+
+def test_envoy_route_timeout_is_a_budget_prazo_accepts() -> None:
+    # Envoy sends the route timeout upstream as x-envoy-expected-rq-timeout-ms, which prazo reads.
+    timeout = _route(yaml.safe_load(ENVOY_CONFIG.read_text()))["route"]["timeout"]
+    assert timeout.endswith("s")
+    assert 0 < float(timeout[:-1]) * 1000 <= DEFAULT_MAX_BUDGET_MS
+    assert ENVOY_TIMEOUT_HEADER in ENVOY_CONFIG.read_text()  # the comment explains it
+
+
+def test_envoy_stamps_request_start_in_a_format_prazo_parses() -> None:
+    (added,) = _route(yaml.safe_load(ENVOY_CONFIG.read_text()))["request_headers_to_add"]
+    assert added["header"]["key"] == REQUEST_START_HEADER
+    assert added["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD"
+    # %START_TIME(%s.%3f)% renders as seconds with milliseconds, e.g. t=1700000000.123.
+    assert added["header"]["value"] == "t=%START_TIME(%s.%3f)%"
+    assert parse_request_start_ns("t=1700000000.123") == 1_700_000_000_123_000_000
