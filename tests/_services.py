@@ -1,7 +1,7 @@
-"""Real servers for the integration tests: a PostgreSQL instance of the suite's own, and HAProxy's binary.
+"""Real servers for the integration tests: a PostgreSQL instance of the suite's own, HAProxy's and nginx's binaries.
 
 ``make test`` runs ``.ci/ensure-services`` first, which installs Debian's
-``postgresql`` and ``haproxy`` when missing. Each test session then starts
+``postgresql``, ``haproxy`` and ``nginx-light`` when missing. Each test session then starts
 its own PostgreSQL cluster (``initdb`` into a temporary directory, listening
 on a free loopback port, trust authentication, no other connections), so no
 system cluster, password or port is assumed, and stops it at the end.
@@ -50,6 +50,15 @@ def haproxy_binary() -> str:
     path = shutil.which("haproxy")
     if path is None:
         unavailable("haproxy is not installed")
+    assert path is not None
+    return path
+
+
+def nginx_binary() -> str:
+    """The path of ``nginx``, or the test fails (CI) / skips (elsewhere)."""
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if path is None:
+        unavailable("nginx is not installed")
     assert path is not None
     return path
 

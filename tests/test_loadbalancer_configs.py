@@ -10,14 +10,12 @@ statuses it retries and where.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from _services import free_port, haproxy_binary
+from _services import free_port, haproxy_binary, nginx_binary
 from prazo.bench.loadbalancers import (
     LOADBALANCER_EXAMPLES,
     SHIPPED_HAPROXY_CONFIG,
@@ -52,9 +50,7 @@ def test_haproxy_retries_503_never_504() -> None:
 
 
 def test_nginx_accepts_the_shipped_config(tmp_path: Path) -> None:
-    binary = shutil.which("nginx")
-    if binary is None:
-        pytest.skip("nginx is not installed (optional: apt-get install nginx-light)")
+    binary = nginx_binary()
     config = nginx_config_for(free_port(), ["127.0.0.1:8001", "127.0.0.1:8002"], tmp_path)
     check = subprocess.run(
         [binary, "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(config)],

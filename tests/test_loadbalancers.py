@@ -30,7 +30,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any
 
 import pytest
 from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, TESTS_DIR
-from _services import free_port, haproxy_binary
+from _services import free_port, haproxy_binary, nginx_binary
 from prazo.bench.loadbalancers import HAProxyProcess, LoadBalancerProcess, NginxProcess
 from prazo.bindings.proxy_headers import parse_request_start_ns
 from prazo.bindings.servers import waitress as prazo_waitress
@@ -259,9 +258,7 @@ def lb(
     if request.param == "haproxy":
         proxy = start_haproxy(backends, maxconn=10)
     else:
-        binary = shutil.which("nginx")
-        if binary is None:
-            pytest.skip("nginx is not installed (optional: apt-get install nginx-light)")
+        binary = nginx_binary()
         proxy = NginxProcess.start(free_port(), [f"127.0.0.1:{b.port}" for b in backends], workdir, binary=binary)
     try:
         yield proxy
