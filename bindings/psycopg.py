@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -54,7 +55,6 @@ from prazo.core import (
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     Deadline,
     DeadlineExceeded,
-    current_deadline,
     deadline_scope,
 )
 
@@ -63,6 +63,8 @@ from .outgoing import DEFAULT_MARGIN_MS, validate_margin_ms
 __all__ = ["DEFAULT_MARGIN_MS", "QUERY_CANCELED_SQLSTATE", "run_bounded", "statement_limit_ms"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 # SQLSTATE 57014 query_canceled: both psycopg 3 (``.sqlstate``) and psycopg2
 # (``.pgcode``) expose it, so neither library has to be imported to match it.
@@ -142,7 +144,7 @@ class _Watch:
     statement on the connection can never be hit by it.
     """
 
-    __slots__ = ("cancel", "fire_ns", "fired", "done", "lock")
+    __slots__ = ("cancel", "done", "fire_ns", "fired", "lock")
 
     def __init__(self, cancel: Callable[[], None], fire_ns: int) -> None:
         self.cancel = cancel
@@ -219,8 +221,8 @@ class _Watcher:
             entry.fired = True
             try:
                 entry.cancel()
-            except Exception:  # noqa: BLE001 - the server may be gone; the statement then fails on its own
-                pass
+            except Exception:  # the server may be gone: the statement then fails on its own
+                _log.warning("could not send PostgreSQL a cancel request at the deadline", exc_info=True)
         # Still running: the cancel may have found the backend between two
         # statements (ignored there); send it again until the call ends.
         with self._cond:
