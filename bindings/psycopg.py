@@ -55,6 +55,7 @@ from prazo.core import (
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     Deadline,
     DeadlineExceeded,
+    current_deadline,
     deadline_scope,
 )
 
@@ -79,8 +80,9 @@ _MIN_BUDGET_NS = _NS_PER_MS
 _RECANCEL_INTERVAL_NS = 50 * _NS_PER_MS
 # psycopg 3's cancel_safe() gives up after this many seconds (an unreachable server).
 _CANCEL_TIMEOUT_S = 5.0
-# Done entries are dropped lazily; compact the heap once they outnumber live ones by this much.
+# Done entries are dropped lazily; the heap is compacted once it reaches this size, then at each doubling.
 _COMPACT_SLACK = 64
+_DEFAULT_MARGIN_NS = round(DEFAULT_MARGIN_MS * _NS_PER_MS)
 
 
 def _budget_ns(deadline: Deadline, margin_ns: int, now_ns: int) -> int:
@@ -100,6 +102,13 @@ def _checked_deadline(deadline: object) -> Deadline | None:
     return deadline
 
 
+def _margin_ns(margin_ms: object) -> int:
+    # The default is already valid: skip the (comparatively slow) numeric checks on the per-statement path.
+    if margin_ms is DEFAULT_MARGIN_MS:
+        return _DEFAULT_MARGIN_NS
+    return round(validate_margin_ms(margin_ms) * _NS_PER_MS)
+
+
 def statement_limit_ms(
     deadline: Deadline | None = None, margin_ms: float = DEFAULT_MARGIN_MS, *, now_ns: int | None = None
 ) -> int | None:
@@ -115,7 +124,7 @@ def statement_limit_ms(
             cur.execute(f"SET LOCAL statement_timeout = {limit}")
     """
     _checked_deadline(deadline)
-    margin_ns = round(validate_margin_ms(margin_ms) * _NS_PER_MS)
+    margin_ns = _margin_ns(margin_ms)
     with deadline_scope(deadline) as effective:
         if effective is None:
             return None
@@ -123,68 +132,85 @@ def statement_limit_ms(
         return _budget_ns(effective, margin_ns, now) // _NS_PER_MS
 
 
-def _canceller(connection: object) -> Callable[[], None]:
-    """How to send ``connection``'s server a cancel request (psycopg 3 or psycopg2)."""
-    cancel_safe = getattr(connection, "cancel_safe", None)
-    if callable(cancel_safe):  # psycopg 3.2+: interruptible, with a timeout
-        return lambda: cancel_safe(timeout=_CANCEL_TIMEOUT_S)
-    cancel = getattr(connection, "cancel", None)
-    if callable(cancel):  # psycopg2, older psycopg 3
-        return cancel  # type: ignore[no-any-return]
-    raise TypeError(
-        f"connection must be a psycopg 3 or psycopg2 connection (with cancel()), not {type(connection).__name__}"
-    )
+# The cancel method of each connection class seen so far: a dict hit per statement
+# instead of two attribute probes.
+_cancel_method: dict[type, str] = {}
+
+
+def _cancel_method_name(connection: object) -> str:
+    """How to send ``connection``'s server a cancel request (psycopg 3 or psycopg2); TypeError otherwise."""
+    cls = type(connection)
+    name = _cancel_method.get(cls)
+    if name is None:
+        # psycopg 3.2+: cancel_safe() is interruptible and has a timeout; psycopg2 and older psycopg 3: cancel().
+        for candidate in ("cancel_safe", "cancel"):
+            if callable(getattr(cls, candidate, None)):
+                name = _cancel_method[cls] = candidate
+                break
+        else:
+            raise TypeError(
+                "connection must be a psycopg 3 or psycopg2 connection (with cancel()), "
+                f"not {type(connection).__name__}"
+            )
+    return name
+
+
+def _send_cancel(connection: Any, method: str) -> None:
+    if method == "cancel_safe":
+        connection.cancel_safe(timeout=_CANCEL_TIMEOUT_S)
+    else:
+        getattr(connection, method)()
 
 
 class _Watch:
-    """One bounded call: cancel its connection at ``fire_ns`` unless it finished first.
+    """One bounded call: cancel its connection at ``fire_ns`` unless it finished first."""
 
-    ``lock`` orders the cancel against the call's end: once ``finish()``
-    returned, no cancel for this call is being or will be sent, so a later
-    statement on the connection can never be hit by it.
-    """
+    __slots__ = ("cancelling", "connection", "done", "fire_ns", "fired", "method")
 
-    __slots__ = ("cancel", "done", "fire_ns", "fired", "lock")
-
-    def __init__(self, cancel: Callable[[], None], fire_ns: int) -> None:
-        self.cancel = cancel
+    def __init__(self, connection: Any, method: str, fire_ns: int) -> None:
+        self.connection = connection
+        self.method = method
         self.fire_ns = fire_ns
-        self.fired = False
-        self.done = False
-        self.lock = threading.Lock()
-
-    def finish(self) -> bool:
-        """Mark the call ended (waits for a cancel in progress); True if a cancel was sent."""
-        with self.lock:
-            self.done = True
-            return self.fired
+        self.fired = False  # a cancel was sent (or is being sent) for this call
+        self.cancelling = False  # the watcher is sending one right now, outside the lock
+        self.done = False  # the call has ended: never cancel it again
 
 
 class _Watcher:
     """One daemon thread for the whole process that sends each overdue call's cancel.
 
-    A heap ordered by fire time; finished entries are dropped lazily when they
-    reach the top (or by compaction), so starting and ending a bounded call is
-    a heap push and a lock, with no thread woken unless the new entry is the
-    earliest.
+    A heap ordered by fire time under one lock; finished entries are dropped
+    lazily when they reach the top, or by a compaction whenever the heap
+    doubled since the last one (amortised O(1)). Starting a bounded call is a
+    heap push and ending it a flag, each under the lock for a few
+    instructions; the thread is woken only when a new entry is the earliest.
+
+    The cancel itself (a connection to the server, ~1 ms) is sent outside the
+    lock, and ``finish`` waits for one in progress: once ``finish`` returned,
+    no cancel for that call is being or will be sent, so a later statement on
+    the connection is never hit by it.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # wakes the watcher thread
+        self._cancel_sent = threading.Condition(self._lock)  # wakes a finish() waiting for a cancel
         self._heap: list[tuple[int, int, _Watch]] = []
         self._seq = itertools.count()
-        self._live = 0
+        self._compact_at = _COMPACT_SLACK
         self._thread: threading.Thread | None = None
 
-    def watch(self, cancel: Callable[[], None], fire_ns: int) -> _Watch:
-        entry = _Watch(cancel, fire_ns)
-        with self._cond:
-            self._live += 1
-            if len(self._heap) > 2 * self._live + _COMPACT_SLACK:
-                self._heap = [item for item in self._heap if not item[2].done]
-                heapq.heapify(self._heap)
-            earliest = not self._heap or fire_ns < self._heap[0][0]
-            heapq.heappush(self._heap, (fire_ns, next(self._seq), entry))
+    def watch(self, connection: Any, method: str, fire_ns: int) -> _Watch:
+        entry = _Watch(connection, method, fire_ns)
+        # The bare lock (C-level enter/exit) is the condition's own: holding it is holding the condition.
+        with self._lock:
+            heap = self._heap
+            if len(heap) >= self._compact_at:
+                heap[:] = [item for item in heap if not item[2].done]
+                heapq.heapify(heap)
+                self._compact_at = max(_COMPACT_SLACK, 2 * len(heap))
+            earliest = not heap or fire_ns < heap[0][0]
+            heapq.heappush(heap, (fire_ns, next(self._seq), entry))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="prazo-psycopg-cancel", daemon=True)
                 self._thread.start()
@@ -193,42 +219,42 @@ class _Watcher:
         return entry
 
     def finish(self, entry: _Watch) -> bool:
-        fired = entry.finish()
-        with self._cond:
-            self._live -= 1
-        return fired
+        """Mark the call ended (waiting for a cancel being sent); True if a cancel was sent."""
+        with self._lock:
+            entry.done = True
+            while entry.cancelling:
+                self._cancel_sent.wait()
+            return entry.fired
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    while self._heap and self._heap[0][2].done:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    wait_ns = self._heap[0][0] - time.monotonic_ns()
-                    if wait_ns <= 0:
-                        entry = heapq.heappop(self._heap)[2]
-                        break
+        heap = self._heap
+        with self._lock:
+            while True:
+                while heap and heap[0][2].done:
+                    heapq.heappop(heap)
+                if not heap:
+                    self._cond.wait()
+                    continue
+                wait_ns = heap[0][0] - time.monotonic_ns()
+                if wait_ns > 0:
                     self._cond.wait(wait_ns / 1e9)
-            self._fire(entry)
-
-    def _fire(self, entry: _Watch) -> None:
-        with entry.lock:
-            if entry.done:
-                return
-            entry.fired = True
-            try:
-                entry.cancel()
-            except Exception:  # noqa: BLE001 - the watcher must survive; a gone server fails the statement anyway
-                _log.warning("could not send PostgreSQL a cancel request at the deadline", exc_info=True)
-        # Still running: the cancel may have found the backend between two
-        # statements (ignored there); send it again until the call ends.
-        with self._cond:
-            if not entry.done:
-                entry.fire_ns = time.monotonic_ns() + _RECANCEL_INTERVAL_NS
-                heapq.heappush(self._heap, (entry.fire_ns, next(self._seq), entry))
+                    continue
+                entry = heapq.heappop(heap)[2]
+                entry.fired = entry.cancelling = True
+                self._lock.release()
+                try:
+                    _send_cancel(entry.connection, entry.method)
+                except Exception:  # noqa: BLE001 - the watcher must survive; a gone server fails the statement anyway
+                    _log.warning("could not send PostgreSQL a cancel request at the deadline", exc_info=True)
+                finally:
+                    self._lock.acquire()
+                entry.cancelling = False
+                self._cancel_sent.notify_all()
+                if not entry.done:
+                    # Still running: the cancel may have found the backend between two
+                    # statements (ignored there); send it again until the call ends.
+                    entry.fire_ns = time.monotonic_ns() + _RECANCEL_INTERVAL_NS
+                    heapq.heappush(heap, (entry.fire_ns, next(self._seq), entry))
 
 
 _watcher = _Watcher()
@@ -270,22 +296,28 @@ def run_bounded(
     _checked_deadline(deadline)
     if not callable(call):
         raise TypeError(f"call must be callable, not {type(call).__name__}")
-    margin_ns = round(validate_margin_ms(margin_ms) * _NS_PER_MS)
-    cancel = _canceller(connection)
+    margin_ns = _margin_ns(margin_ms)
+    method = _cancel_method_name(connection)
+    current = current_deadline()
+    if deadline is None or (current is not None and current <= deadline):
+        # The current deadline is in force already: no scope to open (the per-statement path).
+        return call() if current is None else _run_watched(connection, method, call, current, margin_ns)
     with deadline_scope(deadline) as effective:
-        if effective is None:
-            return call()
-        now = time.monotonic_ns()
-        entry = _watcher.watch(cancel, now + _budget_ns(effective, margin_ns, now))
-        try:
-            result = call()
-        except BaseException as exc:
-            fired = _watcher.finish(entry)
-            canceled = _query_canceled(exc) if fired else None
-            if canceled is None:
-                raise
-            raise DeadlineExceeded(
-                REASON_DEADLINE_EXCEEDED, "the PostgreSQL statement was cancelled at its deadline"
-            ) from exc
-        _watcher.finish(entry)
-        return result
+        assert effective is not None
+        return _run_watched(connection, method, call, effective, margin_ns)
+
+
+def _run_watched(connection: Any, method: str, call: Callable[[], T], deadline: Deadline, margin_ns: int) -> T:
+    now = time.monotonic_ns()
+    entry = _watcher.watch(connection, method, now + _budget_ns(deadline, margin_ns, now))
+    try:
+        result = call()
+    except BaseException as exc:
+        canceled = _query_canceled(exc) if _watcher.finish(entry) else None
+        if canceled is None:
+            raise
+        raise DeadlineExceeded(
+            REASON_DEADLINE_EXCEEDED, "the PostgreSQL statement was cancelled at its deadline"
+        ) from exc
+    _watcher.finish(entry)
+    return result
