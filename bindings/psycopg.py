@@ -43,6 +43,7 @@ returns: a statement sent after the deadline ends within that interval.
 from __future__ import annotations
 
 import heapq
+import inspect
 import itertools
 import logging
 import threading
@@ -144,7 +145,9 @@ def _cancel_method_name(connection: object) -> str:
     if name is None:
         # psycopg 3.2+: cancel_safe() is interruptible and has a timeout; psycopg2 and older psycopg 3: cancel().
         for candidate in ("cancel_safe", "cancel"):
-            if callable(getattr(cls, candidate, None)):
+            method = getattr(cls, candidate, None)
+            # psycopg's AsyncConnection has coroutine cancels: not for the watcher thread (no event loop there).
+            if callable(method) and not inspect.iscoroutinefunction(method):
                 name = _cancel_method[cls] = candidate
                 break
         else:

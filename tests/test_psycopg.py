@@ -7,6 +7,7 @@ and Hypothesis.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import threading
 import time
@@ -374,3 +375,86 @@ def test_an_explicit_deadline_never_extends_the_limit(outer_ns: int, explicit_ns
 def test_no_deadline_means_no_limit() -> None:
     assert statement_limit_ms() is None
     assert statement_limit_ms(now_ns=NOW) is None
+
+
+class FakeConnection:
+    """Stands in for a driver connection: ``cancel()`` ends the statement ``call`` is blocked in."""
+
+    def __init__(self, cancel_takes_s: float = 0.0) -> None:
+        self.cancel_started = threading.Event()
+        self.cancel_done = threading.Event()
+        self.cancels = 0
+        self.cancel_takes_s = cancel_takes_s
+
+    def cancel(self) -> None:
+        self.cancels += 1
+        self.cancel_started.set()
+        time.sleep(self.cancel_takes_s)
+        self.cancel_done.set()
+
+
+class FakeQueryCanceled(Exception):
+    sqlstate = "57014"
+
+
+def test_the_watcher_cancels_a_blocked_call_and_maps_the_error() -> None:
+    connection = FakeConnection()
+
+    def statement() -> None:
+        assert connection.cancel_started.wait(JOIN_S)
+        raise FakeQueryCanceled("canceling statement due to user request")
+
+    with pytest.raises(DeadlineExceeded) as info:
+        run_bounded(connection, statement, Deadline.after(0.05))
+    assert info.value.reason == REASON_DEADLINE_EXCEEDED
+    assert isinstance(info.value.__cause__, FakeQueryCanceled)
+
+
+def test_the_call_does_not_end_before_a_cancel_in_flight_was_sent() -> None:
+    """Otherwise a late cancel could hit the next statement sent on the connection."""
+    connection = FakeConnection(cancel_takes_s=0.3)
+
+    def statement() -> str:
+        assert connection.cancel_started.wait(JOIN_S)
+        return "finished just in time"
+
+    assert run_bounded(connection, statement, Deadline.after(0.05)) == "finished just in time"
+    assert connection.cancel_done.is_set()
+
+
+def test_a_finished_call_is_never_cancelled() -> None:
+    connection = FakeConnection()
+    for _ in range(200):
+        assert run_bounded(connection, lambda: 1, Deadline.after(0.05)) == 1
+    time.sleep(0.2)  # every one of those deadlines has passed by now
+    assert connection.cancels == 0
+
+
+def test_the_cancel_is_repeated_while_the_call_runs_on() -> None:
+    """A cancel that found the backend idle is lost: the watcher sends another every 50 ms."""
+    connection = FakeConnection()
+
+    def slow_client_side() -> None:
+        end = time.monotonic() + 5.0
+        while connection.cancels < 3 and time.monotonic() < end:
+            time.sleep(0.01)
+
+    started = time.monotonic()
+    run_bounded(connection, slow_client_side, Deadline.after(0.05), margin_ms=0)
+    assert connection.cancels >= 3
+    assert time.monotonic() - started < 0.05 + 2 * 0.05 + GENEROUS_S
+
+
+def test_a_query_canceled_without_prazos_cancel_passes_unchanged() -> None:
+    def statement() -> None:
+        raise FakeQueryCanceled("canceling statement due to statement timeout")
+
+    with pytest.raises(FakeQueryCanceled):
+        run_bounded(FakeConnection(), statement, Deadline.after(10.0))
+
+
+def test_an_async_connection_is_refused(postgres: PostgresServer) -> None:
+    """Its cancel is a coroutine; the watcher thread has no event loop to run it."""
+    assert inspect.iscoroutinefunction(psycopg.AsyncConnection.cancel_safe)
+    with pytest.raises(TypeError, match="connection"):
+        run_bounded(object.__new__(psycopg.AsyncConnection), lambda: None, Deadline.after(1.0))
