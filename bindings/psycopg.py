@@ -146,7 +146,7 @@ def _cancel_method_name(connection: object) -> str:
         # psycopg 3.2+: cancel_safe() is interruptible and has a timeout; psycopg2 and older psycopg 3: cancel().
         for candidate in ("cancel_safe", "cancel"):
             method = getattr(cls, candidate, None)
-            # psycopg's AsyncConnection has coroutine cancels: not for the watcher thread (no event loop there).
+            # A coroutine (AsyncConnection.cancel_safe) cannot run on the watcher thread; its plain cancel() can.
             if callable(method) and not inspect.iscoroutinefunction(method):
                 name = _cancel_method[cls] = candidate
                 break

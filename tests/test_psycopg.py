@@ -7,7 +7,6 @@ and Hypothesis.
 
 from __future__ import annotations
 
-import inspect
 import sqlite3
 import threading
 import time
@@ -452,9 +451,3 @@ def test_a_query_canceled_without_prazos_cancel_passes_unchanged() -> None:
     with pytest.raises(FakeQueryCanceled):
         run_bounded(FakeConnection(), statement, Deadline.after(10.0))
 
-
-def test_an_async_connection_is_refused(postgres: PostgresServer) -> None:
-    """Its cancel is a coroutine; the watcher thread has no event loop to run it."""
-    assert inspect.iscoroutinefunction(psycopg.AsyncConnection.cancel_safe)
-    with pytest.raises(TypeError, match="connection"):
-        run_bounded(object.__new__(psycopg.AsyncConnection), lambda: None, Deadline.after(1.0))
