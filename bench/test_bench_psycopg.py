@@ -128,33 +128,8 @@ def test_autocommit(loop_benchmark: Callable[[LoopRunner, str], None], conn: Any
     loop_benchmark(_autocommit_runners(conn)[name], GROUP_AUTOCOMMIT)
 
 
-@pytest.mark.parametrize("name", ["tx-plain", "tx-run_bounded", "tx-set-local"])
-def test_transaction(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
-    with psycopg.connect(dsn) as connection:
-        cur = connection.cursor()
-
-        def select1() -> Any:
-            cur.execute("SELECT 1")
-            return cur.fetchone()
-
-        def run(loops: int) -> None:
-            with deadline_scope(Deadline.after(LONG_BUDGET_S)):
-                for _ in range(loops):
-                    if name == "tx-run_bounded":
-                        run_bounded(connection, select1)
-                    else:
-                        if name == "tx-set-local":
-                            cur.execute(f"SET LOCAL statement_timeout = {statement_limit_ms()}")
-                        select1()
-                    connection.commit()
-
-        loop_benchmark(run, GROUP_TRANSACTION)
-
-
-@pytest.mark.parametrize("name", ["pg2-plain", "pg2-run_bounded"])
-def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
-    connection = psycopg2.connect(dsn)
-    connection.autocommit = True
+def _select1_loop(connection: Any, name: str, *, commit: bool = False) -> LoopRunner:
+    """``SELECT 1`` + fetch per operation: plain, through run_bounded, or after SET LOCAL statement_timeout."""
     cur = connection.cursor()
 
     def select1() -> Any:
@@ -164,13 +139,30 @@ def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, n
     def run(loops: int) -> None:
         with deadline_scope(Deadline.after(LONG_BUDGET_S)):
             for _ in range(loops):
-                if name == "pg2-run_bounded":
+                if name.endswith("run_bounded"):
                     run_bounded(connection, select1)
                 else:
+                    if name.endswith("set-local"):
+                        cur.execute(f"SET LOCAL statement_timeout = {statement_limit_ms()}")
                     select1()
+                if commit:
+                    connection.commit()
 
+    return run
+
+
+@pytest.mark.parametrize("name", ["tx-plain", "tx-run_bounded", "tx-set-local"])
+def test_transaction(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
+    with psycopg.connect(dsn) as connection:
+        loop_benchmark(_select1_loop(connection, name, commit=True), GROUP_TRANSACTION)
+
+
+@pytest.mark.parametrize("name", ["pg2-plain", "pg2-run_bounded"])
+def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
+    connection = psycopg2.connect(dsn)
+    connection.autocommit = True
     try:
-        loop_benchmark(run, GROUP_PSYCOPG2)
+        loop_benchmark(_select1_loop(connection, name), GROUP_PSYCOPG2)
     finally:
         connection.close()
 
