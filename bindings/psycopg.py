@@ -46,6 +46,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -195,6 +196,10 @@ class _Watcher:
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh, empty watcher: at start, and in a forked child (the thread did not survive the fork)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # wakes the watcher thread
         self._cancel_sent = threading.Condition(self._lock)  # wakes a finish() waiting for a cancel
@@ -227,6 +232,7 @@ class _Watcher:
             entry.done = True
             while entry.cancelling:
                 self._cancel_sent.wait()
+            entry.connection = None  # the entry may linger in the heap until its fire time
             return entry.fired
 
     def _run(self) -> None:
@@ -261,6 +267,10 @@ class _Watcher:
 
 
 _watcher = _Watcher()
+if hasattr(os, "register_at_fork"):
+    # A pre-forking server (gunicorn --preload) imports this before forking its workers;
+    # a child inherits the heap and the lock in whatever state, but not the thread.
+    os.register_at_fork(after_in_child=_watcher.reset)
 
 
 def _query_canceled(exc: BaseException | None) -> BaseException | None:

@@ -7,6 +7,8 @@ and Hypothesis.
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -440,3 +442,33 @@ def test_a_query_canceled_without_prazos_cancel_passes_unchanged() -> None:
     with pytest.raises(FakeQueryCanceled):
         run_bounded(FakeConnection(), statement, Deadline.after(10.0))
 
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_watcher() -> None:
+    """gunicorn --preload forks after the parent may have used the watcher: the child's cancels still fire."""
+    run_bounded(FakeConnection(), lambda: None, Deadline.after(1.0))  # the parent's watcher thread is running
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its blocked call was cancelled at the deadline
+        code = 1
+        try:
+            connection = FakeConnection()
+
+            def statement() -> None:
+                if not connection.cancel_started.wait(5.0):
+                    return
+                raise FakeQueryCanceled("canceling statement due to user request")
+
+            run_bounded(connection, statement, Deadline.after(0.05))
+        except DeadlineExceeded:
+            code = 0
+        finally:
+            os._exit(code)
+    end = time.monotonic() + JOIN_S
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > end:  # a child stuck on the parent's watcher state: fail, do not hang
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's bounded call never ended")
+        time.sleep(0.02)
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
