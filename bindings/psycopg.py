@@ -36,8 +36,9 @@ Django's atomic) clears it.
 
 If the deadline passes while ``call`` is between two statements (Python work
 on the client), the server ignores a cancel that finds it idle, so the
-watcher repeats the cancel every ``_RECANCEL_INTERVAL_NS`` until ``call``
-returns: a statement sent after the deadline ends within that interval.
+watcher repeats the cancel until ``call`` returns — 50 ms after the first,
+then at doubling intervals up to one second (each cancel is a connection to
+the server) — so a statement sent after the deadline still ends soon.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ _NS_PER_MS = 1_000_000
 _MIN_BUDGET_NS = _NS_PER_MS
 # A cancel that reaches an idle backend is ignored; repeat it this often while
 # the call is still running past its deadline.
-_RECANCEL_INTERVAL_NS = 50 * _NS_PER_MS
+# the first repeat after this, then at doubling intervals capped at _RECANCEL_MAX_NS.
+_RECANCEL_FIRST_NS = 50 * _NS_PER_MS
+_RECANCEL_MAX_NS = 1000 * _NS_PER_MS
 # psycopg 3's cancel_safe() gives up after this many seconds (an unreachable server).
 _CANCEL_TIMEOUT_S = 5.0
 # Done entries are dropped lazily; the heap is compacted once it reaches this size, then at each doubling.
@@ -169,7 +172,7 @@ def _send_cancel(connection: Any, method: str) -> None:
 class _Watch:
     """One bounded call: cancel its connection at ``fire_ns`` unless it finished first."""
 
-    __slots__ = ("cancelling", "connection", "done", "fire_ns", "fired", "method")
+    __slots__ = ("cancelling", "connection", "done", "fire_ns", "fired", "method", "repeat_ns")
 
     def __init__(self, connection: Any, method: str, fire_ns: int) -> None:
         self.connection = connection
@@ -178,6 +181,7 @@ class _Watch:
         self.fired = False  # a cancel was sent (or is being sent) for this call
         self.cancelling = False  # the watcher is sending one right now, outside the lock
         self.done = False  # the call has ended: never cancel it again
+        self.repeat_ns = 0  # the interval before the next repeated cancel (0: none sent yet)
 
 
 class _Watcher:
@@ -262,7 +266,8 @@ class _Watcher:
                 if not entry.done:
                     # Still running: the cancel may have found the backend between two
                     # statements (ignored there); send it again until the call ends.
-                    entry.fire_ns = time.monotonic_ns() + _RECANCEL_INTERVAL_NS
+                    entry.repeat_ns = min(2 * entry.repeat_ns, _RECANCEL_MAX_NS) if entry.repeat_ns else _RECANCEL_FIRST_NS
+                    entry.fire_ns = time.monotonic_ns() + entry.repeat_ns
                     heapq.heappush(heap, (entry.fire_ns, next(self._seq), entry))
 
 

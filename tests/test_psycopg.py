@@ -421,7 +421,7 @@ def test_a_finished_call_is_never_cancelled() -> None:
 
 
 def test_the_cancel_is_repeated_while_the_call_runs_on() -> None:
-    """A cancel that found the backend idle is lost: the watcher sends another every 50 ms."""
+    """A cancel that found the backend idle is lost: the watcher sends more (50, 100, 200 ms apart)."""
     connection = FakeConnection()
 
     def slow_client_side() -> None:
@@ -432,7 +432,7 @@ def test_the_cancel_is_repeated_while_the_call_runs_on() -> None:
     started = time.monotonic()
     run_bounded(connection, slow_client_side, Deadline.after(0.05), margin_ms=0)
     assert connection.cancels >= 3
-    assert time.monotonic() - started < 0.05 + 2 * 0.05 + GENEROUS_S
+    assert time.monotonic() - started < 0.05 + 0.35 + GENEROUS_S
 
 
 def test_a_query_canceled_without_prazos_cancel_passes_unchanged() -> None:
