@@ -78,9 +78,9 @@ _NS_PER_MS = 1_000_000
 # statement_timeout counts whole milliseconds and 0 turns it off, so a budget
 # under one millisecond is no budget at all (as for outgoing HTTP calls).
 _MIN_BUDGET_NS = _NS_PER_MS
-# A cancel that reaches an idle backend is ignored; repeat it this often while
-# the call is still running past its deadline.
-# the first repeat after this, then at doubling intervals capped at _RECANCEL_MAX_NS.
+# A cancel that reaches an idle backend is ignored: while the call runs on past
+# its deadline the cancel is repeated, first after _RECANCEL_FIRST_NS, then at
+# doubling intervals capped at _RECANCEL_MAX_NS.
 _RECANCEL_FIRST_NS = 50 * _NS_PER_MS
 _RECANCEL_MAX_NS = 1000 * _NS_PER_MS
 # psycopg 3's cancel_safe() gives up after this many seconds (an unreachable server).
