@@ -1,0 +1,67 @@
+"""The seed scenario's views; every database statement is bounded by the request's deadline.
+
+``/work?ms=300``
+    records a ``Hit`` and then spends ``ms`` in the database (``pg_sleep``
+    on PostgreSQL, cancelled at the deadline; on SQLite, which has no
+    sleep, in the view after its statements), answering the budget left.
+``/slow-query``
+    a query far longer than any budget (``pg_sleep(5)``; on SQLite a
+    recursive count to a billion): the deadline ends it with a 504.
+``/deadline``
+    the deadline the view sees: ``META["prazo.deadline"]`` and ``current_deadline()``.
+``/hits``
+    how many ``Hit`` rows exist (the views that really ran).
+"""
+
+import time
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from prazo.core import current_deadline
+from seedsite.models import Hit
+
+_MAX_WORK_MS = 10_000
+_SQLITE_SLOW = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c"
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok", content_type="text/plain")
+
+
+def work(request: HttpRequest) -> HttpResponse:
+    try:
+        ms = min(max(int(request.GET.get("ms", "0")), 0), _MAX_WORK_MS)
+    except ValueError:
+        return HttpResponse("ms must be an integer\n", status=400, content_type="text/plain")
+    deadline = request.META["prazo.deadline"]
+    Hit.objects.create(path=request.path, remaining_ms=deadline.remaining_ms())
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_sleep(%s)", [ms / 1000])
+        else:
+            cursor.execute("SELECT count(*) FROM seedsite_hit")
+            time.sleep(ms / 1000)
+    return JsonResponse({"remaining_ms": round(deadline.remaining_ms())})
+
+
+def slow_query(request: HttpRequest) -> HttpResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(5)" if connection.vendor == "postgresql" else _SQLITE_SLOW)
+        cursor.fetchall()
+    return HttpResponse("finished (the deadline did not stop it)\n", content_type="text/plain")
+
+
+def deadline(request: HttpRequest) -> HttpResponse:
+    current = current_deadline()
+    return JsonResponse(
+        {
+            "meta_remaining_ms": round(request.META["prazo.deadline"].remaining_ms()),
+            "current_remaining_ms": None if current is None else round(current.remaining_ms()),
+            "budget_source": request.META.get("prazo.budget_source"),
+        }
+    )
+
+
+def hits(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"hits": Hit.objects.count()})
