@@ -41,7 +41,10 @@ def work(request: HttpRequest) -> HttpResponse:
             cursor.execute("SELECT pg_sleep(%s)", [ms / 1000])
         else:
             cursor.execute("SELECT count(*) FROM seedsite_hit")
-            time.sleep(ms / 1000)
+        cursor.fetchall()
+    if connection.vendor != "postgresql":
+        # Outside the cursor: an unfinished SELECT would hold SQLite's shared lock and serialize every writer.
+        time.sleep(ms / 1000)
     return JsonResponse({"remaining_ms": round(deadline.remaining_ms())})
 
 
