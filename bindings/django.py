@@ -53,7 +53,6 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
-
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
 
 from .frameworks import expired_on_arrival, request_deadline_of

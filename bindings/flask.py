@@ -40,7 +40,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flask import Flask, Response, g, request
-
 from prazo.core import DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
 
 from .frameworks import expired_on_arrival, request_deadline_of

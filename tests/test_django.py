@@ -24,7 +24,6 @@ import pytest
 from _server_harness import CLIENT_TIMEOUT_S, Burst, request, statuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from prazo.bindings.wsgi import rejection_response
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
 
@@ -111,7 +110,6 @@ def test_a_slow_sqlite_query_ends_at_the_deadline_with_504_and_the_connection_st
 @pytest.mark.parametrize("exc", [DeadlineExceeded("deadline-exceeded"), DownstreamOverloaded(), QueueFull()])
 def test_a_refusal_raised_by_a_view_is_answered_as_prazo_answers_it(client: Any, exc: BaseException) -> None:
     from django.test import RequestFactory
-
     from prazo.bindings.django import DeadlineMiddleware
 
     def view(request: Any) -> Any:

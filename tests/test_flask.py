@@ -18,13 +18,12 @@ import pytest
 from _server_harness import Burst, request, statuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from prazo.bindings.wsgi import AdmissionMiddleware, rejection_response
 from prazo.core import DeadlineExceeded, DownstreamOverloaded, QueueFull, current_deadline
 
 flask = pytest.importorskip("flask")
 
-from prazo.bindings.flask import init_app, rejection_flask_response  # noqa: E402 - needs flask
+from prazo.bindings.flask import init_app, rejection_flask_response
 
 DEFAULT_BUDGET_MS = 1000
 

@@ -17,8 +17,8 @@ import time
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-
 from prazo.core import current_deadline
+
 from seedsite.models import Hit
 
 _MAX_WORK_MS = 10_000
