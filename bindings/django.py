@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from contextlib import ExitStack
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
@@ -208,14 +207,18 @@ class DeadlineMiddleware:
         if deadline.expired():
             return rejection_http_response(expired_on_arrival(), retry_after_s=self.retry_after_s)
         statements = StatementDeadline(deadline)
+        # Entered and left by hand rather than through an ExitStack: this runs on every request.
+        wrappers = [connection.execute_wrapper(statements) for connection in connections.all()]
         token = _current_statements.set(statements)
         try:
-            with deadline_scope(deadline), ExitStack() as wrappers:
-                wrappers.callback(statements.close)
-                for connection in connections.all():
-                    wrappers.enter_context(connection.execute_wrapper(statements))
+            for wrapper in wrappers:
+                wrapper.__enter__()
+            with deadline_scope(deadline):
                 return self.get_response(request)
         finally:
+            for wrapper in reversed(wrappers):
+                wrapper.__exit__(None, None, None)
+            statements.close()
             _current_statements.reset(token)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
