@@ -31,7 +31,7 @@ from prazo.bench.harness import LoopRunner
 
 django = pytest.importorskip("django")
 
-from django.conf import settings  # noqa: E402 - after the importorskip
+from django.conf import settings
 
 GROUP = "Django WSGIHandler request"
 MIDDLEWARE = "prazo.bindings.django.DeadlineMiddleware"

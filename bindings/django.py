@@ -72,6 +72,7 @@ __all__ = [
 SETTING_DEFAULT_BUDGET_MS = "PRAZO_DEFAULT_BUDGET_MS"
 SETTING_MAX_BUDGET_MS = "PRAZO_MAX_BUDGET_MS"
 SETTING_RETRY_AFTER_S = "PRAZO_RETRY_AFTER_S"
+_SETTING_NAMES = f"{SETTING_DEFAULT_BUDGET_MS}, {SETTING_MAX_BUDGET_MS}, {SETTING_RETRY_AFTER_S}"
 
 # The same defaults as BudgetPolicy and the middleware's Retry-After.
 _DEFAULT_BUDGET_MS = 1000
@@ -193,13 +194,16 @@ class DeadlineMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.policy = BudgetPolicy(
-            default_budget_ms=_setting(SETTING_DEFAULT_BUDGET_MS, _DEFAULT_BUDGET_MS),
-            max_budget_ms=_setting(SETTING_MAX_BUDGET_MS, _DEFAULT_MAX_BUDGET_MS),
-        )
-        retry_after_s = _setting(SETTING_RETRY_AFTER_S, _DEFAULT_RETRY_AFTER_S)
-        # Validated now (rejection_response's own check), not on the first refusal.
-        rejection_response(QueueFull(), retry_after_s=retry_after_s)
+        try:
+            self.policy = BudgetPolicy(
+                default_budget_ms=_setting(SETTING_DEFAULT_BUDGET_MS, _DEFAULT_BUDGET_MS),
+                max_budget_ms=_setting(SETTING_MAX_BUDGET_MS, _DEFAULT_MAX_BUDGET_MS),
+            )
+            retry_after_s = _setting(SETTING_RETRY_AFTER_S, _DEFAULT_RETRY_AFTER_S)
+            # Validated now (rejection_response's own check), not on the first refusal.
+            rejection_response(QueueFull(), retry_after_s=retry_after_s)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"prazo's Django settings ({_SETTING_NAMES}): {exc}") from exc
         self.retry_after_s: int = retry_after_s
 
     def __call__(self, request: HttpRequest) -> HttpResponse:

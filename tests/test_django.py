@@ -96,11 +96,14 @@ def test_a_deadline_set_by_prazo_in_the_environ_wins(client: Any) -> None:
     assert 0 < body["meta_remaining_ms"] <= 300 and 0 < body["current_remaining_ms"] <= 300
 
 
-def test_a_slow_sqlite_query_ends_at_the_deadline_with_504_and_the_connection_stays_usable(client: Any) -> None:
+@pytest.mark.parametrize("query", ["", "?rows=1"], ids=["in-execute", "in-fetch"])
+def test_a_slow_sqlite_query_ends_at_the_deadline_with_504_and_the_connection_stays_usable(
+    client: Any, query: str
+) -> None:
     start = time.monotonic()
-    response = client.get("/slow-query", headers={"X-Request-Budget-Ms": "200"})
+    response = client.get(f"/slow-query{query}", headers={"X-Request-Budget-Ms": "200"})
     elapsed = time.monotonic() - start
-    print(f"sqlite slow query under 200 ms: answered {response.status_code} after {elapsed * 1000:.0f} ms")
+    print(f"sqlite slow query{query} under 200 ms: answered {response.status_code} after {elapsed * 1000:.0f} ms")
     assert response.status_code == 504
     assert response["X-Prazo-Reason"] == "deadline-exceeded"
     assert elapsed < SLOW_QUERY_BOUND_S
@@ -183,7 +186,7 @@ def seed_burst(port: int, budget_ms: int) -> list[Any]:
 def assert_two_second_seed(port: int) -> None:
     before = served_hits(port)
     outcomes = seed_burst(port, 2000)
-    assert statuses(outcomes) == {200: THREADS + MAX_QUEUE, 503: REFUSED_AT_ONCE}, [(o.status, o.reason, o.body[:100], round(o.elapsed_s, 2)) for o in outcomes]
+    assert statuses(outcomes) == {200: THREADS + MAX_QUEUE, 503: REFUSED_AT_ONCE}, [(o.status, o.reason) for o in outcomes]
     assert {outcome.reason for outcome in outcomes if outcome.status == 503} == {"queue-full"}
     # Every admitted request ran its view once; no refused one ever did.
     assert served_hits(port) - before == THREADS + MAX_QUEUE
@@ -225,3 +228,28 @@ def test_seed_scenario_and_a_cancelled_statement_served_with_postgresql(serve: A
     assert running == (0,)
     # The worker's connection is still usable for the next request.
     assert request(port, "/hits").status == 200
+
+    # Inside transaction.atomic(): the cancelled statement's transaction is rolled back, the connection reused.
+    before = served_hits(port)
+    outcome = request(port, "/slow-query?atomic=1", headers={"X-Request-Budget-Ms": "200"})
+    assert (outcome.status, outcome.reason) == (504, "deadline-exceeded")
+    assert served_hits(port) == before
+    assert_two_second_seed(port)  # and the workers serve the seed scenario again
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error", "names"),
+    [
+        ("PRAZO_DEFAULT_BUDGET_MS", float("nan"), ValueError, "default_budget_ms"),
+        ("PRAZO_MAX_BUDGET_MS", "30000", TypeError, "max_budget_ms"),
+        ("PRAZO_RETRY_AFTER_S", -1, ValueError, "retry_after_s"),
+    ],
+)
+def test_bad_settings_fail_at_startup_naming_them(
+    client: Any, setting: str, value: object, error: type[Exception], names: str
+) -> None:
+    from django.test import override_settings
+    from prazo.bindings.django import DeadlineMiddleware
+
+    with override_settings(**{setting: value}), pytest.raises(error, match=f"PRAZO_.*{names}"):
+        DeadlineMiddleware(lambda request: None)  # type: ignore[arg-type,return-value]

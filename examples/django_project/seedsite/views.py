@@ -4,9 +4,12 @@
     records a ``Hit`` and then spends ``ms`` in the database (``pg_sleep``
     on PostgreSQL, cancelled at the deadline; on SQLite, which has no
     sleep, in the view after its statements), answering the budget left.
-``/slow-query``
+``/slow-query`` (``?rows=1``, ``?atomic=1``)
     a query far longer than any budget (``pg_sleep(5)``; on SQLite a
-    recursive count to a billion): the deadline ends it with a 504.
+    recursive count to a billion, or with ``rows=1`` a row every 100 000
+    steps, so the time goes into fetching): the deadline ends it with a 504.
+    With ``atomic=1`` it first records a ``Hit`` in the same transaction,
+    which the 504 rolls back.
 ``/deadline``
     the deadline the view sees: ``META["prazo.deadline"]`` and ``current_deadline()``.
 ``/hits``
@@ -14,15 +17,18 @@
 """
 
 import time
+from contextlib import nullcontext
 
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prazo.core import current_deadline
 
 from seedsite.models import Hit
 
 _MAX_WORK_MS = 10_000
-_SQLITE_SLOW = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c"
+_SQLITE_COUNT = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c"
+# Rows now and then: execute() returns with the first one, the long part is the fetch.
+_SQLITE_ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT x FROM c WHERE x % 100000 = 1"
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -49,9 +55,15 @@ def work(request: HttpRequest) -> HttpResponse:
 
 
 def slow_query(request: HttpRequest) -> HttpResponse:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_sleep(5)" if connection.vendor == "postgresql" else _SQLITE_SLOW)
-        cursor.fetchall()
+    with transaction.atomic() if request.GET.get("atomic") else nullcontext():
+        if request.GET.get("atomic"):
+            Hit.objects.create(path=request.path, remaining_ms=request.META["prazo.deadline"].remaining_ms())
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_sleep(5)")
+            else:
+                cursor.execute(_SQLITE_ROWS if request.GET.get("rows") else _SQLITE_COUNT)
+            cursor.fetchall()
     return HttpResponse("finished (the deadline did not stop it)\n", content_type="text/plain")
 
 
