@@ -169,3 +169,18 @@ def test_flask_served_by_prazos_waitress_embedding_sees_the_servers_deadline() -
     finally:
         prazo_waitress.shutdown(server, 10.0)
         runner.join(10.0)
+
+
+def test_the_example_app_answers_504_when_its_work_outlives_the_budget() -> None:
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    example = importlib.import_module("examples.flask_app")
+    client = example.app.test_client()
+    assert 0 < client.get("/deadline", headers={"X-Request-Budget-Ms": "250"}).get_json()["remaining_ms"] <= 250
+    start = time.monotonic()
+    response = client.get("/work?ms=5000", headers={"X-Request-Budget-Ms": "200"})
+    assert (response.status_code, response.headers["X-Prazo-Reason"]) == (504, "deadline-exceeded")
+    assert time.monotonic() - start < 1.5  # generous: the view checks its deadline every 10 ms
