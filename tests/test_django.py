@@ -253,3 +253,35 @@ def test_bad_settings_fail_at_startup_naming_them(
 
     with override_settings(**{setting: value}), pytest.raises(error, match=f"PRAZO_.*{names}"):
         DeadlineMiddleware(lambda request: None)  # type: ignore[arg-type,return-value]
+
+
+def test_behind_admission_middleware_the_view_gets_its_deadline_and_db_refusals_pass_through(client: Any) -> None:
+    from wsgiref.util import setup_testing_defaults
+
+    from django.core.wsgi import get_wsgi_application
+    from prazo.bindings.wsgi import AdmissionMiddleware
+
+    app = AdmissionMiddleware(get_wsgi_application(), max_concurrency=2, max_queue=2, max_budget_ms=300)
+
+    def call(path: str, query: str = "") -> tuple[str, dict[str, str], bytes]:
+        environ: dict[str, Any] = {"PATH_INFO": path, "QUERY_STRING": query, "HTTP_X_REQUEST_BUDGET_MS": "20000"}
+        setup_testing_defaults(environ)
+        seen: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            seen["status"], seen["headers"] = status, dict(headers)
+            return lambda data: None
+
+        body = app(environ, start_response)
+        try:
+            data = b"".join(body)
+        finally:
+            getattr(body, "close", lambda: None)()
+        return seen["status"], seen["headers"], data
+
+    status, _, data = call("/deadline")
+    # The middleware's max_budget_ms (300) caps the header's 20 s; the view sees that deadline.
+    assert status.startswith("200") and 0 < json.loads(data)["meta_remaining_ms"] <= 300
+    status, headers, _ = call("/slow-query", "rows=1")
+    assert status.startswith("504") and headers["X-Prazo-Reason"] == "deadline-exceeded"
+    assert app.stats()["in_flight"] == 0
