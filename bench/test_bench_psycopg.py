@@ -28,7 +28,9 @@ until the error is back, with the cancel and with ``SET LOCAL statement_timeout`
 
 from __future__ import annotations
 
+import contextlib
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,8 +53,9 @@ LONG_BUDGET_S = 10.0
 REACTION_ROUNDS = 10
 
 
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
+@contextlib.contextmanager
+def server_dsn() -> Iterator[str]:
+    """``PRAZO_BENCH_PG_DSN``, or a private cluster started for the run and stopped after it."""
     given = os.environ.get("PRAZO_BENCH_PG_DSN")
     if given:
         yield given
@@ -66,6 +69,12 @@ def dsn() -> Iterator[str]:
         yield server.dsn
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    with server_dsn() as value:
+        yield value
 
 
 @pytest.fixture(scope="module")
@@ -128,33 +137,8 @@ def test_autocommit(loop_benchmark: Callable[[LoopRunner, str], None], conn: Any
     loop_benchmark(_autocommit_runners(conn)[name], GROUP_AUTOCOMMIT)
 
 
-@pytest.mark.parametrize("name", ["tx-plain", "tx-run_bounded", "tx-set-local"])
-def test_transaction(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
-    with psycopg.connect(dsn) as connection:
-        cur = connection.cursor()
-
-        def select1() -> Any:
-            cur.execute("SELECT 1")
-            return cur.fetchone()
-
-        def run(loops: int) -> None:
-            with deadline_scope(Deadline.after(LONG_BUDGET_S)):
-                for _ in range(loops):
-                    if name == "tx-run_bounded":
-                        run_bounded(connection, select1)
-                    else:
-                        if name == "tx-set-local":
-                            cur.execute(f"SET LOCAL statement_timeout = {statement_limit_ms()}")
-                        select1()
-                    connection.commit()
-
-        loop_benchmark(run, GROUP_TRANSACTION)
-
-
-@pytest.mark.parametrize("name", ["pg2-plain", "pg2-run_bounded"])
-def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
-    connection = psycopg2.connect(dsn)
-    connection.autocommit = True
+def _select1_loop(connection: Any, name: str, *, commit: bool = False) -> LoopRunner:
+    """``SELECT 1`` + fetch per operation: plain, through run_bounded, or after SET LOCAL statement_timeout."""
     cur = connection.cursor()
 
     def select1() -> Any:
@@ -164,13 +148,30 @@ def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, n
     def run(loops: int) -> None:
         with deadline_scope(Deadline.after(LONG_BUDGET_S)):
             for _ in range(loops):
-                if name == "pg2-run_bounded":
+                if name.endswith("run_bounded"):
                     run_bounded(connection, select1)
                 else:
+                    if name.endswith("set-local"):
+                        cur.execute(f"SET LOCAL statement_timeout = {statement_limit_ms()}")
                     select1()
+                if commit:
+                    connection.commit()
 
+    return run
+
+
+@pytest.mark.parametrize("name", ["tx-plain", "tx-run_bounded", "tx-set-local"])
+def test_transaction(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
+    with psycopg.connect(dsn) as connection:
+        loop_benchmark(_select1_loop(connection, name, commit=True), GROUP_TRANSACTION)
+
+
+@pytest.mark.parametrize("name", ["pg2-plain", "pg2-run_bounded"])
+def test_psycopg2(loop_benchmark: Callable[[LoopRunner, str], None], dsn: str, name: str) -> None:
+    connection = psycopg2.connect(dsn)
+    connection.autocommit = True
     try:
-        loop_benchmark(run, GROUP_PSYCOPG2)
+        loop_benchmark(_select1_loop(connection, name), GROUP_PSYCOPG2)
     finally:
         connection.close()
 
@@ -195,3 +196,39 @@ def test_reaction(benchmark: Any, conn: Any, mechanism: str) -> None:
 
     benchmark.group = GROUP_REACTION
     benchmark.pedantic(once, rounds=REACTION_ROUNDS, iterations=1, warmup_rounds=1)
+
+
+def interleaved_overhead(dsn: str, batches: int = 40, loops: int = 500) -> list[str]:
+    """Plain vs run_bounded in alternating batches: robust to a machine whose load drifts over a run.
+
+    pytest-benchmark runs one variant after the other, so on a shared machine
+    a load change between them reads as a difference; alternating batches
+    give both the same conditions. Returns one line per driver.
+    """
+    lines = []
+    for driver in ("psycopg", "psycopg2"):
+        connection = psycopg.connect(dsn, autocommit=True) if driver == "psycopg" else psycopg2.connect(dsn)
+        connection.autocommit = True
+        try:
+            runners = {name: _select1_loop(connection, name) for name in ("plain", "run_bounded")}
+            per_op_us: dict[str, list[float]] = {name: [] for name in runners}
+            for _ in range(batches):
+                for name, run in runners.items():
+                    started = time.perf_counter()
+                    run(loops)
+                    per_op_us[name].append((time.perf_counter() - started) / loops * 1e6)
+        finally:
+            connection.close()
+        plain, bounded = per_op_us["plain"], per_op_us["run_bounded"]
+        for stat, pick in (("min", min), ("median", statistics.median)):
+            p, b = pick(plain), pick(bounded)
+            lines.append(
+                f"{driver:<9} {stat:<6} plain {p:6.1f} us  run_bounded {b:6.1f} us  overhead {b - p:+5.1f} us ({b / p:.2f}x)"
+            )
+    return lines
+
+
+if __name__ == "__main__":
+    # .venv/bin/python bench/test_bench_psycopg.py  (PRAZO_BENCH_PG_DSN=... to use a running server)
+    with server_dsn() as running:
+        print("\n".join(interleaved_overhead(running)))

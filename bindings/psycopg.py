@@ -36,8 +36,9 @@ Django's atomic) clears it.
 
 If the deadline passes while ``call`` is between two statements (Python work
 on the client), the server ignores a cancel that finds it idle, so the
-watcher repeats the cancel every ``_RECANCEL_INTERVAL_NS`` until ``call``
-returns: a statement sent after the deadline ends within that interval.
+watcher repeats the cancel until ``call`` returns — 50 ms after the first,
+then at doubling intervals up to one second (each cancel is a connection to
+the server) — so a statement sent after the deadline still ends soon.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -76,9 +78,11 @@ _NS_PER_MS = 1_000_000
 # statement_timeout counts whole milliseconds and 0 turns it off, so a budget
 # under one millisecond is no budget at all (as for outgoing HTTP calls).
 _MIN_BUDGET_NS = _NS_PER_MS
-# A cancel that reaches an idle backend is ignored; repeat it this often while
-# the call is still running past its deadline.
-_RECANCEL_INTERVAL_NS = 50 * _NS_PER_MS
+# A cancel that reaches an idle backend is ignored: while the call runs on past
+# its deadline the cancel is repeated, first after _RECANCEL_FIRST_NS, then at
+# doubling intervals capped at _RECANCEL_MAX_NS.
+_RECANCEL_FIRST_NS = 50 * _NS_PER_MS
+_RECANCEL_MAX_NS = 1000 * _NS_PER_MS
 # psycopg 3's cancel_safe() gives up after this many seconds (an unreachable server).
 _CANCEL_TIMEOUT_S = 5.0
 # Done entries are dropped lazily; the heap is compacted once it reaches this size, then at each doubling.
@@ -146,7 +150,7 @@ def _cancel_method_name(connection: object) -> str:
         # psycopg 3.2+: cancel_safe() is interruptible and has a timeout; psycopg2 and older psycopg 3: cancel().
         for candidate in ("cancel_safe", "cancel"):
             method = getattr(cls, candidate, None)
-            # psycopg's AsyncConnection has coroutine cancels: not for the watcher thread (no event loop there).
+            # A coroutine (AsyncConnection.cancel_safe) cannot run on the watcher thread; its plain cancel() can.
             if callable(method) and not inspect.iscoroutinefunction(method):
                 name = _cancel_method[cls] = candidate
                 break
@@ -168,7 +172,7 @@ def _send_cancel(connection: Any, method: str) -> None:
 class _Watch:
     """One bounded call: cancel its connection at ``fire_ns`` unless it finished first."""
 
-    __slots__ = ("cancelling", "connection", "done", "fire_ns", "fired", "method")
+    __slots__ = ("cancelling", "connection", "done", "fire_ns", "fired", "method", "repeat_ns")
 
     def __init__(self, connection: Any, method: str, fire_ns: int) -> None:
         self.connection = connection
@@ -177,6 +181,7 @@ class _Watch:
         self.fired = False  # a cancel was sent (or is being sent) for this call
         self.cancelling = False  # the watcher is sending one right now, outside the lock
         self.done = False  # the call has ended: never cancel it again
+        self.repeat_ns = 0  # the interval before the next repeated cancel (0: none sent yet)
 
 
 class _Watcher:
@@ -195,6 +200,10 @@ class _Watcher:
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh, empty watcher: at start, and in a forked child (the thread did not survive the fork)."""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # wakes the watcher thread
         self._cancel_sent = threading.Condition(self._lock)  # wakes a finish() waiting for a cancel
@@ -227,6 +236,7 @@ class _Watcher:
             entry.done = True
             while entry.cancelling:
                 self._cancel_sent.wait()
+            entry.connection = None  # the entry may linger in the heap until its fire time
             return entry.fired
 
     def _run(self) -> None:
@@ -256,11 +266,16 @@ class _Watcher:
                 if not entry.done:
                     # Still running: the cancel may have found the backend between two
                     # statements (ignored there); send it again until the call ends.
-                    entry.fire_ns = time.monotonic_ns() + _RECANCEL_INTERVAL_NS
+                    entry.repeat_ns = min(2 * entry.repeat_ns, _RECANCEL_MAX_NS) if entry.repeat_ns else _RECANCEL_FIRST_NS
+                    entry.fire_ns = time.monotonic_ns() + entry.repeat_ns
                     heapq.heappush(heap, (entry.fire_ns, next(self._seq), entry))
 
 
 _watcher = _Watcher()
+if hasattr(os, "register_at_fork"):
+    # A pre-forking server (gunicorn --preload) imports this before forking its workers;
+    # a child inherits the heap and the lock in whatever state, but not the thread.
+    os.register_at_fork(after_in_child=_watcher.reset)
 
 
 def _query_canceled(exc: BaseException | None) -> BaseException | None:
