@@ -90,6 +90,31 @@ class deadline_guard:
         """The deadline in force once entered (None: no deadline, nothing installed)."""
         return self._effective
 
+    @property
+    def interrupted(self) -> bool:
+        """True once this guard has asked SQLite to abort a statement (its deadline had passed)."""
+        return self._tripped
+
+    def deadline_error(self, exc: BaseException) -> DeadlineExceeded | None:
+        """The ``DeadlineExceeded`` that ``exc`` stands for, or None when the deadline did not cause it.
+
+        ``exc`` counts when this guard interrupted a statement and ``exc`` is,
+        or wraps (``__cause__``/``__context__``, as Django's
+        ``django.db.utils.OperationalError`` does), the resulting
+        ``sqlite3.OperationalError``. Lets code that keeps a guard open across
+        several statements, or whose errors a framework wraps, map them itself.
+        """
+        if not self._tripped:
+            return None
+        seen: set[int] = set()
+        cause: BaseException | None = exc
+        while cause is not None and id(cause) not in seen:
+            if isinstance(cause, sqlite3.OperationalError):
+                return DeadlineExceeded(REASON_DEADLINE_EXCEEDED, "the SQLite statement was interrupted at its deadline")
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        return None
+
     def _abort_when_due(self) -> int:
         assert self._effective is not None
         if time.monotonic_ns() >= self._effective.ns:
@@ -129,10 +154,9 @@ class deadline_guard:
             self._conn.set_progress_handler(None, self._every_n)
         else:
             self._conn.set_progress_handler(*outer)
-        if self._tripped and isinstance(exc, sqlite3.OperationalError):
-            raise DeadlineExceeded(
-                REASON_DEADLINE_EXCEEDED, "the SQLite statement was interrupted at its deadline"
-            ) from exc
+        error = None if exc is None else self.deadline_error(exc)
+        if error is not None:
+            raise error from exc
 
 
 def execute_until(
