@@ -10,13 +10,12 @@ file, and that block must be the file.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
+from _readme import fenced_blocks, section
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 # (shipped file, the README section that shows it, the block's info string)
 COPIES = [
@@ -25,32 +24,6 @@ COPIES = [
     ("examples/loadbalancers/envoy.yaml", "### Behind a load balancer: HAProxy, nginx, Envoy", "yaml"),
     ("examples/opentelemetry/console.py", "### OpenTelemetry", "python"),
 ]
-
-
-def section(heading: str) -> str:
-    """The README from ``heading`` to the next heading of the same or a higher level.
-
-    Lines inside fenced blocks are not headings: the configs' own comments start with ``#``.
-    """
-    lines = README.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line == heading + "\n"]
-    assert len(starts) == 1, f"README.md has no single {heading!r} section"
-    level = len(heading.split(" ", 1)[0])
-    in_fence = False
-    for end in range(starts[0] + 1, len(lines)):
-        line = lines[end]
-        if line.startswith("```"):
-            in_fence = not in_fence
-        elif not in_fence and re.match(rf"#{{1,{level}}} ", line):
-            break
-    else:
-        end = len(lines)
-    return "".join(lines[starts[0] : end])
-
-
-def fenced_blocks(text: str, info: str) -> list[str]:
-    """Each ```info block's text, with the newline that ends its last line (as in a file)."""
-    return re.findall(rf"^```{re.escape(info)}\n(.*?\n)```$", text, re.MULTILINE | re.DOTALL)
 
 
 @pytest.mark.parametrize(("path", "heading", "info"), COPIES, ids=[path for path, _, _ in COPIES])
