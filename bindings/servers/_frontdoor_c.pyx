@@ -136,6 +136,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
                             int64_t upstream_ns)
     int fd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
     int fd_request_start(const phr_header *headers, size_t n, int64_t *ns)
+    int64_t fd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
     int fd_address_trusted(const fd_config *cfg, int family, const unsigned char *addr)
     int fd_parse_budget_ms(const char *p, size_t n, double *ms)
     int fd_parse_envoy_ms(const char *p, size_t n, double *ms)
@@ -249,6 +250,11 @@ def request_start_ns(headers):
     cdef int64_t ns = 0
     cdef int ok = fd_request_start(raw, len(items), &ns)
     return ns if ok else None
+
+
+def upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns):
+    """The engine's front-proxy wait: ``arrival_wall_ns - stamp_ns`` within ``[0, max_wait_ns]``."""
+    return fd_upstream_wait_ns(stamp_ns, arrival_wall_ns, max_wait_ns)
 
 
 cdef int _trusted_config(fd_config *cfg, networks, fd_net **out) except -1:

@@ -570,6 +570,19 @@ static int fd_peer_trusted(const struct fd_config *cfg, const struct sockaddr_st
     return fd_address_trusted(cfg, peer->ss_family, NULL);
 }
 
+/* upstream_wait_ns: arrival - stamp within [0, max_wait_ns]. A stamp after the
+ * arrival (a proxy clock ahead of ours) is no wait, never more time. Saturating,
+ * so any int64 inputs are safe (the engine's are within centuries of 1970). */
+static int64_t fd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
+{
+    int64_t wait;
+    if (__builtin_sub_overflow(arrival_wall_ns, stamp_ns, &wait))
+        wait = arrival_wall_ns > stamp_ns ? INT64_MAX : 0;
+    if (wait < 0 || max_wait_ns <= 0)
+        return 0;
+    return wait < max_wait_ns ? wait : max_wait_ns;
+}
+
 /* The time c queued in a trusted front proxy before its arrival here:
  * from the stamp to the wall-clock moment of c->arrival_ns, in [0, max_upstream_ns].
  * The wall clock and the monotonic clock are read together, so the arrival
@@ -585,10 +598,7 @@ static int64_t fd_upstream_ns(const struct fd_config *cfg, const struct fd_conn 
     clock_gettime(CLOCK_REALTIME, &real);
     int64_t mono = fd_now_ns();
     int64_t arrival_wall = (int64_t)real.tv_sec * 1000000000LL + real.tv_nsec - (mono - c->arrival_ns);
-    int64_t wait = arrival_wall - stamp;   /* both within a few centuries of 1970: no overflow */
-    if (wait < 0)
-        return 0;   /* a stamp after our arrival (a proxy clock ahead of ours) is no wait, never more time */
-    return wait < cfg->max_upstream_ns ? wait : (cfg->max_upstream_ns > 0 ? cfg->max_upstream_ns : 0);
+    return fd_upstream_wait_ns(stamp, arrival_wall, cfg->max_upstream_ns);
 }
 
 /* ---------------------------------------------------------- head framing */
