@@ -225,7 +225,7 @@ def test_kept_alive_requests_each_get_their_own_correction(served: Any) -> None:
     assert server.stats()["upstream_stamps"] == 2
 
 
-def test_an_ipv6_proxy(served: Any) -> None:
+def test_an_ipv6_proxy() -> None:
     settings = resolve_settings(threads=1, max_queue=2, trust_request_start=True, trusted_proxies=["::1"], environ={})
     app = App()
     try:
