@@ -78,6 +78,14 @@ def call(port: int, headers: dict[str, str], *, source: str = PROXY, path: str =
         conn.close()
 
 
+def hold_the_only_worker(server: FrontDoorServer, app: App) -> threading.Thread:
+    """A request that keeps the server's one worker busy until ``app.release`` is set (join the thread after)."""
+    holder = threading.Thread(target=call, args=(server.port, {BUDGET: "30000"}), kwargs={"path": "/hold"})
+    holder.start()
+    assert app.holding.wait(CLIENT_TIMEOUT_S)
+    return holder
+
+
 def stamp(seconds_ago: float) -> str:
     """An nginx-style ``t=seconds.millis`` stamp of ``seconds_ago`` on the wall clock."""
     return f"t={time.time() - seconds_ago:.3f}"
@@ -126,9 +134,7 @@ def test_without_trust_request_start_no_stamp_counts(served: Any) -> None:
 def test_a_budget_used_up_in_the_proxy_is_504_from_the_io_thread_and_never_reaches_the_app(served: Any) -> None:
     server, app = served(threads=1, max_queue=4)
     # The only worker is held: whatever answers now is the C thread.
-    holder = threading.Thread(target=call, args=(server.port, {BUDGET: "30000"}), kwargs={"path": "/hold"})
-    holder.start()
-    assert app.holding.wait(CLIENT_TIMEOUT_S)
+    holder = hold_the_only_worker(server, app)
     started = time.monotonic()
     status, _body, reason = call(server.port, {BUDGET: "2000", "X-Request-Start": stamp(3.0)})
     answered_s = time.monotonic() - started
@@ -144,9 +150,7 @@ def test_a_budget_used_up_in_the_proxy_is_504_from_the_io_thread_and_never_reach
 
 def test_the_line_expires_a_waiting_request_by_its_corrected_deadline(served: Any) -> None:
     server, app = served(threads=1, max_queue=4)
-    holder = threading.Thread(target=call, args=(server.port, {BUDGET: "30000"}), kwargs={"path": "/hold"})
-    holder.start()
-    assert app.holding.wait(CLIENT_TIMEOUT_S)
+    holder = hold_the_only_worker(server, app)
     # 6 s of budget, 5 s of it spent in the proxy: the line answers it when the last second ends,
     # while the worker is still held (by the header budget alone it would wait 6 s).
     started = time.monotonic()
