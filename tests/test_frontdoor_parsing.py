@@ -1,17 +1,21 @@
-"""The front door's C parsers agree with ``prazo.bindings.headers``, and no head makes it answer 500.
+"""The front door's C parsers agree with ``prazo.bindings.headers`` and ``proxy_headers``; no head makes it answer 500.
 
-The budget cases are ``tests/test_headers.py``'s own, run against the C
-parser; Hypothesis then compares the two on arbitrary values. Raw heads go to
+The budget cases are ``tests/test_headers.py``'s own, the ``X-Request-Start``
+cases ``tests/test_server_proxy_headers.py``'s, run against the C parsers;
+Hypothesis then compares the two on arbitrary values (the Python modules stay
+the one definition of the formats). Raw heads go to
 the C head parser directly and, for a sample, to a live server.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Any
 
 import pytest
 import test_headers as cases
+import test_server_proxy_headers as stamp_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import (
@@ -23,6 +27,14 @@ from prazo.bindings.headers import (
     parse_budget_ms,
     parse_envoy_timeout_ms,
     parse_grpc_timeout,
+)
+from prazo.bindings.proxy_headers import (
+    QUEUE_START_HEADER,
+    REQUEST_START_HEADER,
+    FrontProxyBudgetPolicy,
+    parse_request_start_ns,
+    trusted_networks,
+    upstream_wait_ns,
 )
 from prazo.bindings.servers.frontdoor import compiled_engine, create_server
 
@@ -124,6 +136,106 @@ def test_deadline_agrees_with_the_policy(fields: list[tuple[int, str]], arrival_
     deadline, _incoming = policy.deadline_for(joined, arrival_ns)
     # Joined with "," as a WSGI server (and the front door's environ) joins repeats: exact agreement.
     assert engine.deadline_ns_for(headers, arrival_ns, 1000.0, 30000.0) == deadline.ns
+
+
+# ------------------------------------------------ X-Request-Start / X-Queue-Start
+
+@pytest.mark.parametrize(
+    "case_test",
+    [stamp_cases.test_parse_request_start_table, stamp_cases.test_stamps_outside_2000_to_2100_are_rejected_in_every_unit],
+)
+def test_the_stamp_cases_of_test_server_proxy_headers(case_test: Any) -> None:
+    for value, expected in _param_values(case_test):
+        wire = _wire(value)
+        if wire is not None:
+            assert engine.parse_request_start_ns(wire) == expected, value
+
+
+STAMPISH = st.text(alphabet="0123456789.t=T \t,-+e\xa0", max_size=44)
+EPOCHISH = st.one_of(
+    st.integers(0, 10**21).map(str),
+    st.tuples(st.integers(0, 10**12), st.integers(0, 10**10)).map(lambda p: f"{p[0]}.{p[1]}"),
+    st.integers(946_684_700, 4_102_444_900).map(lambda s: f"t={s}"),
+    st.integers(946_684_700 * 10**9, 4_102_444_900 * 10**9).map(
+        lambda ns: [str(ns), str(ns // 1000), str(ns // 10**6), f"t={ns // 10**9}.{ns % 10**9:09d}"][ns % 4]
+    ),
+)
+
+
+@given(st.one_of(st.text(max_size=50), STAMPISH, EPOCHISH))
+@settings(max_examples=1500)
+def test_the_stamp_parser_agrees_on_arbitrary_text(value: str) -> None:
+    wire = _wire(value)
+    if wire is None:
+        return
+    assert engine.parse_request_start_ns(wire) == parse_request_start_ns(value), value
+
+
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**63 - 1))
+def test_the_wait_agrees_with_upstream_wait_ns(stamp: int, arrival_wall: int, cap: int) -> None:
+    expected = upstream_wait_ns(stamp, arrival_wall, cap)
+    if abs(arrival_wall - stamp) < 2**63:
+        assert engine.upstream_wait_ns(stamp, arrival_wall, cap) == expected
+    else:  # outside int64: saturates, still within [0, cap]
+        assert engine.upstream_wait_ns(stamp, arrival_wall, cap) == (cap if arrival_wall > stamp else 0)
+
+
+STAMP_NAMES = (REQUEST_START_HEADER, QUEUE_START_HEADER, REQUEST_START_HEADER.lower(), "X-QUEUE-START", "X-Other")
+_WALL_NS = 1_700_000_000 * 10**9
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(STAMP_NAMES), st.one_of(EPOCHISH, STAMPISH)), max_size=4),
+    st.sampled_from([None, "1000", "250.5", "-3", "x"]),
+    st.integers(0, 2**62),
+    st.sampled_from([0.0, 1.0, 1500.0, 5000.0]),
+)
+@settings(max_examples=500)
+def test_the_corrected_deadline_agrees_with_front_proxy_budget_policy(
+    fields: list[tuple[str, str]], budget: str | None, arrival_ns: int, cap_ms: float
+) -> None:
+    # The Python side sees repeats joined with "," (as the front door's environ and every WSGI server joins them).
+    environ: dict[str, str] = {}
+    for name, value in fields + ([(BUDGET_HEADER, budget)] if budget is not None else []):
+        key = cases.environ_key(name)
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    headers = [(name.encode(), value.encode()) for name, value in fields]
+    if budget is not None:
+        headers.append((BUDGET_HEADER.encode(), budget.encode()))
+    policy = FrontProxyBudgetPolicy(
+        1000, 30000, max_upstream_ms=cap_ms, wall_clock_ns=lambda: _WALL_NS, monotonic_ns=lambda: arrival_ns
+    )
+    deadline, _incoming = policy.deadline_for(environ, arrival_ns)
+    # The engine's fd_upstream_ns, step by step: the earliest stamp, the wait up to the arrival on the wall clock.
+    stamp = engine.request_start_ns(headers)
+    wait = 0 if stamp is None else engine.upstream_wait_ns(stamp, _WALL_NS, int(cap_ms * 1_000_000))
+    assert engine.deadline_ns_for(headers, arrival_ns, 1000.0, 30000.0, wait) == deadline.ns, (headers, environ)
+
+
+ADDRESSES = st.one_of(
+    st.ip_addresses(v=4),
+    st.ip_addresses(v=6),
+    st.ip_addresses(v=4).map(lambda a: ipaddress.IPv6Address(f"::ffff:{a}")),
+    st.sampled_from(["127.0.0.1", "10.1.2.3", "::1", "::ffff:10.1.2.3", "fe80::1"]).map(ipaddress.ip_address),
+)
+NETWORKS = st.lists(
+    st.one_of(
+        st.tuples(st.ip_addresses(v=4), st.integers(0, 32)).map(lambda p: f"{p[0]}/{p[1]}"),
+        st.tuples(st.ip_addresses(v=6), st.integers(0, 128)).map(lambda p: f"{p[0]}/{p[1]}"),
+        st.sampled_from(["127.0.0.0/8", "10.0.0.0/8", "::1", "::ffff:0:0/96", "fe80::/10", "0.0.0.0/0"]),
+    ),
+    max_size=4,
+)
+
+
+@given(ADDRESSES, st.one_of(st.none(), NETWORKS))
+@settings(max_examples=500)
+def test_the_trusted_peer_check_agrees_with_the_policy(address: Any, proxies: list[str] | None) -> None:
+    policy = FrontProxyBudgetPolicy(trusted_proxies=proxies, wall_clock_ns=lambda: _WALL_NS, monotonic_ns=lambda: 0)
+    environ = {"REMOTE_ADDR": str(address), "HTTP_X_REQUEST_START": f"t={_WALL_NS // 10**9 - 1}"}
+    python_trusts = policy.upstream_queue_ns(environ, 0) > 0
+    networks = engine.engine_networks(trusted_networks(proxies))
+    assert engine.address_trusted(networks, address.packed) == python_trusts, (address, proxies)
 
 
 @pytest.mark.parametrize(

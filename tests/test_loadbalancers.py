@@ -420,8 +420,8 @@ def start_prazo_serve(*flags: str) -> tuple[subprocess.Popen[str], int]:
     return process, int(match.group(1))
 
 
-# "prazo": the front door, whose C line orders by the header budget; its workers take the
-# proxy's queue time off before the app may start.
+# "prazo": the front door, whose C thread takes the proxy's queue time off the deadline as
+# it parses the head (a budget used up in HAProxy is answered 504 there, never by a worker).
 def call_then_settle(port: int, path: str, headers: dict[str, str] | None = None, **options: Any) -> Answer:
     answer = call(port, path, headers, **options)
     time.sleep(PROCESS_SETTLE_S)

@@ -1,6 +1,7 @@
 """Type stubs for the front door's compiled engine (bindings/servers/_frontdoor_c.pyx)."""
 
 from collections.abc import Iterable
+from ipaddress import IPv4Network, IPv6Network
 
 BUDGET_SOURCES: tuple[str, str, str]
 ANSWERS: dict[str, int]
@@ -12,8 +13,19 @@ def parse_grpc_timeout(value: bytes) -> float | None: ...
 def parse_envoy_timeout_ms(value: bytes) -> float | None: ...
 def incoming_budget(headers: Iterable[tuple[bytes, bytes]]) -> tuple[float | None, int, str | None]: ...
 def deadline_ns_for(
-    headers: Iterable[tuple[bytes, bytes]], arrival_ns: int, default_budget_ms: float, max_budget_ms: float
+    headers: Iterable[tuple[bytes, bytes]],
+    arrival_ns: int,
+    default_budget_ms: float,
+    max_budget_ms: float,
+    upstream_ns: int = 0,
 ) -> int: ...
+def parse_request_start_ns(value: bytes) -> int | None: ...
+def request_start_ns(headers: Iterable[tuple[bytes, bytes]]) -> int | None: ...
+def upstream_wait_ns(stamp_ns: int, arrival_wall_ns: int, max_wait_ns: int) -> int: ...
+def engine_networks(
+    networks: Iterable[IPv4Network | IPv6Network] | None,
+) -> list[tuple[int, bytes, int]] | None: ...
+def address_trusted(networks: Iterable[tuple[int, bytes, int]] | None, packed: bytes) -> bool: ...
 def check_head(data: bytes) -> str: ...
 
 class Connection:
@@ -26,6 +38,7 @@ class Connection:
     local: tuple[str, int] | None
     arrival_ns: int
     deadline_ns: int
+    upstream_ns: int
     queue_wait_ns: int
     budget_source: str | None
     budget_invalid: int
@@ -64,6 +77,9 @@ class Engine:
         reserved: int = 0,
         critical_header: bytes | None = None,
         critical_paths: Iterable[bytes] = (),
+        trust_request_start: bool = False,
+        max_upstream_ns: int = 0,
+        trusted_networks: Iterable[tuple[int, bytes, int]] | None = None,
     ) -> None: ...
     def start(self) -> None: ...
     def next_connection(self) -> Connection | None: ...

@@ -3,7 +3,7 @@
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
 from libc.stdint cimport int64_t
-from libc.string cimport memset
+from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
@@ -15,6 +15,9 @@ cdef extern from "<sys/socket.h>" nogil:
     struct sockaddr:
         pass
     int getsockname(int fd, sockaddr *addr, socklen_t *len)
+    enum:
+        AF_INET
+        AF_INET6
 
 
 cdef extern from "picohttpparser.h" nogil:
@@ -44,6 +47,11 @@ cdef extern from "prazo_frontdoor.h" nogil:
         FD_ORDER_LIFO
         FD_ORDER_ADAPTIVE
 
+    struct fd_net:
+        int family
+        unsigned char addr[16]
+        int prefix
+
     struct fd_config:
         int threads
         int max_queue
@@ -66,6 +74,10 @@ cdef extern from "prazo_frontdoor.h" nogil:
         size_t critical_header_len
         const char *critical_paths
         size_t critical_paths_len
+        int trust_request_start
+        int64_t max_upstream_ns
+        const fd_net *trusted
+        int n_trusted
         const char *answer[11][2]
         size_t answer_len[11][2]
 
@@ -88,6 +100,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t deadline_ns
         int64_t queued_ns
         int64_t started_ns
+        int64_t upstream_ns
         int budget_source
         int budget_invalid
         int arrival_from_kernel
@@ -99,6 +112,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
         int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering
         int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns
+        int64_t upstream_stamps
 
     struct fd_server:
         int draining
@@ -118,7 +132,12 @@ cdef extern from "prazo_frontdoor.h" nogil:
     void fd_conn_finish(fd_server *srv, fd_conn *c, int keep)
     int64_t fd_now_ns()
     int fd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
-    int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns)
+    int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
+                            int64_t upstream_ns)
+    int fd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
+    int fd_request_start(const phr_header *headers, size_t n, int64_t *ns)
+    int64_t fd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
+    int fd_address_trusted(const fd_config *cfg, int family, const unsigned char *addr)
     int fd_parse_budget_ms(const char *p, size_t n, double *ms)
     int fd_parse_envoy_ms(const char *p, size_t n, double *ms)
     int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
@@ -178,30 +197,114 @@ def parse_envoy_timeout_ms(bytes value):
     return _parsed(ok, ms)
 
 
-def incoming_budget(headers):
-    """``(budget_ms or None, invalid, source or None)`` of ``[(name, value), ...]`` (bytes), as the front door reads them."""
+cdef list _raw_headers(headers, phr_header *raw):
+    """Point ``raw`` at ``[(name, value), ...]`` (bytes); the returned list keeps the bytes alive."""
     cdef list items = [(bytes(name), bytes(value)) for name, value in headers]
-    cdef Py_ssize_t n = len(items)
-    if n > FD_MAX_HEADERS:
+    if len(items) > FD_MAX_HEADERS:
         raise ValueError("too many headers")
-    cdef phr_header raw[100]
     cdef Py_ssize_t i
-    for i in range(n):
+    for i in range(len(items)):
         name, value = items[i]
         raw[i].name = PyBytes_AS_STRING(name)
         raw[i].name_len = PyBytes_GET_SIZE(name)
         raw[i].value = PyBytes_AS_STRING(value)
         raw[i].value_len = PyBytes_GET_SIZE(value)
+    return items
+
+
+def incoming_budget(headers):
+    """``(budget_ms or None, invalid, source or None)`` of ``[(name, value), ...]`` (bytes), as the front door reads them."""
+    cdef phr_header raw[100]
+    cdef list items = _raw_headers(headers, raw)
+    cdef Py_ssize_t n = len(items)
     cdef double ms = 0
     cdef int invalid = 0, source = -1
     cdef int have = fd_incoming_budget(raw, n, &ms, &invalid, &source)
     return (ms if have else None, invalid, BUDGET_SOURCES[source] if source >= 0 else None)
 
 
-def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, double max_budget_ms):
-    """The deadline the front door gives a head with ``headers`` arriving at ``arrival_ns``."""
+def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, double max_budget_ms,
+                    int64_t upstream_ns=0):
+    """The deadline the front door gives a head with ``headers`` arriving at ``arrival_ns``.
+
+    ``upstream_ns``: the front-proxy queue time taken off it (``fd_upstream_ns``).
+    """
     budget, _invalid, _source = incoming_budget(headers)
-    return fd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns)
+    return fd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns,
+                           upstream_ns)
+
+
+# ------------------------------------------------------- front-proxy stamps
+
+def parse_request_start_ns(bytes value):
+    """The C parser of ``X-Request-Start`` (the rules of ``prazo.bindings.proxy_headers``): ns or None."""
+    cdef int64_t ns = 0
+    cdef int ok = fd_parse_request_start_ns(value, len(value), &ns)
+    return ns if ok else None
+
+
+def request_start_ns(headers):
+    """The earliest valid ``X-Request-Start``/``X-Queue-Start`` stamp of ``[(name, value), ...]`` (bytes), or None."""
+    cdef phr_header raw[100]
+    cdef list items = _raw_headers(headers, raw)
+    cdef int64_t ns = 0
+    cdef int ok = fd_request_start(raw, len(items), &ns)
+    return ns if ok else None
+
+
+def upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns):
+    """The engine's front-proxy wait: ``arrival_wall_ns - stamp_ns`` within ``[0, max_wait_ns]``."""
+    return fd_upstream_wait_ns(stamp_ns, arrival_wall_ns, max_wait_ns)
+
+
+cdef int _trusted_config(fd_config *cfg, networks, fd_net **out) except -1:
+    """Fill ``cfg``'s trusted list from ``networks`` (None: any peer); *out is malloc'ed (caller frees)."""
+    out[0] = NULL
+    if networks is None:
+        cfg.n_trusted = -1
+        return 0
+    cdef list items = list(networks)
+    cfg.n_trusted = len(items)
+    if not items:
+        return 0
+    out[0] = <fd_net *>malloc(len(items) * sizeof(fd_net))
+    if out[0] == NULL:
+        raise MemoryError()
+    cdef Py_ssize_t i
+    cdef bytes packed
+    for i in range(len(items)):
+        version, packed, prefix = items[i]
+        if version not in (4, 6) or len(packed) != (4 if version == 4 else 16) or not 0 <= prefix <= len(packed) * 8:
+            free(out[0])
+            out[0] = NULL
+            raise ValueError(f"trusted network {i}: (4 or 6, packed address, prefix length), got {items[i]!r}")
+        memset(&out[0][i], 0, sizeof(fd_net))
+        out[0][i].family = AF_INET if version == 4 else AF_INET6
+        out[0][i].prefix = prefix
+        memcpy(out[0][i].addr, PyBytes_AS_STRING(packed), len(packed))
+    cfg.trusted = out[0]
+    return 0
+
+
+def engine_networks(networks):
+    """``[(4 or 6, packed network address, prefix length), ...]`` of ``ipaddress`` networks (None stays None)."""
+    if networks is None:
+        return None
+    return [(net.version, net.network_address.packed, net.prefixlen) for net in networks]
+
+
+def address_trusted(networks, bytes packed):
+    """Whether the engine trusts a peer at ``packed`` (4 or 16 bytes) given ``engine_networks(...)``."""
+    cdef fd_config cfg
+    cdef fd_net *nets = NULL
+    memset(&cfg, 0, sizeof(cfg))
+    if len(packed) not in (4, 16):
+        raise ValueError("packed must be 4 or 16 bytes")
+    _trusted_config(&cfg, networks, &nets)
+    cdef int ok = fd_address_trusted(&cfg, AF_INET if len(packed) == 4 else AF_INET6,
+                                     <const unsigned char *>PyBytes_AS_STRING(packed))
+    free(nets)
+    return bool(ok)
 
 
 def check_head(bytes data):
@@ -236,7 +339,8 @@ cdef class Engine:
                   Py_ssize_t max_head, dict answers, str order="fifo", int64_t codel_target_ns=5000000,
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
-                  bytes critical_header=None, critical_paths=()):
+                  bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
+                  int64_t max_upstream_ns=0, trusted_networks=None):
         # FrontDoorServer checks the options under the names users know; these
         # checks only keep the engine's own invariants, whoever calls it.
         if order not in ORDERS:
@@ -249,11 +353,14 @@ cdef class Engine:
             raise ValueError("min_concurrency must be in [1, threads]")
         if not 0 <= reserved < threads:
             raise ValueError("reserved must be in [0, threads)")
+        if max_upstream_ns < 0:
+            raise ValueError("max_upstream_ns must be >= 0")
         cdef list path_list = [bytes(path) for path in critical_paths]
         if any(not path or b"\0" in path for path in path_list):
             raise ValueError("a critical path is a non-empty path without NUL bytes")
         cdef bytes paths = b"".join(path + b"\0" for path in path_list)
         cdef fd_config cfg
+        cdef fd_net *nets = NULL
         memset(&cfg, 0, sizeof(cfg))
         cfg.order = ORDERS[order]
         cfg.codel_target_ns = codel_target_ns
@@ -294,7 +401,11 @@ cdef class Engine:
             raise ValueError("between 1 and 8 listening sockets")
         for i, fd in enumerate(fd_list):
             fds[i] = fd
-        self.srv = fd_server_new(&cfg, fds, len(fd_list))   # copies the answers
+        cfg.trust_request_start = trust_request_start
+        cfg.max_upstream_ns = max_upstream_ns
+        _trusted_config(&cfg, trusted_networks, &nets)
+        self.srv = fd_server_new(&cfg, fds, len(fd_list))   # copies the answers and the networks
+        free(nets)
         if self.srv == NULL:
             raise MemoryError("cannot create the front door")
         self.threads = threads
@@ -361,6 +472,7 @@ cdef class Engine:
             "pending_heads": s.pending_heads, "lingering": s.lingering,
             "insufficient_budget": s.insufficient_budget, "shed": s.shed, "evicted": s.evicted,
             "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
+            "upstream_stamps": s.upstream_stamps,
         }
 
     def __dealloc__(self):
@@ -390,6 +502,7 @@ cdef class Connection:
     cdef readonly object local
     cdef readonly int64_t arrival_ns
     cdef readonly int64_t deadline_ns
+    cdef readonly int64_t upstream_ns
     cdef readonly int64_t queue_wait_ns
     cdef readonly object budget_source
     cdef readonly int budget_invalid
@@ -415,6 +528,7 @@ cdef class Connection:
         self.local = _address(&local) if getsockname(c.fd, <sockaddr *>&local, &local_len) == 0 else None
         self.arrival_ns = c.arrival_ns
         self.deadline_ns = c.deadline_ns
+        self.upstream_ns = c.upstream_ns
         self.queue_wait_ns = c.started_ns - c.arrival_ns
         self.budget_source = BUDGET_SOURCES[c.budget_source] if c.budget_source >= 0 else None
         self.budget_invalid = c.budget_invalid

@@ -32,10 +32,12 @@ refused), admitted requests — running and waiting — finish within the
 timeout, a request arriving on an open connection meanwhile gets ``503
 shutting-down``, and what still waits at the end gets ``503 shutting-down``.
 Linux only (epoll); TLS is not supported (terminate it in front). With
-``trust_request_start`` the time a request queued in a trusted front proxy
-(``X-Request-Start``) is taken off its deadline when a worker picks it up,
-before the app may start (504 when nothing is left); the C line orders and
-expires requests by the budget headers alone.
+``trust_request_start`` the C thread also reads ``X-Request-Start`` /
+``X-Queue-Start`` (the formats and rules of ``prazo.bindings.proxy_headers``)
+from peers in ``trusted_proxies`` and takes the time the request queued in
+that proxy (at most ``max_upstream_ms``) off its deadline as it parses the
+head: a budget used up in the proxy is answered ``504 expired-on-arrival``
+by the C thread, and the line expires and orders by the corrected deadline.
 
 The queue policies of ``AdmissionQueue`` (POLICIES.md) run in the same C
 thread and in the workers' pickup, with the same semantics and reasons:
@@ -69,6 +71,7 @@ from urllib.parse import unquote_to_bytes
 from prazo.core import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
+    NS_PER_MS,
     REASON_EVICTED,
     REASON_INSUFFICIENT_BUDGET,
     REASON_SHED,
@@ -82,6 +85,7 @@ from prazo.core import (
 
 from ..headers import is_ambiguous_header_name
 from ..policies import LIMITS, ORDERS, POLICY_DEFAULTS, checked_choice, checked_header_name, checked_paths
+from ..proxy_headers import trusted_networks
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .dispatcher import SERVER_STATS_KEY
 from .heads import MAX_HEAD_BYTES
@@ -446,6 +450,11 @@ class FrontDoorServer:
             max_drain_bytes=DEFAULT_MAX_DRAIN_BYTES,
             max_head=MAX_HEAD_BYTES,
             answers=canned_answers(),
+            # The front-proxy correction is the engine's: it needs the peer and
+            # the arrival stamp, both C-side, and must act before the line does.
+            trust_request_start=settings.trust_request_start,
+            max_upstream_ns=int(settings.max_upstream_ms * NS_PER_MS),
+            trusted_networks=engine_module.engine_networks(trusted_networks(settings.trusted_proxies)),
             **engine_policies,
         )
         self._workers: list[threading.Thread] = []
@@ -455,10 +464,6 @@ class FrontDoorServer:
         self._stopped = threading.Event()
         self._expired_at_start = 0
         self._app_errors = 0
-        # trust_request_start: the front-proxy correction, applied when a worker
-        # picks the request up (the C line orders and expires on the deadline
-        # from the budget headers alone; see _serve).
-        self._front_proxy = settings.policy() if settings.trust_request_start else None
 
     @property
     def port(self) -> int:
@@ -586,18 +591,8 @@ class FrontDoorServer:
         if time.monotonic_ns() >= deadline.ns:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
             return self._refuse_expired(conn, "expired-in-queue", may_keep_alive)
+        # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's fd_upstream_ns).
         environ = self._environ(conn)
-        if self._front_proxy is not None:
-            # The time queued in a trusted front proxy (X-Request-Start) comes off
-            # here, before the app could start: the C line held the request by
-            # its header deadline at most, and a request whose corrected deadline
-            # passed never runs.
-            upstream_ns = self._front_proxy.upstream_queue_ns(environ, conn.arrival_ns)
-            if upstream_ns > 0:
-                deadline = Deadline.at_ns(deadline.ns - upstream_ns)
-                if time.monotonic_ns() >= deadline.ns:
-                    reason = "expired-on-arrival" if deadline.ns <= conn.arrival_ns else "expired-in-queue"
-                    return self._refuse_expired(conn, reason, may_keep_alive)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
         try:
             result = run_admitted(

@@ -64,6 +64,14 @@ enum fd_order { FD_ORDER_FIFO = 0, FD_ORDER_LIFO = 1, FD_ORDER_ADAPTIVE = 2 };
 
 enum fd_source { FD_SRC_NONE = -1, FD_SRC_BUDGET = 0, FD_SRC_GRPC = 1, FD_SRC_ENVOY = 2 };
 
+/* A trusted proxy's network: family AF_INET or AF_INET6, the network address
+ * in network byte order, the prefix length in bits. */
+struct fd_net {
+    int family;
+    unsigned char addr[16];
+    int prefix;
+};
+
 struct fd_config {
     int threads;
     int max_queue;
@@ -86,6 +94,14 @@ struct fd_config {
     size_t critical_header_len;
     const char *critical_paths;       /* request paths that are critical, each ended by a NUL; NULL: none */
     size_t critical_paths_len;
+    /* Front-proxy queue time (prazo.bindings.proxy_headers): with trust_request_start, the
+     * time since the earliest valid X-Request-Start / X-Queue-Start stamp, at most
+     * max_upstream_ns, comes off the deadline when the peer is one of `trusted`
+     * (n_trusted < 0: any peer). */
+    int trust_request_start;
+    int64_t max_upstream_ns;
+    const struct fd_net *trusted;
+    int n_trusted;
     /* [answer][keep]: keep = 1 for the keep-alive variant (only below FD_A_COUNT_KEEPABLE) */
     const char *answer[FD_A_COUNT][2];
     size_t answer_len[FD_A_COUNT][2];
@@ -119,6 +135,7 @@ struct fd_conn {
     int client_keep_alive;
     int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
+    int64_t upstream_ns;            /* taken off the deadline for a trusted proxy's X-Request-Start */
     int critical;                   /* of the critical class: waits in srv->crit, served first */
     int drop_answer;                /* the refusal of a connection dropped from the line */
     int budget_source;
@@ -143,6 +160,7 @@ struct fd_stats {
     int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
     int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering;
     int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
+    int64_t upstream_stamps;
 };
 
 struct fd_server {
@@ -180,6 +198,7 @@ struct fd_server {
     _Atomic int64_t pending_heads, lingering_now;   /* published by the I/O thread each turn */
     _Atomic int64_t insufficient_budget, shed, evicted, critical_started;
     _Atomic int64_t expected_now;   /* fd_expected(), published under mutex for the I/O thread's arrivals */
+    _Atomic int64_t upstream_stamps;   /* heads whose deadline a trusted proxy's stamp shortened */
 };
 
 static inline int64_t fd_now_ns(void)
@@ -383,8 +402,10 @@ static int fd_incoming_budget(const struct phr_header *headers, size_t n, double
     return found;
 }
 
-/* BudgetPolicy.deadline_for: arrival + min(incoming or default, max), >= 0, saturating. */
-static int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns)
+/* BudgetPolicy.deadline_for: arrival + min(incoming or default, max) - upstream, the
+ * budget >= 0 (upstream can only shorten it, down to "already passed"), saturating. */
+static int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
+                               int64_t upstream_ns)
 {
     double budget = have ? incoming_ms : default_ms;
     if (budget > max_ms)
@@ -392,10 +413,192 @@ static int64_t fd_deadline_for(double default_ms, double max_ms, int have, doubl
     if (budget < 0.0)
         budget = 0.0;
     int64_t budget_ns = (int64_t)(budget * 1000000.0);   /* truncation: never a nanosecond more */
+    if (upstream_ns > 0)
+        budget_ns -= upstream_ns < budget_ns ? upstream_ns : budget_ns;
     int64_t deadline;
     if (__builtin_add_overflow(arrival_ns, budget_ns, &deadline))
         deadline = INT64_MAX;
     return deadline;
+}
+
+/* ------------------------------------------------- front-proxy queue time */
+/* The X-Request-Start / X-Queue-Start rules of prazo.bindings.proxy_headers
+ * (parse_request_start_ns, upstream_wait_ns, FrontProxyBudgetPolicy), which
+ * stay the spec: tests/test_frontdoor_parsing.py runs Hypothesis over both
+ * parsers and both deadlines and asserts they agree. A value is at most 40
+ * characters, loses leading and trailing spaces/tabs, then is `t=`? digits
+ * (1-20) and an optional fraction of 1-9 digits; the unit follows from the
+ * integer's magnitude; a moment outside 2000-01-01 .. 2100-01-01 UTC is no
+ * stamp. A header sent twice reaches the Python side joined with a comma,
+ * which no stamp holds: here too it is no stamp. */
+
+#define FD_EARLIEST_STAMP_NS (946684800LL * 1000000000LL)
+#define FD_LATEST_STAMP_NS (4102444800LL * 1000000000LL)
+
+/* 1 and *ns (ns since the epoch) when the value is a valid stamp. */
+static int fd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
+{
+    if (!fd_strip(&p, &n))
+        return 0;
+    size_t i = 0;
+    if (n >= 2 && p[0] == 't' && p[1] == '=')
+        i = 2;
+    size_t digits = i;
+    uint64_t integer = 0;
+    int too_big = 0;
+    while (i < n && p[i] >= '0' && p[i] <= '9') {
+        /* Anything from LATEST on is out of range in every unit (a value that
+         * large can only be ns): stop counting, keep checking the syntax. */
+        if (integer >= (uint64_t)FD_LATEST_STAMP_NS / 10)
+            too_big = 1;   /* one more digit reaches LATEST (and could overflow) */
+        else if ((integer = integer * 10 + (uint64_t)(p[i] - '0')) >= (uint64_t)FD_LATEST_STAMP_NS)
+            too_big = 1;
+        i++;
+    }
+    size_t int_digits = i - digits;
+    if (int_digits < 1 || int_digits > 20)
+        return 0;
+    uint64_t fraction = 0, scale = 1;
+    int has_fraction = 0;
+    if (i < n) {
+        if (p[i] != '.')
+            return 0;
+        i++;
+        size_t start = i;
+        while (i < n && p[i] >= '0' && p[i] <= '9') {
+            fraction = fraction * 10 + (uint64_t)(p[i] - '0');
+            scale *= 10;
+            i++;
+        }
+        if (i == start || i - start > 9 || i != n)
+            return 0;
+        has_fraction = 1;
+    }
+    if (too_big)
+        return 0;
+    uint64_t unit = integer < 100000000000ULL ? 1000000000ULL
+                    : integer < 100000000000000ULL ? 1000000ULL
+                    : integer < 100000000000000000ULL ? 1000ULL : 1ULL;
+    if (has_fraction && unit == 1)
+        return 0;   /* a fraction of a nanosecond is not a real stamp */
+    /* (integer * scale + fraction) * unit // scale, exactly: integer * unit is
+     * a multiple of scale's share; fraction * unit < 10**18 fits. */
+    uint64_t whole;
+    if (__builtin_mul_overflow(integer, unit, &whole))
+        return 0;
+    uint64_t stamp = whole + fraction * unit / scale;
+    if (stamp < (uint64_t)FD_EARLIEST_STAMP_NS || stamp >= (uint64_t)FD_LATEST_STAMP_NS)
+        return 0;
+    *ns = (int64_t)stamp;
+    return 1;
+}
+
+/* The earliest valid stamp of a head's X-Request-Start / X-Queue-Start; 1 and *ns when there is one. */
+static int fd_request_start(const struct phr_header *headers, size_t n, int64_t *ns)
+{
+    static const char *const names[2] = {"x-request-start", "x-queue-start"};
+    int seen[2] = {0, 0}, have[2] = {0, 0};
+    int64_t stamp[2] = {0, 0};
+    for (size_t h = 0; h < n; h++) {
+        if (headers[h].name == NULL)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            if (headers[h].name_len != strlen(names[k]) || strncasecmp(headers[h].name, names[k], headers[h].name_len))
+                continue;
+            seen[k]++;
+            have[k] = fd_parse_request_start_ns(headers[h].value, headers[h].value_len, &stamp[k]);
+        }
+    }
+    int found = 0;
+    for (int k = 0; k < 2; k++) {
+        if (seen[k] != 1 || !have[k])
+            continue;   /* a repeated header is joined with a comma on the Python side: no stamp */
+        if (!found || stamp[k] < *ns)
+            *ns = stamp[k];
+        found = 1;
+    }
+    return found;
+}
+
+/* Is the peer one of the trusted networks? An IPv4-mapped IPv6 peer
+ * (::ffff:a.b.c.d, a dual-stack listener's IPv4 client) also matches as its
+ * IPv4 address, as FrontProxyBudgetPolicy._peer_trusted does. */
+static int fd_prefix_match(const unsigned char *addr, const unsigned char *net, int prefix)
+{
+    int full = prefix / 8, rest = prefix % 8;
+    if (memcmp(addr, net, (size_t)full) != 0)
+        return 0;
+    if (rest == 0)
+        return 1;
+    unsigned char mask = (unsigned char)(0xff << (8 - rest));
+    return (addr[full] & mask) == (net[full] & mask);
+}
+
+/* `addr` of `family` (AF_INET: 4 bytes, AF_INET6: 16, network byte order). */
+static int fd_address_trusted(const struct fd_config *cfg, int family, const unsigned char *addr)
+{
+    if (cfg->n_trusted < 0)
+        return 1;
+    const unsigned char *v4 = NULL, *v6 = NULL;
+    if (family == AF_INET) {
+        v4 = addr;
+    } else if (family == AF_INET6) {
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        v6 = addr;
+        if (memcmp(v6, mapped, 12) == 0)
+            v4 = v6 + 12;
+    } else {
+        return 0;   /* not an IP peer: no REMOTE_ADDR on the Python side either */
+    }
+    for (int i = 0; i < cfg->n_trusted; i++) {
+        const struct fd_net *net = &cfg->trusted[i];
+        if (net->family == AF_INET && v4 && fd_prefix_match(v4, net->addr, net->prefix))
+            return 1;
+        if (net->family == AF_INET6 && v6 && fd_prefix_match(v6, net->addr, net->prefix))
+            return 1;
+    }
+    return 0;
+}
+
+static int fd_peer_trusted(const struct fd_config *cfg, const struct sockaddr_storage *peer)
+{
+    if (peer->ss_family == AF_INET)
+        return fd_address_trusted(cfg, AF_INET, (const unsigned char *)&((const struct sockaddr_in *)peer)->sin_addr);
+    if (peer->ss_family == AF_INET6)
+        return fd_address_trusted(cfg, AF_INET6,
+                                  (const unsigned char *)&((const struct sockaddr_in6 *)peer)->sin6_addr);
+    return fd_address_trusted(cfg, peer->ss_family, NULL);
+}
+
+/* upstream_wait_ns: arrival - stamp within [0, max_wait_ns]. A stamp after the
+ * arrival (a proxy clock ahead of ours) is no wait, never more time. Saturating,
+ * so any int64 inputs are safe (the engine's are within centuries of 1970). */
+static int64_t fd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
+{
+    int64_t wait;
+    if (__builtin_sub_overflow(arrival_wall_ns, stamp_ns, &wait))
+        wait = arrival_wall_ns > stamp_ns ? INT64_MAX : 0;
+    if (wait < 0 || max_wait_ns <= 0)
+        return 0;
+    return wait < max_wait_ns ? wait : max_wait_ns;
+}
+
+/* The time c queued in a trusted front proxy before its arrival here:
+ * from the stamp to the wall-clock moment of c->arrival_ns, in [0, max_upstream_ns].
+ * The wall clock and the monotonic clock are read together, so the arrival
+ * (monotonic) is moved onto the wall clock the stamp is on. */
+static int64_t fd_upstream_ns(const struct fd_config *cfg, const struct fd_conn *c)
+{
+    if (!cfg->trust_request_start || !fd_peer_trusted(cfg, &c->peer))
+        return 0;
+    int64_t stamp;
+    if (!fd_request_start(c->headers, c->num_headers, &stamp))
+        return 0;
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    int64_t mono = fd_now_ns();
+    int64_t arrival_wall = (int64_t)real.tv_sec * 1000000000LL + real.tv_nsec - (mono - c->arrival_ns);
+    return fd_upstream_wait_ns(stamp, arrival_wall, cfg->max_upstream_ns);
 }
 
 /* ---------------------------------------------------------- head framing */
@@ -847,7 +1050,14 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
     int have = fd_incoming_budget(c->headers, c->num_headers, &ms, &invalid, &source);
     c->budget_source = source;
     c->budget_invalid = invalid;
-    c->deadline_ns = fd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns);
+    /* A trusted front proxy's queue time comes off here, before the line sees
+     * the deadline: a budget used up in the proxy is answered 504 below, and
+     * the line expires and orders by the corrected deadline. */
+    c->upstream_ns = fd_upstream_ns(&srv->cfg, c);
+    if (c->upstream_ns > 0)
+        fd_count(&srv->upstream_stamps, 1);
+    c->deadline_ns = fd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns,
+                                     c->upstream_ns);
     if (srv->draining) {
         fd_io_refuse_on_arrival(srv, c, &srv->shutting_down, FD_A_SHUTTING_DOWN, now);
         return;
@@ -1298,6 +1508,14 @@ static struct fd_server *fd_server_new(const struct fd_config *cfg, const int *l
         copy[cfg->critical_paths_len] = 0;   /* the last path ends even if the caller forgot */
         srv->cfg.critical_paths = copy;
     }
+    srv->cfg.trusted = NULL;
+    if (cfg->n_trusted > 0) {
+        struct fd_net *copy = malloc((size_t)cfg->n_trusted * sizeof *copy);
+        if (!copy)
+            return NULL;
+        memcpy(copy, cfg->trusted, (size_t)cfg->n_trusted * sizeof *copy);
+        srv->cfg.trusted = copy;
+    }
     int64_t now = fd_now_ns();
     prazo_codel_init(&srv->codel, cfg->codel_target_ns, cfg->codel_interval_ns, now);
     prazo_service_estimate_init(&srv->estimate, cfg->expected_service_ns, cfg->expected_quantile_permille);
@@ -1414,6 +1632,7 @@ static int fd_server_free(struct fd_server *srv)
     }
     free((void *)srv->cfg.critical_header);
     free((void *)srv->cfg.critical_paths);
+    free((void *)srv->cfg.trusted);
     pthread_mutex_destroy(&srv->mutex);
     pthread_cond_destroy(&srv->ready);
     pthread_cond_destroy(&srv->idle);
@@ -1436,6 +1655,7 @@ static void fd_server_stats(struct fd_server *srv, struct fd_stats *s)
     s->shed = fd_read_counter(&srv->shed);
     s->evicted = fd_read_counter(&srv->evicted);
     s->critical_started = fd_read_counter(&srv->critical_started);
+    s->upstream_stamps = fd_read_counter(&srv->upstream_stamps);
     s->accepted = fd_read_counter(&srv->accepted);
     s->open_connections = fd_read_counter(&srv->open_connections);
     s->offered = fd_read_counter(&srv->offered);

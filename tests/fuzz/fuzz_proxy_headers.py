@@ -15,18 +15,37 @@ Properties, for any input:
 * its deadline keeps every ``BudgetPolicy`` promise (see
   ``_common.check_deadline``), is never later than the plain policy's and
   never earlier than that minus ``max_upstream_ms``; an untrusted peer gets
-  exactly the plain policy's deadline.
+  exactly the plain policy's deadline;
+* the front door's C engine (``--server prazo``, when compiled) agrees: its
+  stamp parser gives what ``parse_request_start_ns`` gives for every value as
+  it arrives on the wire (latin-1 bytes), and its trusted-peer check, earliest
+  stamp of the head (repeated fields judged as the Python side joins them) and
+  capped wait give exactly ``upstream_queue_ns``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
-from prazo.bindings.headers import BudgetPolicy
-from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy, parse_request_start_ns
+from prazo.bindings.headers import BudgetPolicy, is_ambiguous_header_name
+from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy, parse_request_start_ns, trusted_networks
 from prazo.core import NS_PER_MS
 
 from ._common import INT64_MAX, cgi_environ, check_deadline, option_int, parse_spec, policy_from
+
+
+def _compiled_engine() -> Any:
+    """The front door's engine module, or None when this build has no compiled extensions."""
+    try:
+        from prazo.bindings.servers.frontdoor import compiled_engine
+
+        return compiled_engine()
+    except (ImportError, RuntimeError):
+        return None
+
+
+_ENGINE = _compiled_engine()
 
 
 def _may_be_trusted(peer: str, trusted: tuple[str, ...] | None) -> bool:
@@ -47,6 +66,45 @@ def _may_be_trusted(peer: str, trusted: tuple[str, ...] | None) -> bool:
     return any(form in network for form in forms for network in networks)
 
 
+def _wire(text: str) -> bytes | None:
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
+
+
+def _check_engine(policy: FrontProxyBudgetPolicy, spec: Any, peer: str | None, trusted: Any, arrival_ns: int,
+                  wall_ns: int, upstream_ms: int) -> None:  # fmt: skip
+    """The engine's fd_upstream_ns, step by step, against ``policy.upstream_queue_ns``."""
+    if _ENGINE is None:
+        return
+    # The front door's environ drops ambiguous names and joins repeats; the engine sees the raw fields.
+    fields = [(name, value) for name, value in spec.headers if not is_ambiguous_header_name(name)]
+    wire = [(_wire(name), _wire(value)) for name, value in fields]
+    if any(name is None or value is None for name, value in wire) or len(wire) > 100:
+        return
+    if trusted is None:
+        packed = ipaddress.ip_address("127.0.0.1").packed  # any peer is trusted
+    else:
+        try:
+            packed = ipaddress.ip_address(peer or "").packed
+        except ValueError:
+            return  # the engine's peers are always IP addresses
+        if "%" in (peer or ""):
+            return
+    environ: dict[str, object] = dict(cgi_environ(fields))
+    if peer is not None:
+        environ["REMOTE_ADDR"] = peer
+    expected = policy.upstream_queue_ns(environ, arrival_ns)
+    networks = _ENGINE.engine_networks(trusted_networks(trusted))
+    got = 0
+    if _ENGINE.address_trusted(networks, packed):
+        stamp = _ENGINE.request_start_ns(wire)
+        if stamp is not None:
+            got = _ENGINE.upstream_wait_ns(stamp, wall_ns, int(upstream_ms * NS_PER_MS))
+    assert got == expected, (fields, peer, trusted, got, expected)
+
+
 def test_one_input(data: bytes) -> None:
     spec = parse_spec(data)
     for _, value in spec.headers:
@@ -55,6 +113,9 @@ def test_one_input(data: bytes) -> None:
         if stamp is not None:
             assert type(stamp) is int and 0 < stamp < 10**20, (value, stamp)
             assert value.isascii(), (value, stamp)
+        wire = _wire(value)
+        if _ENGINE is not None and wire is not None:
+            assert _ENGINE.parse_request_start_ns(wire) == stamp, value
 
     options = spec.options
     trusted = tuple(options["trusted"].split(",")) if "trusted" in options else None
@@ -85,3 +146,4 @@ def test_one_input(data: bytes) -> None:
     peer = options.get("peer")
     if trusted is not None and (peer is None or not _may_be_trusted(peer, trusted)):
         assert deadline.ns == plain.ns, (deadline.ns, plain.ns, peer, trusted)
+    _check_engine(policy, spec, peer, trusted, arrival_ns, wall_ns, upstream_ms)
