@@ -31,7 +31,8 @@ from prazo.core import Deadline, DeadlineExceeded, ShutDown, current_deadline, d
 
 __all__ = ["Submitter", "layout_supported", "run_worker", "set_interpreter_shutting_down"]
 
-cdef object _RLock = threading.RLock
+# The C lock type itself: threading.RLock is a Python function returning one.
+cdef object _RLock = type(threading.RLock())
 cdef object _Condition = threading.Condition
 cdef object _deque = deque
 cdef object _monotonic_ns = monotonic_ns

@@ -50,7 +50,7 @@ from prazo.core import (
 from .policies import queue_options
 from .reaper import DeadlineReaper
 
-__all__ = ["AdmissionPool", "compiled_path"]
+__all__ = ["AdmissionPool", "compiled_path", "use_compiled_path"]
 
 T = TypeVar("T")
 
@@ -65,8 +65,8 @@ def _python_exit() -> None:
     global _interpreter_shutting_down
     with _global_shutdown_lock:
         _interpreter_shutting_down = True
-        if _COMPILED is not None:
-            _COMPILED.set_interpreter_shutting_down()
+        if _COMPILED_MODULE is not None:
+            _COMPILED_MODULE.set_interpreter_shutting_down()
     items = list(_workers_queues.items())
     for _, q in items:
         q.shutdown()
@@ -102,12 +102,29 @@ def _import_compiled() -> ModuleType | None:
     return _pool_c
 
 
-_COMPILED = _import_compiled()
+_COMPILED_MODULE = _import_compiled()
+# What pools created from now on use; use_compiled_path() switches it.
+_COMPILED = _COMPILED_MODULE
 
 
 def compiled_path() -> bool:
     """True when new pools submit and run their tasks on the compiled path (``prazo.bindings._pool_c``)."""
     return _COMPILED is not None
+
+
+def use_compiled_path(enabled: bool) -> bool:
+    """Choose the path of pools created from now on (tests and ``prazo bench pool`` run both); returns the old choice.
+
+    Raises ``RuntimeError`` when ``enabled`` and the compiled path is not available.
+    """
+    global _COMPILED
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, not {type(enabled).__name__}")
+    if enabled and _COMPILED_MODULE is None:
+        raise RuntimeError("the compiled AdmissionPool path (prazo.bindings._pool_c) is not available")
+    previous = _COMPILED is not None
+    _COMPILED = _COMPILED_MODULE if enabled else None
+    return previous
 
 
 def _validate_count(value: object, name: str, minimum: int, message: str) -> int:
@@ -351,6 +368,7 @@ class AdmissionPool(Executor):
         self._thread_name_prefix = thread_name_prefix
         self._reaper = DeadlineReaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
         self._worker_target: Callable[..., None] = _worker
+        self._submitter: Any = None
         if _COMPILED is not None:
             self._submitter = _COMPILED.Submitter(
                 self._queue,
@@ -472,9 +490,15 @@ class AdmissionPool(Executor):
         """
         end_time = None if timeout is None else timeout + time.monotonic()
         futures: list[Future[T]] = []
+        # One deadline and one snapshot of the caller's context for the whole
+        # batch (what submit would read for each item, read once); each item
+        # runs in its own copy, as after submit.
+        deadline, context = current_deadline(), contextvars.copy_context()
+        submit = self._submit if self._submitter is None else self._submitter.submit
+        no_kwargs: dict[str, Any] = {}
         try:
             for args in zip(*iterables):
-                futures.append(self.submit(fn, *args))
+                futures.append(submit(deadline, context.copy(), fn, args, no_kwargs))
         except BaseException:
             for future in futures:
                 future.cancel()
@@ -489,7 +513,7 @@ class AdmissionPool(Executor):
         """
         with self._lock:
             self._shutdown = True
-            if _COMPILED is not None:
+            if self._submitter is not None:
                 self._submitter.shut_down = True
             if cancel_futures:
                 self._state.cancelling = True

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from typing import Any
 
+import prazo.bindings.pool as pool_module
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,8 +33,19 @@ from prazo.core import (
 WAIT_S = 10.0  # an upper bound for things that happen "soon"; never a speed assertion
 
 
+@pytest.fixture(params=["compiled", "python"])
+def pool_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every pool test runs on both paths of the pool: prazo.bindings._pool_c and the Python specification."""
+    compiled = request.param == "compiled"
+    if compiled and not pool_module.compiled_path():
+        pytest.skip("the compiled AdmissionPool path is not built (PRAZO_NO_EXTENSIONS=1?)")
+    previous = pool_module.use_compiled_path(compiled)
+    yield request.param
+    pool_module.use_compiled_path(previous)
+
+
 @pytest.fixture
-def pools() -> Iterator[Callable[..., AdmissionPool]]:
+def pools(pool_path: str) -> Iterator[Callable[..., AdmissionPool]]:
     """Make pools that are always shut down, even when a test fails."""
     created: list[AdmissionPool] = []
 
