@@ -20,27 +20,48 @@ the admission queue (see NOTES-poolperf.md for the per-task budget):
   if not, the pool's Python path is used instead.
 """
 
-from cpython.contextvars cimport PyContext_CopyCurrent
+from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit, PyContextVar_Set
+from cpython.object cimport PyObject
 
 import threading
 from collections import deque
 from concurrent.futures import Future
-from time import monotonic_ns
+from time import monotonic, monotonic_ns
 
-from prazo.core import Deadline, DeadlineExceeded, ShutDown, current_deadline, deadline_context
+from prazo.core import Deadline, DeadlineExceeded, ShutDown, current_deadline, deadline_var
 
-__all__ = ["Submitter", "layout_supported", "run_worker", "set_interpreter_shutting_down"]
+__all__ = ["Submitter", "layout_supported", "results_in_order", "run_worker", "set_interpreter_shutting_down"]
 
 # The C lock type itself: threading.RLock is a Python function returning one.
 cdef object _RLock = type(threading.RLock())
 cdef object _Condition = threading.Condition
 cdef object _deque = deque
 cdef object _monotonic_ns = monotonic_ns
+cdef object _monotonic = monotonic
 cdef object _current_deadline = current_deadline
-cdef object _deadline_context = deadline_context
+cdef object _DEADLINE_VAR = deadline_var()
 cdef object _ShutDown = ShutDown
 cdef object _DeadlineExceeded = DeadlineExceeded
 cdef type _DeadlineType = Deadline
+
+cdef extern from "prazo_slots.h":
+    Py_ssize_t prazo_slot_offset(object descr)
+    PyObject *prazo_slot_value(object obj, Py_ssize_t offset)
+
+# Where Deadline keeps its `_ns` slot (read as the C twin of the queue reads
+# it): the ``ns`` property is a Python frame per queued task.
+cdef Py_ssize_t _DEADLINE_NS_OFFSET = prazo_slot_offset(Deadline.__dict__["_ns"])
+
+
+cdef object _context_with(object deadline):
+    """``deadline_context(deadline, replace=True)``: a copy of the caller's context with exactly ``deadline``."""
+    cdef object context = PyContext_CopyCurrent()
+    PyContext_Enter(context)
+    try:
+        PyContextVar_Set(_DEADLINE_VAR, deadline)
+    finally:
+        PyContext_Exit(context)
+    return context
 
 
 cdef tuple _future_states():
@@ -187,7 +208,7 @@ cdef class Submitter:
     def submit_until(self, deadline, fn, /, *args, **kwargs):
         if deadline is not None and type(deadline) is not _DeadlineType and not isinstance(deadline, _DeadlineType):
             raise TypeError(f"deadline must be a prazo.core.Deadline or None, not {type(deadline).__name__}")
-        return self.submit(deadline, _deadline_context(deadline, replace=True), fn, args, kwargs)
+        return self.submit(deadline, _context_with(deadline), fn, args, kwargs)
 
     def submit_current(self, fn, /, *args, **kwargs):
         return self.submit(_current_deadline(), PyContext_CopyCurrent(), fn, args, kwargs)
@@ -196,7 +217,14 @@ cdef class Submitter:
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
         future = _new_future(self._future_type) if _layout_ok else self._future_type()
-        item = self._item_type(future, fn, args, kwargs, context)
+        item = self._item_type.__new__(self._item_type)
+        # The fields of the pool's _WorkItem.__init__, set without its frame.
+        item.future = future
+        item.fn = fn
+        item.args = args
+        item.kwargs = kwargs
+        item.context = context
+        item.claimed = False
         if self._state.request_duration is not None:
             item.submitted_ns = _monotonic_ns()
         queue = self._queue
@@ -219,7 +247,7 @@ cdef class Submitter:
                 if item.claimed:
                     future._prazo_line = None
                 if deadline is not None:
-                    self._reaper.watch_locked(deadline.ns, item)
+                    self._reaper.watch_locked(<object>prazo_slot_value(deadline, _DEADLINE_NS_OFFSET), item)
             if len(self._threads) < self._max_workers:
                 self._start_worker_locked()
         finally:
@@ -268,3 +296,30 @@ def run_worker(queue, state, reaper):
                 state.fn_raised += 1
             future.set_exception(result)
         del item, future, result
+
+
+def results_in_order(list futures, end_time):
+    """``prazo.bindings.pool._results_in_order`` in C: a finished future's result is read without a frame."""
+    cdef dict f
+    futures.reverse()
+    try:
+        while futures:
+            future = futures.pop()
+            f = future.__dict__
+            # FINISHED is final and its result was stored before the state.
+            if f["_state"] is _FINISHED and f["_exception"] is None:
+                result = f["_result"]
+                del future, f
+                yield result
+                continue
+            try:
+                if end_time is None:
+                    yield future.result()
+                else:
+                    yield future.result(end_time - _monotonic())
+            finally:
+                future.cancel()
+                del future
+    finally:
+        for future in futures:
+            future.cancel()

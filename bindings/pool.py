@@ -503,6 +503,8 @@ class AdmissionPool(Executor):
             for future in futures:
                 future.cancel()
             raise
+        if self._submitter is not None:
+            return _COMPILED_MODULE.results_in_order(futures, end_time)  # type: ignore[union-attr, no-any-return]
         return _results_in_order(futures, end_time)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
