@@ -580,3 +580,37 @@ def test_a_future_that_waited_in_line_is_freed_by_refcounting(pools: Callable[..
         assert _dies_without_collection(ref), f"a {fate} future outlived its last reference (a reference cycle)"
     finally:
         gc.enable()
+
+
+def test_map_under_an_expired_deadline_never_calls_fn(pools: Callable[..., AdmissionPool]) -> None:
+    pool, calls = pools(2, 10), Calls()
+    with deadline_scope(Deadline.after(-1.0)):
+        results = pool.map(calls, range(5))
+    with pytest.raises(DeadlineExceeded) as caught:
+        next(results)
+    assert caught.value.reason == REASON_EXPIRED_ON_ARRIVAL
+    assert calls.values == []
+
+
+def test_map_runs_every_item_under_the_one_deadline_of_the_batch(pools: Callable[..., AdmissionPool]) -> None:
+    pool = pools(2, 100)
+    with deadline_scope(Deadline.after(60.0)) as deadline:
+        seen = list(pool.map(lambda _: current_deadline(), range(50), timeout=WAIT_S))
+    assert all(found is deadline for found in seen)
+
+
+def test_done_callbacks_of_compiled_and_python_futures_run_once(pools: Callable[..., AdmissionPool]) -> None:
+    pool, calls = pools(2, 100), Calls()
+    futures = [pool.submit(int, str(i)) for i in range(20)]
+    for future in futures:
+        future.add_done_callback(lambda f: calls(f.result()))
+    wait(futures, timeout=WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while len(calls.values) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(calls.values) == list(range(20))  # type: ignore[type-var]
+
+
+def test_use_compiled_path_names_its_argument() -> None:
+    with pytest.raises(TypeError, match="enabled"):
+        pool_module.use_compiled_path("yes")  # type: ignore[arg-type]
