@@ -247,7 +247,13 @@ cdef class Submitter:
                 if item.claimed:
                     future._prazo_line = None
                 if deadline is not None:
-                    self._reaper.watch_locked(<object>prazo_slot_value(deadline, _DEADLINE_NS_OFFSET), item)
+                    deadline_ns = <object>prazo_slot_value(deadline, _DEADLINE_NS_OFFSET)
+                    reaper = self._reaper
+                    # A follower of the reaper's last, already shared entry:
+                    # watch_locked would do nothing (see DeadlineReaper).
+                    if not (reaper.last_shared and reaper.last_ns == deadline_ns
+                            and queue.expected_service_ns <= 0):
+                        reaper.watch_locked(deadline_ns, item)
             if len(self._threads) < self._max_workers:
                 self._start_worker_locked()
         finally:

@@ -614,3 +614,26 @@ def test_done_callbacks_of_compiled_and_python_futures_run_once(pools: Callable[
 def test_use_compiled_path_names_its_argument() -> None:
     with pytest.raises(TypeError, match="enabled"):
         pool_module.use_compiled_path("yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("first_leaves", ["cancelled", "stays"])
+def test_items_sharing_a_deadline_all_expire_at_it_even_when_the_first_left_the_line(
+    pools: Callable[..., AdmissionPool], first_leaves: str
+) -> None:
+    # The reaper keeps one entry for items that share a deadline: the first
+    # item leaving the line early must not leave its followers unwatched.
+    pool, gate = _busy_pool(pools, 1, 10)
+    calls = Calls()
+    deadline = Deadline.after(0.1)
+    first = pool.submit_until(deadline, calls, "first")
+    followers = [pool.submit_until(deadline, calls, i) for i in range(5)]
+    if first_leaves == "cancelled":
+        assert first.cancel()
+    for future in followers:
+        _wait_done(future)  # the worker is still blocked: only the reaper can fail them
+        exc = future.exception()
+        assert isinstance(exc, DeadlineExceeded) and exc.reason == REASON_EXPIRED_IN_QUEUE
+    assert deadline.remaining_ns() <= 0
+    gate.open()
+    assert pool.submit(calls, "later").result(WAIT_S) == "later"
+    assert calls.values == ["later"]
