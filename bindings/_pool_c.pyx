@@ -114,34 +114,34 @@ def set_interpreter_shutting_down():
 
 cdef object _new_future(type cls):
     """``cls()`` for a ``Future`` subclass without ``__init__``: what ``Future.__init__`` sets, set directly."""
+    # Attribute stores, not stores into ``__dict__``: since 3.11 an instance
+    # keeps its attributes inline until ``__dict__`` is asked for, which
+    # would allocate a dict per object.
     cdef object lock = _RLock()
     cdef object condition = _Condition.__new__(_Condition)
-    cdef dict c = condition.__dict__
-    c["_lock"] = lock
-    c["acquire"] = lock.acquire
-    c["release"] = lock.release
-    c["_release_save"] = lock._release_save
-    c["_acquire_restore"] = lock._acquire_restore
-    c["_is_owned"] = lock._is_owned
-    c["_waiters"] = _deque()
+    condition._lock = lock
+    condition.acquire = lock.acquire
+    condition.release = lock.release
+    condition._release_save = lock._release_save
+    condition._acquire_restore = lock._acquire_restore
+    condition._is_owned = lock._is_owned
+    condition._waiters = _deque()
     cdef object future = cls.__new__(cls)
-    cdef dict f = future.__dict__
-    f["_condition"] = condition
-    f["_state"] = _PENDING
-    f["_result"] = None
-    f["_exception"] = None
-    f["_waiters"] = []
-    f["_done_callbacks"] = []
+    future._condition = condition
+    future._state = _PENDING
+    future._result = None
+    future._exception = None
+    future._waiters = []
+    future._done_callbacks = []
     return future
 
 
 cdef inline bint _set_running(object future) except -1:
     """``future.set_running_or_notify_cancel()``; the common case (pending) without a Python frame."""
-    cdef dict f = future.__dict__
-    condition = f["_condition"]
+    condition = future._condition
     condition.acquire()
-    if f["_state"] is _PENDING:
-        f["_state"] = _RUNNING
+    if future._state is _PENDING:
+        future._state = _RUNNING
         condition.release()
         return True
     condition.release()
@@ -152,23 +152,22 @@ cdef inline bint _set_running(object future) except -1:
 
 cdef inline int _set_result(object future, object result) except -1:
     """``future.set_result(result)``; the common case (running) without a Python frame."""
-    cdef dict f = future.__dict__
-    condition = f["_condition"]
+    condition = future._condition
     condition.acquire()
-    if f["_state"] is not _RUNNING:
+    if future._state is not _RUNNING:
         condition.release()
         future.set_result(result)
         return 0
     try:
-        f["_result"] = result
-        f["_state"] = _FINISHED
-        for waiter in f["_waiters"]:
+        future._result = result
+        future._state = _FINISHED
+        for waiter in future._waiters:
             waiter.add_result(future)
-        if condition.__dict__["_waiters"]:
+        if condition._waiters:
             condition.notify_all()
     finally:
         condition.release()
-    if f["_done_callbacks"]:
+    if future._done_callbacks:
         future._invoke_callbacks()
     return 0
 
@@ -306,16 +305,14 @@ def run_worker(queue, state, reaper):
 
 def results_in_order(list futures, end_time):
     """``prazo.bindings.pool._results_in_order`` in C: a finished future's result is read without a frame."""
-    cdef dict f
     futures.reverse()
     try:
         while futures:
             future = futures.pop()
-            f = future.__dict__
             # FINISHED is final and its result was stored before the state.
-            if f["_state"] is _FINISHED and f["_exception"] is None:
-                result = f["_result"]
-                del future, f
+            if future._state is _FINISHED and future._exception is None:
+                result = future._result
+                del future
                 yield result
                 continue
             try:
