@@ -481,6 +481,18 @@ _operation = st.one_of(
 )
 
 
+def _pool_on_path(compiled: bool, *args: Any) -> AdmissionPool:
+    """An AdmissionPool on the compiled or the Python path (skips when the compiled one is not built)."""
+    if compiled and not pool_module.compiled_path():
+        pytest.skip("the compiled AdmissionPool path is not built")
+    previous = pool_module.use_compiled_path(compiled)
+    try:
+        return AdmissionPool(*args)
+    finally:
+        pool_module.use_compiled_path(previous)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     max_workers=st.integers(1, 3),
@@ -489,9 +501,9 @@ _operation = st.one_of(
     cancel_at_shutdown=st.booleans(),
 )
 def test_every_submission_ends_in_exactly_one_outcome(
-    max_workers: int, max_queue: int, operations: list[tuple[str, Any]], cancel_at_shutdown: bool
+    compiled: bool, max_workers: int, max_queue: int, operations: list[tuple[str, Any]], cancel_at_shutdown: bool
 ) -> None:
-    pool = AdmissionPool(max_workers, max_queue)
+    pool = _pool_on_path(compiled, max_workers, max_queue)
     gate = Gate()
     calls = Calls()
     futures = []
