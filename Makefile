@@ -76,8 +76,8 @@ sanitize: $(STAMP)
 	# The Python modules beside the ASan-built extensions, subpackages (bindings/servers, ...) included.
 	for pkg in core bindings; do (cd $$pkg && find . -name '*.py' -exec cp --parents {} $(CURDIR)/$(ASAN_DIR)/prazo/$$pkg/ \;); done
 	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
-		prazo.bindings.servers._frontdoor_c as f; \
-		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f)), (q.__file__, h.__file__, w.__file__, f.__file__)"
+		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p; \
+		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__)"
 	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
@@ -118,5 +118,5 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/servers/_frontdoor_c.c \
+	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
 		core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks

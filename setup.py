@@ -114,6 +114,8 @@ def _extensions():
         Extension("prazo.core._histogram_c", ["core/_histogram_c.pyx"], include_dirs=["core"], **options),
         # The compiled common path of the WSGI middleware; it cimports the C twin's .pxd.
         Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
+        # The compiled per-task path of AdmissionPool (submission and the worker loop).
+        Extension("prazo.bindings._pool_c", ["bindings/_pool_c.pyx"], include_dirs=["core"], **options),
         # The front door (--server prazo): its engine and the vendored, unmodified picohttpparser.
         Extension(
             "prazo.bindings.servers._frontdoor_c",

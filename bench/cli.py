@@ -507,7 +507,7 @@ def _add_bench(commands: _Commands) -> _Commands:
         "--batches",
         type=_integer(1),
         metavar="N",
-        help=f"timed batches per competitor; the best counts (default {pool_defaults.batches})",
+        help=f"timed batches per competitor; speed-ups compare medians (default {pool_defaults.batches})",
     )
     pool.add_argument(
         "--workers", type=_integer(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"

@@ -51,6 +51,7 @@ from prazo.core import (
     QueueFull,
     ShutDown,
     deadline_context,
+    deadline_var,
 )
 
 __all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "set_observer", "supports"]
@@ -85,20 +86,7 @@ if _DEADLINE_NS_OFFSET < 0:
 cdef tuple _NO_ARGS = ()
 
 
-cdef object _find_deadline_var():
-    """The ``ContextVar`` behind ``current_deadline()``, found through public API.
-
-    ``prazo.core`` exposes no accessor for it, so it is the one variable that
-    ``deadline_context`` sets in the copy it returns.
-    """
-    marker = Deadline.at_ns(0)
-    found = [var for var, value in deadline_context(marker, replace=True).items() if value is marker]
-    if len(found) != 1:
-        raise ImportError("cannot find the ContextVar that prazo.core.deadline_context sets")
-    return found[0]
-
-
-cdef object _DEADLINE_VAR = _find_deadline_var()
+cdef object _DEADLINE_VAR = deadline_var()
 
 # C globals for what every request reads (a module global is a dict lookup).
 cdef str _BUDGET_KEY = BUDGET_ENVIRON_KEY

@@ -26,14 +26,18 @@ future with.
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from types import ModuleType
 from typing import Any, TypeVar
 
 from prazo.core import (
+    IMPLEMENTATION,
     AdmissionQueue,
     Deadline,
     DeadlineExceeded,
@@ -46,7 +50,7 @@ from prazo.core import (
 from .policies import queue_options
 from .reaper import DeadlineReaper
 
-__all__ = ["AdmissionPool"]
+__all__ = ["AdmissionPool", "compiled_path", "use_compiled_path"]
 
 T = TypeVar("T")
 
@@ -61,6 +65,8 @@ def _python_exit() -> None:
     global _interpreter_shutting_down
     with _global_shutdown_lock:
         _interpreter_shutting_down = True
+        if _COMPILED_MODULE is not None:
+            _COMPILED_MODULE.set_interpreter_shutting_down()
     items = list(_workers_queues.items())
     for _, q in items:
         q.shutdown()
@@ -71,6 +77,54 @@ def _python_exit() -> None:
 # threading._register_atexit runs before non-daemon threads are joined, which
 # is what lets blocked workers be woken; it is what ThreadPoolExecutor uses.
 getattr(threading, "_register_atexit")(_python_exit)  # noqa: B009 - private, absent from typeshed
+
+
+def _import_compiled() -> ModuleType | None:
+    """``prazo.bindings._pool_c``, or None: not built, the Python twin in use, or an unknown ``Future`` layout.
+
+    Both paths do the same steps (``_submit`` and ``_worker`` below are the
+    specification); the compiled one runs them without Python frames.
+    """
+    if IMPLEMENTATION != "c":
+        return None
+    try:
+        from prazo.bindings import _pool_c
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        warnings.warn(
+            f"prazo: the compiled AdmissionPool path is missing ({exc}); the pool runs on its Python path. "
+            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    if not _pool_c.layout_supported():  # pragma: no cover - depends on the interpreter
+        return None
+    return _pool_c
+
+
+_COMPILED_MODULE = _import_compiled()
+# What pools created from now on use; use_compiled_path() switches it.
+_COMPILED = _COMPILED_MODULE
+
+
+def compiled_path() -> bool:
+    """True when new pools submit and run their tasks on the compiled path (``prazo.bindings._pool_c``)."""
+    return _COMPILED is not None
+
+
+def use_compiled_path(enabled: bool) -> bool:
+    """Choose the path of pools created from now on (tests and ``prazo bench pool`` run both); returns the old choice.
+
+    Raises ``RuntimeError`` when ``enabled`` and the compiled path is not available.
+    """
+    global _COMPILED
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, not {type(enabled).__name__}")
+    if enabled and _COMPILED_MODULE is None:
+        raise RuntimeError("the compiled AdmissionPool path (prazo.bindings._pool_c) is not available")
+    previous = _COMPILED is not None
+    _COMPILED = _COMPILED_MODULE if enabled else None
+    return previous
 
 
 def _validate_count(value: object, name: str, minimum: int, message: str) -> int:
@@ -313,6 +367,28 @@ class AdmissionPool(Executor):
         self._shutdown = False
         self._thread_name_prefix = thread_name_prefix
         self._reaper = DeadlineReaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
+        self._worker_target: Callable[..., None] = _worker
+        self._submitter: Any = None
+        if _COMPILED is not None:
+            self._submitter = _COMPILED.Submitter(
+                self._queue,
+                self._lock,
+                state,
+                self._reaper,
+                _PoolFuture,
+                _WorkItem,
+                # Not the bound method: the submitter must not keep the pool alive.
+                functools.partial(
+                    _start_worker, self._threads, thread_name_prefix, _COMPILED.run_worker, self._queue, state, self._reaper
+                ),
+                self._threads,
+                max_workers,
+            )
+            # Instance attributes: the bound methods of the compiled
+            # submitter, so a submission enters no Python frame at all.
+            self.submit = self._submitter.submit_current  # type: ignore[method-assign]
+            self.submit_until = self._submitter.submit_until  # type: ignore[method-assign]
+            self._worker_target = _COMPILED.run_worker
         # A pool dropped without shutdown() must not strand its threads
         # blocked in get(); the finalizer holds no reference to the pool.
         weakref.finalize(self, _release_collected_pool, self._queue, self._reaper)
@@ -397,17 +473,7 @@ class AdmissionPool(Executor):
         return future  # type: ignore[return-value]
 
     def _start_worker_locked(self) -> None:
-        # One thread per submission until max_workers exist: the queue may
-        # assign a slot to every submission at once, and each assigned item
-        # must find a thread, so fewer threads could leave one waiting.
-        thread = threading.Thread(
-            name=f"{self._thread_name_prefix}_{len(self._threads)}",
-            target=_worker,
-            args=(self._queue, self._state, self._reaper),
-        )
-        thread.start()
-        self._threads.append(thread)
-        _workers_queues[thread] = self._queue
+        _start_worker(self._threads, self._thread_name_prefix, self._worker_target, self._queue, self._state, self._reaper)
 
     def map(
         self,
@@ -424,13 +490,21 @@ class AdmissionPool(Executor):
         """
         end_time = None if timeout is None else timeout + time.monotonic()
         futures: list[Future[T]] = []
+        # One deadline and one snapshot of the caller's context for the whole
+        # batch (what submit would read for each item, read once); each item
+        # runs in its own copy, as after submit.
+        deadline, context = current_deadline(), contextvars.copy_context()
+        submit = self._submit if self._submitter is None else self._submitter.submit
+        no_kwargs: dict[str, Any] = {}
         try:
             for args in zip(*iterables):
-                futures.append(self.submit(fn, *args))
+                futures.append(submit(deadline, context.copy(), fn, args, no_kwargs))
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
+        if self._submitter is not None:
+            return _COMPILED_MODULE.results_in_order(futures, end_time)  # type: ignore[union-attr, no-any-return]
         return _results_in_order(futures, end_time)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -441,6 +515,8 @@ class AdmissionPool(Executor):
         """
         with self._lock:
             self._shutdown = True
+            if self._submitter is not None:
+                self._submitter.shut_down = True
             if cancel_futures:
                 self._state.cancelling = True
             cancelled = self._queue.shutdown(cancel_waiting=cancel_futures)
@@ -470,6 +546,24 @@ class AdmissionPool(Executor):
             f"<{type(self).__module__}.{type(self).__name__} max_workers={self._max_workers} "
             f"max_queue={self._queue.max_queue} workers={len(self._threads)} shutdown={self._shutdown}>"
         )
+
+
+def _start_worker(
+    threads: list[threading.Thread],
+    name_prefix: str,
+    target: Callable[..., None],
+    q: AdmissionQueue,
+    state: _WorkerState,
+    reaper: DeadlineReaper,
+) -> None:
+    """Start one more worker of a pool, called with its lock held (no reference to the pool itself)."""
+    # One thread per submission until max_workers exist: the queue may
+    # assign a slot to every submission at once, and each assigned item
+    # must find a thread, so fewer threads could leave one waiting.
+    thread = threading.Thread(name=f"{name_prefix}_{len(threads)}", target=target, args=(q, state, reaper))
+    thread.start()
+    threads.append(thread)
+    _workers_queues[thread] = q
 
 
 def _release_collected_pool(q: AdmissionQueue, reaper: DeadlineReaper) -> None:

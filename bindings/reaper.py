@@ -45,6 +45,17 @@ class DeadlineReaper:
     Entries of items that already left the line are dropped lazily, and the
     heap is compacted when it grows well beyond the line, so it stays
     O(queued) on average.
+
+    Items that share a deadline (a request fanning out, a ``map`` batch) share
+    one entry: when an item arrives with the deadline of the last entry while
+    that entry is still in the heap (and the queue has no doomed-work skip,
+    whose effective deadlines could differ), the entry is marked *shared*
+    instead of adding another. A shared entry is kept until its deadline even
+    if its own item left the line, and then the line is swept, so every
+    follower is still expired at that deadline. An owner may skip the call
+    altogether while ``last_ns`` equals the item's deadline and
+    ``last_shared`` is true (the compiled pool does): that is exactly the case
+    in which the call would do nothing.
     """
 
     def __init__(self, q: AdmissionQueue, cond: threading.Condition, thread_name: str) -> None:
@@ -55,14 +66,28 @@ class DeadlineReaper:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # The deadline of the last entry pushed while it is in the heap, else -1.
+        self.last_ns = -1
+        self.last_shared = False
+        self._last_seq = -1
+        # Sequence numbers of shared entries still in the heap.
+        self._shared: set[int] = set()
 
     def watch_locked(self, deadline_ns: int, item: Claimable) -> None:
-        heapq.heappush(self._heap, (deadline_ns, next(self._seq), item))
+        expected_ns = self._queue.expected_service_ns
+        if deadline_ns == self.last_ns and expected_ns <= 0:
+            if not self.last_shared:
+                self.last_shared = True
+                self._shared.add(self._last_seq)
+            return
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (deadline_ns, seq, item))
+        self.last_ns, self.last_shared, self._last_seq = deadline_ns, False, seq
         # With the doomed-work skip the queue drops an item at its effective
         # deadline (deadline - expected service time): look then too. The
         # estimate may move before then, so the deadline itself stays watched.
-        expected_ns = self._queue.expected_service_ns
         if expected_ns > 0:
+            self.last_ns = -1
             heapq.heappush(self._heap, (deadline_ns - expected_ns, next(self._seq), item))
         if len(self._heap) > 2 * self._queue.qsize() + 1024:
             self._prune_claimed_locked()
@@ -98,10 +123,13 @@ class DeadlineReaper:
                 now = time.monotonic_ns()
                 if self._stopping:
                     self._prune_claimed_locked()
-                while self._heap and (self._heap[0][2].claimed or self._heap[0][0] <= now):
+                while self._heap and (self._heap[0][0] <= now or self._droppable(self._heap[0])):
                     # No local name for the item: it would stay alive while this thread sleeps.
-                    if not heapq.heappop(self._heap)[2].claimed:
+                    _, seq, claimable = heapq.heappop(self._heap)
+                    if not claimable.claimed or seq in self._shared:
                         sweep_pending = True
+                    self._forget(seq)
+                    del claimable
                 if sweep_pending:
                     if now - last_sweep_ns >= _SWEEP_MIN_INTERVAL_NS:
                         sweep_pending = False
@@ -122,6 +150,23 @@ class DeadlineReaper:
                     continue
                 self._cond.wait((wake_ns - now) / NS_PER_SECOND)
 
+    def _droppable(self, entry: tuple[int, int, Claimable]) -> bool:
+        """An entry that may leave before its deadline: its item left the line, and no other item shares it
+        (or nothing waits in line at all, so no item that shared it can still be waiting)."""
+        return entry[2].claimed and (entry[1] not in self._shared or not self._queue.qsize())
+
+    def _forget(self, seq: int) -> None:
+        """An entry left the heap."""
+        self._shared.discard(seq)
+        if seq == self._last_seq:
+            self.last_ns, self.last_shared, self._last_seq = -1, False, -1
+
     def _prune_claimed_locked(self) -> None:
-        self._heap = [entry for entry in self._heap if not entry[2].claimed]
+        kept = []
+        for entry in self._heap:
+            if self._droppable(entry):
+                self._forget(entry[1])
+            else:
+                kept.append(entry)
+        self._heap = kept
         heapq.heapify(self._heap)

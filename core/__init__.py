@@ -23,7 +23,15 @@ import warnings
 from typing import NamedTuple
 
 from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
-from .deadline import NS_PER_MS, NS_PER_SECOND, Deadline, current_deadline, deadline_context, deadline_scope
+from .deadline import (
+    NS_PER_MS,
+    NS_PER_SECOND,
+    Deadline,
+    current_deadline,
+    deadline_context,
+    deadline_scope,
+    deadline_var,
+)
 from .errors import (
     REASON_DEADLINE_EXCEEDED,
     REASON_DOWNSTREAM_OVERLOADED,
@@ -69,6 +77,7 @@ __all__ = [
     "current_deadline",
     "deadline_context",
     "deadline_scope",
+    "deadline_var",
     "expected_service_option",
     "extension_wanted",
     "load_histogram_twin",

@@ -29,6 +29,7 @@ __all__ = [
     "current_deadline",
     "deadline_context",
     "deadline_scope",
+    "deadline_var",
 ]
 
 NS_PER_SECOND = 1_000_000_000
@@ -187,6 +188,16 @@ _current: ContextVar[Deadline | None] = ContextVar("prazo.deadline", default=Non
 def current_deadline() -> Deadline | None:
     """The deadline of the innermost ``deadline_scope``, or None."""
     return _current.get()
+
+
+def deadline_var() -> ContextVar[Deadline | None]:
+    """The ``ContextVar`` behind ``current_deadline()``.
+
+    For compiled code that builds a task's context itself (the C API sets a
+    variable in a context without a Python frame); anything else should use
+    ``deadline_scope`` or ``deadline_context``, which keep the earlier-wins rule.
+    """
+    return _current
 
 
 def _earlier(deadline: Deadline | None, outer: Deadline | None) -> Deadline | None:

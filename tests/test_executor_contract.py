@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExec
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any
 
+import prazo.bindings.pool as pool_module
 import pytest
 from prazo.bindings.pool import AdmissionPool
 
@@ -32,7 +33,19 @@ def _admission_pool(max_workers: int = 4, thread_name_prefix: str = "contract") 
     return AdmissionPool(max_workers, 10_000, thread_name_prefix=thread_name_prefix)
 
 
-@pytest.fixture(params=[_thread_pool, _admission_pool], ids=["ThreadPoolExecutor", "AdmissionPool"])
+def _admission_pool_python_path(max_workers: int = 4, thread_name_prefix: str = "contract") -> Executor:
+    """The pool on its Python path (the specification of prazo.bindings._pool_c)."""
+    previous = pool_module.use_compiled_path(False)
+    try:
+        return _admission_pool(max_workers, thread_name_prefix)
+    finally:
+        pool_module.use_compiled_path(previous)
+
+
+@pytest.fixture(
+    params=[_thread_pool, _admission_pool, _admission_pool_python_path],
+    ids=["ThreadPoolExecutor", "AdmissionPool", "AdmissionPool-python-path"],
+)
 def make(request: pytest.FixtureRequest) -> Iterator[Factory]:
     created: list[Executor] = []
 
@@ -321,3 +334,42 @@ def test_worker_threads_exit_after_shutdown(make: Factory) -> None:
     wait([ex.submit(time.sleep, 0.001) for _ in range(10)], timeout=WAIT_S)
     ex.shutdown(wait=True)
     assert not [t for t in threading.enumerate() if t.name.startswith("exiting-pool_")]
+
+
+def test_asyncio_wrap_future_awaits_pool_futures(executor: Executor) -> None:
+    import asyncio
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        done = asyncio.wrap_future(executor.submit(pow, 2, 10), loop=loop)
+        failed = asyncio.wrap_future(executor.submit(int, "not a number"), loop=loop)
+        gathered = await asyncio.wait_for(asyncio.gather(done, failed, return_exceptions=True), WAIT_S)
+        return list(gathered)
+
+    value, error = asyncio.run(main())
+    assert value == 1024
+    assert isinstance(error, ValueError)
+
+
+def test_result_wakes_a_caller_blocked_before_the_task_ran(executor: Executor) -> None:
+    release = threading.Event()
+    future = executor.submit(lambda: release.wait(WAIT_S) and "done")
+    waiter_result: list[object] = []
+    waiter = threading.Thread(target=lambda: waiter_result.append(future.result(WAIT_S)))
+    waiter.start()
+    time.sleep(0.05)  # the waiter is (most likely) blocked in result(); either way it must get the value
+    release.set()
+    waiter.join(WAIT_S)
+    assert waiter_result == ["done"]
+
+
+def test_many_futures_each_settled_once_in_order_of_map(executor: Executor) -> None:
+    futures = [executor.submit(operator_neg, i) for i in range(2_000)]
+    _, not_done = wait(futures, timeout=WAIT_S)
+    assert not not_done
+    assert [f.result() for f in futures] == [-i for i in range(2_000)]
+    assert list(executor.map(operator_neg, range(2_000), timeout=WAIT_S)) == [-i for i in range(2_000)]
+
+
+def operator_neg(value: int) -> int:
+    return -value

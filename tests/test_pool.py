@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from typing import Any
 
+import prazo.bindings.pool as pool_module
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,8 +33,19 @@ from prazo.core import (
 WAIT_S = 10.0  # an upper bound for things that happen "soon"; never a speed assertion
 
 
+@pytest.fixture(params=["compiled", "python"])
+def pool_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every pool test runs on both paths of the pool: prazo.bindings._pool_c and the Python specification."""
+    compiled = request.param == "compiled"
+    if compiled and not pool_module.compiled_path():
+        pytest.skip("the compiled AdmissionPool path is not built (PRAZO_NO_EXTENSIONS=1?)")
+    previous = pool_module.use_compiled_path(compiled)
+    yield request.param
+    pool_module.use_compiled_path(previous)
+
+
 @pytest.fixture
-def pools() -> Iterator[Callable[..., AdmissionPool]]:
+def pools(pool_path: str) -> Iterator[Callable[..., AdmissionPool]]:
     """Make pools that are always shut down, even when a test fails."""
     created: list[AdmissionPool] = []
 
@@ -469,6 +481,18 @@ _operation = st.one_of(
 )
 
 
+def _pool_on_path(compiled: bool, *args: Any) -> AdmissionPool:
+    """An AdmissionPool on the compiled or the Python path (skips when the compiled one is not built)."""
+    if compiled and not pool_module.compiled_path():
+        pytest.skip("the compiled AdmissionPool path is not built")
+    previous = pool_module.use_compiled_path(compiled)
+    try:
+        return AdmissionPool(*args)
+    finally:
+        pool_module.use_compiled_path(previous)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     max_workers=st.integers(1, 3),
@@ -477,9 +501,9 @@ _operation = st.one_of(
     cancel_at_shutdown=st.booleans(),
 )
 def test_every_submission_ends_in_exactly_one_outcome(
-    max_workers: int, max_queue: int, operations: list[tuple[str, Any]], cancel_at_shutdown: bool
+    compiled: bool, max_workers: int, max_queue: int, operations: list[tuple[str, Any]], cancel_at_shutdown: bool
 ) -> None:
-    pool = AdmissionPool(max_workers, max_queue)
+    pool = _pool_on_path(compiled, max_workers, max_queue)
     gate = Gate()
     calls = Calls()
     futures = []
@@ -568,3 +592,60 @@ def test_a_future_that_waited_in_line_is_freed_by_refcounting(pools: Callable[..
         assert _dies_without_collection(ref), f"a {fate} future outlived its last reference (a reference cycle)"
     finally:
         gc.enable()
+
+
+def test_map_under_an_expired_deadline_never_calls_fn(pools: Callable[..., AdmissionPool]) -> None:
+    pool, calls = pools(2, 10), Calls()
+    with deadline_scope(Deadline.after(-1.0)):
+        results = pool.map(calls, range(5))
+    with pytest.raises(DeadlineExceeded) as caught:
+        next(results)
+    assert caught.value.reason == REASON_EXPIRED_ON_ARRIVAL
+    assert calls.values == []
+
+
+def test_map_runs_every_item_under_the_one_deadline_of_the_batch(pools: Callable[..., AdmissionPool]) -> None:
+    pool = pools(2, 100)
+    with deadline_scope(Deadline.after(60.0)) as deadline:
+        seen = list(pool.map(lambda _: current_deadline(), range(50), timeout=WAIT_S))
+    assert all(found is deadline for found in seen)
+
+
+def test_done_callbacks_of_compiled_and_python_futures_run_once(pools: Callable[..., AdmissionPool]) -> None:
+    pool, calls = pools(2, 100), Calls()
+    futures = [pool.submit(int, str(i)) for i in range(20)]
+    for future in futures:
+        future.add_done_callback(lambda f: calls(f.result()))
+    wait(futures, timeout=WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while len(calls.values) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(calls.values) == list(range(20))  # type: ignore[type-var]
+
+
+def test_use_compiled_path_names_its_argument() -> None:
+    with pytest.raises(TypeError, match="enabled"):
+        pool_module.use_compiled_path("yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("first_leaves", ["cancelled", "stays"])
+def test_items_sharing_a_deadline_all_expire_at_it_even_when_the_first_left_the_line(
+    pools: Callable[..., AdmissionPool], first_leaves: str
+) -> None:
+    # The reaper keeps one entry for items that share a deadline: the first
+    # item leaving the line early must not leave its followers unwatched.
+    pool, gate = _busy_pool(pools, 1, 10)
+    calls = Calls()
+    deadline = Deadline.after(0.1)
+    first = pool.submit_until(deadline, calls, "first")
+    followers = [pool.submit_until(deadline, calls, i) for i in range(5)]
+    if first_leaves == "cancelled":
+        assert first.cancel()
+    for future in followers:
+        _wait_done(future)  # the worker is still blocked: only the reaper can fail them
+        exc = future.exception()
+        assert isinstance(exc, DeadlineExceeded) and exc.reason == REASON_EXPIRED_IN_QUEUE
+    assert deadline.remaining_ns() <= 0
+    gate.open()
+    assert pool.submit(calls, "later").result(WAIT_S) == "later"
+    assert calls.values == ["later"]
