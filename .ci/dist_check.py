@@ -60,6 +60,8 @@ SDIST_REQUIRED = [
     "core/py.typed",
     "bindings/_wsgi_c.pyx",
     "bindings/_wsgi_c.pyi",
+    "bindings/_pool_c.pyx",
+    "bindings/_pool_c.pyi",
     "bindings/py.typed",
     "bindings/servers/_frontdoor_c.pyx",
     "bindings/servers/_frontdoor_c.pyi",
@@ -79,6 +81,7 @@ WHEEL_REQUIRED = [
     "prazo/core/prazo_histogram.h",
     "prazo/core/py.typed",
     "prazo/bindings/_wsgi_c.pyi",
+    "prazo/bindings/_pool_c.pyi",
     "prazo/bindings/py.typed",
     "prazo/bindings/servers/_frontdoor_c.pyi",
     # One module of each subpackage, so a package left out of setup.py shows here;
@@ -94,6 +97,7 @@ WHEEL_EXTENSIONS = [
     "prazo/core/_queue_c.",
     "prazo/core/_histogram_c.",
     "prazo/bindings/_wsgi_c.",
+    "prazo/bindings/_pool_c.",
     "prazo/bindings/servers/_frontdoor_c.",
 ]
 # C that is a source, not generated: the front door's vendored parser.
@@ -104,8 +108,9 @@ VENDORED_C = "bindings/vendor/"
 CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
 CHECK_COMPILED = CHECK_INSTALLED + (
     "import prazo.core._histogram_c, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool,"
-    " prazo.bindings.servers._frontdoor_c;"
-    "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION"
+    " prazo.bindings.servers._frontdoor_c, prazo.bindings._pool_c;"
+    "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION;"
+    "assert prazo.bindings.pool.compiled_path(), 'the pool did not pick its compiled path'"
 )
 CHECK_PYTHON_TWIN = CHECK_INSTALLED + "import prazo.bindings.wsgi; assert prazo.core.IMPLEMENTATION == 'py'"
 
