@@ -472,24 +472,34 @@ cdef class Submitter:
         return future
 
 
-def run_worker(queue, state, reaper):
+cdef object _run_in(object context, object fn, tuple args, dict kwargs):
+    """``context.run(fn, *args, **kwargs)`` without building the bound method and the argument tuple."""
+    if PyContext_Enter(context) < 0:
+        raise RuntimeError("the task's context is already entered")
+    try:
+        return PyObject_Call(fn, args, <PyObject *>kwargs if kwargs else NULL)
+    finally:
+        PyContext_Exit(context)
+
+
+def run_worker(CAdmissionQueue queue not None, state, reaper):
     """``prazo.bindings.pool._worker`` in C: the same steps, in the same order, for every task."""
     get = queue.get
-    task_done = queue.task_done
+    cdef int64_t started_ns
     while True:
         try:
             item = get()
         except _ShutDown:
             reaper.wake()
             return
-        started_ns = _monotonic_ns()
+        started_ns = prazo_monotonic_ns()
         item.claimed = True
         future = item.future
         future._prazo_line = None
         if state.cancelling:
             future.cancel()
         if not _set_running(future):
-            task_done()
+            queue._release_class(-1, True, -1, False)
             state.count_cancelled()
             del item, future
             continue
@@ -498,12 +508,13 @@ def run_worker(queue, state, reaper):
         if request_duration is not None and state.queue_wait is not None:
             state.queue_wait.record(_monotonic_ns() - item.submitted_ns)
         try:
-            result = item.context.run(item.fn, *item.args, **item.kwargs)
+            result = _run_in(item.context, item.fn, item.args, item.kwargs)
             ok = True
         except BaseException as exc:
             result = exc
         finally:
-            task_done(started_ns=started_ns)
+            # queue.task_done(started_ns=started_ns), without the keyword call.
+            queue._release_class(-1, True, started_ns, False)
             if request_duration is not None:
                 request_duration.record(_monotonic_ns() - item.submitted_ns)
         if ok:
