@@ -11,8 +11,9 @@ the admission queue (see NOTES-poolperf.md for the per-task budget):
 * ``run_worker`` is the worker loop: take, claim, mark running, run, release
   the slot, settle the future — no Python frame between tasks;
 * futures are plain ``concurrent.futures.Future`` (the pool's subclass): the
-  fields ``Future.__init__`` and ``threading.Condition.__init__`` would set
-  are set here directly, and ``set_running_or_notify_cancel``/``set_result``
+  fields ``Future.__init__`` would set are set here directly, with a
+  ``FutureCondition`` (a reentrant lock and condition in one C object, see
+  below) as ``_condition`` instead of ``threading.Condition()``, and ``set_running_or_notify_cancel``/``set_result``
   are done under the future's own condition exactly as the stdlib does, with
   the stdlib's methods called for every case but the common one (a pending
   future becoming running, a running one finishing). ``_stdlib_layout_matches``

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ _pool_c = pytest.importorskip("prazo.bindings._pool_c")
 FutureCondition = _pool_c.FutureCondition
 
 
-def new() -> object:
+def new() -> Any:
     return FutureCondition.__new__(FutureCondition)
 
 
