@@ -133,6 +133,8 @@ def set_interpreter_shutting_down():
 
 cdef object _allocate_lock = allocate_lock
 cdef object _islice = islice
+# A lock timeout above this (about 30 years) waits forever.
+cdef double _FOREVER_S = 1e9
 
 
 @cython.final
@@ -177,6 +179,9 @@ cdef class FutureCondition:
 
     cdef bint _acquire_blocking(self, unsigned long me, double timeout) except -1:
         """Block until the lock is free (timeout < 0: forever); True when taken."""
+        if timeout > _FOREVER_S:
+            # Beyond any real wait, and its nanoseconds would overflow int64.
+            timeout = -1.0
         cdef int64_t end_ns = prazo_monotonic_ns() + <int64_t>(timeout * 1e9) if timeout >= 0 else 0
         cdef long long remaining_us
         cdef int status

@@ -162,3 +162,15 @@ def test_wait_for_returns_the_predicate() -> None:
         assert c.wait_for(lambda: bool(flag), 30) is True
         assert c.wait_for(lambda: False, 0.01) is False
     t.join()
+
+
+def test_a_huge_timeout_waits_like_forever() -> None:
+    c = new()
+    c.acquire()
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(c.acquire(True, 1e300)) or c.release())
+    t.start()
+    time.sleep(0.05)
+    c.release()
+    t.join(10)
+    assert got == [True]
