@@ -63,7 +63,7 @@ ASAN_DIR := build/asan
 ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_queue_policies_dequeue.py \
 	tests/test_queue_policies_admission.py tests/test_queue_policies_combined.py \
 	tests/test_queue_waiters.py tests/test_queue_stats_gc.py tests/test_queue_concurrent.py \
-	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py \
+	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py tests/test_future_condition.py \
 	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
 	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py tests/test_frontdoor_policies.py \
 	tests/test_frontdoor_request_start.py

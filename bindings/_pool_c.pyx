@@ -11,8 +11,9 @@ the admission queue (see NOTES-poolperf.md for the per-task budget):
 * ``run_worker`` is the worker loop: take, claim, mark running, run, release
   the slot, settle the future — no Python frame between tasks;
 * futures are plain ``concurrent.futures.Future`` (the pool's subclass): the
-  fields ``Future.__init__`` and ``threading.Condition.__init__`` would set
-  are set here directly, and ``set_running_or_notify_cancel``/``set_result``
+  fields ``Future.__init__`` would set are set here directly, with a
+  ``FutureCondition`` (a reentrant lock and condition in one C object, see
+  below) as ``_condition`` instead of ``threading.Condition()``, and ``set_running_or_notify_cancel``/``set_result``
   are done under the future's own condition exactly as the stdlib does, with
   the stdlib's methods called for every case but the common one (a pending
   future becoming running, a running one finishing). ``_stdlib_layout_matches``
@@ -20,11 +21,31 @@ the admission queue (see NOTES-poolperf.md for the per-task budget):
   if not, the pool's Python path is used instead.
 """
 
+cimport cython
 from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit, PyContextVar_Set
 from cpython.object cimport PyObject
+from cpython.pythread cimport (
+    PY_LOCK_ACQUIRED,
+    PY_LOCK_INTR,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from libc.stdint cimport int64_t
+
+from prazo.core._queue_c cimport AdmissionQueue as CAdmissionQueue, prazo_monotonic_ns
+
+cdef extern from "Python.h":
+    unsigned long PyThread_get_thread_ident() nogil
+    int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
+    int Py_MakePendingCalls() except -1
+    object PyObject_Call(object callable, object args, PyObject *kwargs)
 
 import threading
-from collections import deque
+from _thread import allocate_lock
+from itertools import islice
 from concurrent.futures import Future
 from time import monotonic, monotonic_ns
 
@@ -32,10 +53,7 @@ from prazo.core import Deadline, DeadlineExceeded, ShutDown, current_deadline, d
 
 __all__ = ["Submitter", "layout_supported", "results_in_order", "run_worker", "set_interpreter_shutting_down"]
 
-# The C lock type itself: threading.RLock is a Python function returning one.
-cdef object _RLock = type(threading.RLock())
 cdef object _Condition = threading.Condition
-cdef object _deque = deque
 cdef object _monotonic_ns = monotonic_ns
 cdef object _monotonic = monotonic
 cdef object _current_deadline = current_deadline
@@ -81,20 +99,20 @@ _PENDING, _RUNNING, _FINISHED = _future_states()
 cdef bint _interpreter_shutting_down = False
 
 _FUTURE_FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
-_CONDITION_FIELDS = {"_lock", "acquire", "release", "_release_save", "_acquire_restore", "_is_owned", "_waiters"}
 
 
 def _stdlib_layout_matches():
-    """True when ``Future()`` and ``Condition()`` hold exactly the fields this module sets."""
+    """True when ``Future()`` holds exactly the fields this module sets, its condition a ``threading.Condition``.
+
+    The futures built here carry a ``FutureCondition`` instead, which has the
+    part of ``Condition``'s interface that ``concurrent.futures`` uses.
+    """
     future = Future()
     condition = future._condition
     return (
         type(condition) is _Condition
         and set(vars(future)) == _FUTURE_FIELDS
         and future._state == _PENDING
-        and set(vars(condition)) == _CONDITION_FIELDS
-        and type(condition._lock) is type(_RLock())
-        and type(condition._waiters) is _deque
     )
 
 
@@ -112,22 +130,222 @@ def set_interpreter_shutting_down():
     _interpreter_shutting_down = True
 
 
+
+cdef object _allocate_lock = allocate_lock
+cdef object _islice = islice
+# A lock timeout above this (about 30 years) waits forever.
+cdef double _FOREVER_S = 1e9
+
+
+@cython.final
+@cython.no_gc
+@cython.freelist(64)
+cdef class FutureCondition:
+    """``threading.Condition()`` (over an ``RLock``) as one object, for the futures of the compiled path.
+
+    A stdlib ``Future`` carries a ``Condition``, an ``RLock`` (with its OS
+    lock), a deque and five bound methods: most of the cost of creating a
+    future nobody waits on individually. This is the same reentrant lock and
+    condition in one object: the lock's state (owner, depth) lives in the
+    object and is changed only with the GIL held, so an uncontended
+    acquire/release is two field writes; an OS lock is allocated only when a
+    thread has to block for the lock, and the waiters' list only when a
+    thread waits on the condition. ``wait`` uses one ``_thread`` lock per
+    waiter exactly like ``threading.Condition.wait`` (interruptible, same
+    timeout rules). Every use of ``_condition`` in ``concurrent.futures``
+    (``with``, ``acquire``/``release``, ``wait``, ``notify_all``) works on it.
+    """
+
+    cdef unsigned long _owner
+    cdef Py_ssize_t _count           # recursion depth; 0: free
+    cdef PyThread_type_lock _handoff  # NULL until a thread must block; "unlocked" = a wake-up token
+    cdef Py_ssize_t _blocked         # threads blocked on _handoff
+    cdef bint _posted                # _handoff holds a token
+    cdef list _waiters               # _thread locks of threads in wait(); None until the first
+
+    def __dealloc__(self):
+        if self._handoff != NULL:
+            PyThread_free_lock(self._handoff)
+
+    cdef inline bint _try_acquire(self, unsigned long me) noexcept:
+        if self._count == 0:
+            self._owner = me
+            self._count = 1
+            return True
+        if self._owner == me:
+            self._count += 1
+            return True
+        return False
+
+    cdef bint _acquire_blocking(self, unsigned long me, double timeout) except -1:
+        """Block until the lock is free (timeout < 0: forever); True when taken."""
+        if timeout > _FOREVER_S:
+            # Beyond any real wait, and its nanoseconds would overflow int64.
+            timeout = -1.0
+        cdef int64_t end_ns = prazo_monotonic_ns() + <int64_t>(timeout * 1e9) if timeout >= 0 else 0
+        cdef long long remaining_us
+        cdef int status
+        while True:
+            if self._handoff == NULL:
+                self._handoff = PyThread_allocate_lock()
+                if self._handoff == NULL:
+                    raise MemoryError()
+                # Taken at once: an unlocked handoff lock is a pending wake-up.
+                PyThread_acquire_lock(self._handoff, 0)
+            if timeout < 0:
+                remaining_us = -1
+            else:
+                remaining_us = (end_ns - prazo_monotonic_ns()) // 1000
+                if remaining_us < 0:
+                    remaining_us = 0
+            self._blocked += 1
+            with nogil:
+                status = PyThread_acquire_lock_timed(self._handoff, remaining_us, 1)
+            self._blocked -= 1
+            if status == PY_LOCK_ACQUIRED:
+                self._posted = False
+            if self._try_acquire(me):
+                return True
+            if status == PY_LOCK_INTR:
+                Py_MakePendingCalls()
+            elif status != PY_LOCK_ACQUIRED and timeout >= 0:
+                return False
+
+    cdef inline int _release_all(self) noexcept:
+        """Free the lock (whatever its depth); wake one blocked thread if any."""
+        self._count = 0
+        self._owner = 0
+        if self._blocked > 0 and not self._posted:
+            self._posted = True
+            PyThread_release_lock(self._handoff)
+        return 0
+
+    cdef inline int _enter(self) except -1:
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if not self._try_acquire(me):
+            self._acquire_blocking(me, -1.0)
+        return 0
+
+    cdef inline int _exit(self) except -1:
+        if self._count == 0 or self._owner != PyThread_get_thread_ident():
+            raise RuntimeError("cannot release un-acquired lock")
+        self._count -= 1
+        if self._count == 0:
+            self._release_all()
+        return 0
+
+    def acquire(self, blocking=True, timeout=-1):
+        """``RLock.acquire``: reentrant; False when not blocking (or the timeout passed) and another thread holds it."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        cdef double seconds = timeout
+        if not blocking and seconds != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if seconds < 0 and seconds != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        if self._try_acquire(me):
+            return True
+        if not blocking:
+            return False
+        return self._acquire_blocking(me, seconds)
+
+    def release(self):
+        """``RLock.release``: RuntimeError unless the calling thread holds it."""
+        self._exit()
+
+    def __enter__(self):
+        self._enter()
+        return True
+
+    def __exit__(self, exc_type, exc, tb):
+        self._exit()
+
+    def _is_owned(self):
+        return self._count > 0 and self._owner == PyThread_get_thread_ident()
+
+    def wait(self, timeout=None):
+        """``threading.Condition.wait``: release the lock fully, sleep until notified or ``timeout``, take it back."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        cdef Py_ssize_t depth
+        if not (self._count > 0 and self._owner == me):
+            raise RuntimeError("cannot wait on un-acquired lock")
+        waiter = _allocate_lock()
+        waiter.acquire()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        depth = self._count
+        self._release_all()
+        gotit = False
+        try:
+            if timeout is None:
+                waiter.acquire()
+                gotit = True
+            elif timeout > 0:
+                gotit = waiter.acquire(True, timeout)
+            else:
+                gotit = waiter.acquire(False)
+            return gotit
+        finally:
+            if not self._try_acquire(me):
+                self._acquire_blocking(me, -1.0)
+            self._count = depth
+            if not gotit:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def wait_for(self, predicate, timeout=None):
+        """``threading.Condition.wait_for``."""
+        endtime = None
+        waittime = timeout
+        result = predicate()
+        while not result:
+            if waittime is not None:
+                if endtime is None:
+                    endtime = _monotonic() + waittime
+                else:
+                    waittime = endtime - _monotonic()
+                    if waittime <= 0:
+                        break
+            self.wait(waittime)
+            result = predicate()
+        return result
+
+    def notify(self, n=1):
+        """``threading.Condition.notify``: wake up to ``n`` threads waiting on this condition."""
+        if not (self._count > 0 and self._owner == PyThread_get_thread_ident()):
+            raise RuntimeError("cannot notify on un-acquired lock")
+        self._notify(n)
+
+    cdef int _notify(self, n) except -1:
+        all_waiters = self._waiters
+        if not all_waiters:
+            return 0
+        for waiter in list(_islice(all_waiters, n)):
+            waiter.release()
+            try:
+                all_waiters.remove(waiter)
+            except ValueError:
+                pass
+        return 0
+
+    def notify_all(self):
+        """``threading.Condition.notify_all``."""
+        self.notify(len(self._waiters) if self._waiters is not None else 0)
+
+    notifyAll = notify_all
+
+    def __repr__(self):
+        return f"<prazo FutureCondition owned={self._count > 0} depth={self._count} waiters={len(self._waiters or ())}>"
+
 cdef object _new_future(type cls):
     """``cls()`` for a ``Future`` subclass without ``__init__``: what ``Future.__init__`` sets, set directly."""
     # Attribute stores, not stores into ``__dict__``: since 3.11 an instance
     # keeps its attributes inline until ``__dict__`` is asked for, which
     # would allocate a dict per object.
-    cdef object lock = _RLock()
-    cdef object condition = _Condition.__new__(_Condition)
-    condition._lock = lock
-    condition.acquire = lock.acquire
-    condition.release = lock.release
-    condition._release_save = lock._release_save
-    condition._acquire_restore = lock._acquire_restore
-    condition._is_owned = lock._is_owned
-    condition._waiters = _deque()
     cdef object future = cls.__new__(cls)
-    future._condition = condition
+    future._condition = FutureCondition.__new__(FutureCondition)
     future._state = _PENDING
     future._result = None
     future._exception = None
@@ -138,13 +356,13 @@ cdef object _new_future(type cls):
 
 cdef inline bint _set_running(object future) except -1:
     """``future.set_running_or_notify_cancel()``; the common case (pending) without a Python frame."""
-    condition = future._condition
-    condition.acquire()
+    cdef FutureCondition condition = <FutureCondition?>future._condition
+    condition._enter()
     if future._state is _PENDING:
         future._state = _RUNNING
-        condition.release()
+        condition._exit()
         return True
-    condition.release()
+    condition._exit()
     # Cancelled (or a state the stdlib reports): only the worker moves a
     # cancelled future on, so the state is still the one seen above.
     return future.set_running_or_notify_cancel()
@@ -152,10 +370,10 @@ cdef inline bint _set_running(object future) except -1:
 
 cdef inline int _set_result(object future, object result) except -1:
     """``future.set_result(result)``; the common case (running) without a Python frame."""
-    condition = future._condition
-    condition.acquire()
+    cdef FutureCondition condition = <FutureCondition?>future._condition
+    condition._enter()
     if future._state is not _RUNNING:
-        condition.release()
+        condition._exit()
         future.set_result(result)
         return 0
     try:
@@ -164,9 +382,9 @@ cdef inline int _set_result(object future, object result) except -1:
         for waiter in future._waiters:
             waiter.add_result(future)
         if condition._waiters:
-            condition.notify_all()
+            condition._notify(len(condition._waiters))
     finally:
-        condition.release()
+        condition._exit()
     if future._done_callbacks:
         future._invoke_callbacks()
     return 0
@@ -260,24 +478,34 @@ cdef class Submitter:
         return future
 
 
-def run_worker(queue, state, reaper):
+cdef object _run_in(object context, object fn, tuple args, dict kwargs):
+    """``context.run(fn, *args, **kwargs)`` without building the bound method and the argument tuple."""
+    if PyContext_Enter(context) < 0:
+        raise RuntimeError("the task's context is already entered")
+    try:
+        return PyObject_Call(fn, args, <PyObject *>kwargs if kwargs else NULL)
+    finally:
+        PyContext_Exit(context)
+
+
+def run_worker(CAdmissionQueue queue not None, state, reaper):
     """``prazo.bindings.pool._worker`` in C: the same steps, in the same order, for every task."""
     get = queue.get
-    task_done = queue.task_done
+    cdef int64_t started_ns
     while True:
         try:
             item = get()
         except _ShutDown:
             reaper.wake()
             return
-        started_ns = _monotonic_ns()
+        started_ns = prazo_monotonic_ns()
         item.claimed = True
         future = item.future
         future._prazo_line = None
         if state.cancelling:
             future.cancel()
         if not _set_running(future):
-            task_done()
+            queue._release_class(-1, True, -1, False)
             state.count_cancelled()
             del item, future
             continue
@@ -286,12 +514,13 @@ def run_worker(queue, state, reaper):
         if request_duration is not None and state.queue_wait is not None:
             state.queue_wait.record(_monotonic_ns() - item.submitted_ns)
         try:
-            result = item.context.run(item.fn, *item.args, **item.kwargs)
+            result = _run_in(item.context, item.fn, item.args, item.kwargs)
             ok = True
         except BaseException as exc:
             result = exc
         finally:
-            task_done(started_ns=started_ns)
+            # queue.task_done(started_ns=started_ns), without the keyword call.
+            queue._release_class(-1, True, started_ns, False)
             if request_duration is not None:
                 request_duration.record(_monotonic_ns() - item.submitted_ns)
         if ok:
