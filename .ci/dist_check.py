@@ -40,7 +40,7 @@ CORE_SUITE = [
     "test_errors.py",
 ]
 # The core suite's support files: its fixtures and the helpers its modules import.
-TEST_SUPPORT = ["conftest.py", "_helpers.py"]
+TEST_SUPPORT = ["conftest.py", "_helpers.py", "_required.py"]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
 
 # Paths inside the sdist (below prazo-<version>/) and the wheel that must be there.
@@ -72,6 +72,7 @@ SDIST_REQUIRED = [
     "bench/py.typed",
     "tests/conftest.py",
     "tests/_helpers.py",
+    "tests/_required.py",
 ]
 WHEEL_REQUIRED = [
     "prazo/core/_queue_c.pyi",

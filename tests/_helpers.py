@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import settings
 from prazo.core import NS_PER_MS, TWINS, Deadline, HistogramTwin, extension_wanted
 from prazo.core import load_histogram_twin as load_core_histogram_twin
 from prazo.core import load_twin as load_core_twin
@@ -24,16 +25,19 @@ __all__ = [
     "COUNTER_NAMES",
     "JOIN_TIMEOUT_S",
     "TWIN_NAMES",
+    "CheckedThread",
     "ConcurrencyMeter",
     "Dropped",
     "FakeClock",
     "QueueClass",
     "assert_conservation",
     "assert_counters",
+    "examples",
     "load_histogram_twin",
     "load_twin",
     "reasons",
     "recorder",
+    "run_checked",
     "spawn",
     "unaccounted",
     "wait_until",
@@ -104,6 +108,11 @@ def _load(loader: Callable[[str], T], name: str) -> T:
         )
 
 
+def examples(n: int) -> int:
+    """``n`` Hypothesis examples scaled by the loaded profile (``HYPOTHESIS_PROFILE=deep``: ten times ``n``)."""
+    return max(1, n * settings.default.max_examples // 100)
+
+
 class FakeClock:
     """A monotonic clock in integer nanoseconds that moves only when told to.
 
@@ -170,6 +179,50 @@ class ConcurrencyMeter:
     def __exit__(self, *exc_info: object) -> None:
         with self._lock:
             self.current -= 1
+
+
+class CheckedThread(threading.Thread):
+    """A thread whose failure fails the test: ``join()`` re-raises, in the test's thread, what the target raised.
+
+    An ``assert`` in a plain ``threading.Thread`` only prints a traceback
+    (pytest turns it into a warning); checks made in worker threads go through
+    this class, so they fail the test that made them. ``join()`` also fails
+    when the thread is still running after ``timeout`` (a hang, not a pass).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("daemon", True)
+        super().__init__(*args, **kwargs)
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread by join()
+            self.failure = exc
+
+    def join(self, timeout: float | None = JOIN_TIMEOUT_S) -> None:
+        super().join(timeout)
+        if self.is_alive():
+            raise AssertionError(f"{self.name} still running after {timeout} s")
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
+
+def run_checked(targets: Iterable[Callable[[], object]], timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Run each target on its own ``CheckedThread`` at once; join them all, then re-raise the first failure."""
+    threads = [CheckedThread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    failures: list[BaseException] = []
+    for thread in threads:
+        try:
+            thread.join(timeout)
+        except BaseException as exc:  # noqa: BLE001 - every thread is joined before the first failure is raised
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def spawn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:

@@ -24,18 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from _required import unavailable
 
-_INSTALL_HINT = "run `make test` (or `bash .ci/ensure-services`) to install it"
 # initdb + a first start on a loaded 2-core machine take a few seconds; far more is a broken install.
 _START_TIMEOUT_S = 60.0
-
-
-def unavailable(what: str) -> None:
-    """A required server is missing or would not start: fail under CI, skip elsewhere."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} (CI=true: tests that need it fail, never skip)", pytrace=False)
-    pytest.skip(f"{what}; {_INSTALL_HINT}")
 
 
 def free_port() -> int:

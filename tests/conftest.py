@@ -9,12 +9,20 @@ Every core test takes ``impl`` and so runs once against the C twin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_histogram_twin, load_twin
+from _required import ALLOWED_SKIPS, in_ci
+from hypothesis import settings as hypothesis_settings
 from prazo.core import HistogramTwin
+
+# HYPOTHESIS_PROFILE=deep (``make test-deep``) multiplies every property's
+# examples by ten: the tests size their runs with ``_helpers.examples(n)``.
+hypothesis_settings.register_profile("deep", max_examples=1000, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 if TYPE_CHECKING:
     # Only for the annotation: the core suite also runs where no server is installed.
@@ -89,3 +97,36 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+# -- no unexplained skip in CI ------------------------------------------------------
+
+_unjustified_skips: list[str] = []
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under ``CI=true`` remember every skip that ``_required.ALLOWED_SKIPS`` does not justify."""
+    if not report.skipped or hasattr(report, "wasxfail") or not in_ci():
+        return
+    reason = _skip_reason(report)
+    if not any(allowed in reason for allowed in ALLOWED_SKIPS):
+        _unjustified_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _unjustified_skips:
+        terminalreporter.section("skips CI does not allow (tests/_required.py ALLOWED_SKIPS)", red=True)
+        for line in _unjustified_skips:
+            terminalreporter.line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _unjustified_skips and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

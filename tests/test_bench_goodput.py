@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _required import unavailable
 from prazo.bench import goodput_apps
 from prazo.bench.goodput import (
     POLICIES,
@@ -461,7 +462,7 @@ def test_policy_configurations_are_named_server_plus_policy() -> None:
 def test_each_policy_configuration_starts_and_answers(name: str) -> None:
     why = SERVERS[name].unavailable()
     if why is not None:
-        pytest.skip(why)
+        unavailable(why)
     with started(SERVERS[name], "io", GoodputSettings(threads=2, max_queue=4)) as target:
         connection = http.client.HTTPConnection(target.host, target.port, timeout=30)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _required import require
 from prazo.bench import limit_convergence
 
 
@@ -18,7 +19,7 @@ def test_a_short_io_run_traces_the_limit_within_its_bounds() -> None:
 
 
 def test_the_command_writes_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     target = tmp_path / "limit.png"
     assert limit_convergence.main(["--seconds", "0.3", "--clients", "3", "--workloads", "io", "--plot", str(target)]) == 0
     assert target.stat().st_size > 0

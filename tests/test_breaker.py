@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from _helpers import JOIN_TIMEOUT_S, CheckedThread, run_checked
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -735,23 +736,16 @@ def test_breaker_state_machine() -> None:
 
 def run_threads(count: int, target: Callable[[int], None]) -> None:
     """Run ``target(i)`` on ``count`` threads started together; re-raise the first exception any of them raised."""
-    errors: list[BaseException] = []
     barrier = threading.Barrier(count)
 
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
+    def starting_together(i: int) -> Callable[[], None]:
+        def run() -> None:
+            barrier.wait(JOIN_TIMEOUT_S)
             target(i)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
 
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+        return run
+
+    run_checked([starting_together(i) for i in range(count)])
 
 
 def test_threads_hammering_every_transition_keep_the_counters_whole() -> None:
@@ -766,7 +760,7 @@ def test_threads_hammering_every_transition_keep_the_counters_whole() -> None:
             assert 0 <= stats["probes_in_flight"] <= 3
             assert stats["failed_calls"] <= stats["calls"] <= 20
 
-    watcher = threading.Thread(target=watch)
+    watcher = CheckedThread(target=watch)
     watcher.start()
 
     def hammer(i: int) -> None:

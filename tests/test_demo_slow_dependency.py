@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _required import require
 from prazo.bench.cli import main
 from prazo.bench.demo_slow_dependency import (
     ENDPOINTS,
@@ -147,7 +148,7 @@ def test_the_report_prints_both_tables_and_the_incident_side_by_side() -> None:
 
 
 def test_the_plot_is_written(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     result = DemoResult(SlowDependencyParams(), {s: _made_up(s) for s in ("without", "with")}, [])
     path = tmp_path / "timeline.png"
     plot_timeline(result, str(path))

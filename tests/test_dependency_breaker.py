@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, SecondsClock, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, CheckedThread, SecondsClock, run_checked, spawn, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.dependency import (
@@ -229,7 +229,7 @@ def test_every_call_has_one_outcome_and_the_bulkhead_holds(
             peak["threads"] = max(peak["threads"], stats["threads"])
             time.sleep(0.001)
 
-    watcher = threading.Thread(target=watch, daemon=True)
+    watcher = CheckedThread(target=watch)
     watcher.start()
     lock = threading.Lock()
     pending = list(plan)
@@ -245,11 +245,8 @@ def test_every_call_has_one_outcome_and_the_bulkhead_holds(
             except (ConnectionError, DependencyUnavailable, Interrupt):
                 pass
 
-    threads = [threading.Thread(target=caller) for _ in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(JOIN_TIMEOUT_S)
+    # Any other error a caller meets fails the test here (run_checked re-raises it).
+    run_checked([caller] * callers)
     release.set()
     assert dep.wait_idle(JOIN_TIMEOUT_S)
     watching.set()

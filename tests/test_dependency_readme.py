@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _required import require
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TEXT = README.read_text(encoding="utf-8")
@@ -26,8 +27,8 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```$", SECTION, re.MULTILINE | re.DOTALL
 
 @pytest.fixture(scope="module")
 def namespace() -> dict[str, Any]:
-    pytest.importorskip("requests")
-    pytest.importorskip("httpx")
+    require("requests")
+    require("httpx")
     names: dict[str, Any] = {"__name__": "__readme__"}
     for index, source in enumerate(BLOCKS):
         exec(compile(source, f"README.md[slow dependencies {index}]", "exec"), names)  # noqa: S102 - the recipe is what is tested

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 from _helpers import JOIN_TIMEOUT_S, spawn, wait_until
+from _required import require
 from prazo.bindings.dependency import Dependency, DependencyUnavailable
 from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER
 from prazo.bindings.wsgi import AdmissionMiddleware
@@ -182,7 +183,7 @@ def test_requests_inside_a_dependency_stops_at_the_budget(serve: Callable[[WSGIA
 
 
 def test_httpx_inside_a_dependency_stops_at_the_budget(serve: Callable[[WSGIApp], Client]) -> None:
-    httpx = pytest.importorskip("httpx")
+    httpx = require("httpx")
     from prazo.bindings.clients.httpx import DeadlineTransport
 
     seen: list[Any] = []

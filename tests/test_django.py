@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _required import require
 from _server_harness import CLIENT_TIMEOUT_S, Burst, request, statuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from prazo.bindings.headers import BudgetPolicy, budget_from_headers
 from prazo.bindings.wsgi import rejection_response
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
 
-pytest.importorskip("django")
+require("django")
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent / "examples" / "django_project"
 DEFAULT_BUDGET_MS = 1000  # the example's PRAZO_DEFAULT_BUDGET_MS

@@ -15,6 +15,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from _required import require
 from _server_harness import Burst, request, statuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from prazo.bindings.headers import BudgetPolicy, budget_from_headers
 from prazo.bindings.wsgi import AdmissionMiddleware, rejection_response
 from prazo.core import DeadlineExceeded, DownstreamOverloaded, QueueFull, current_deadline
 
-flask = pytest.importorskip("flask")
+flask = require("flask")
 
 from prazo.bindings.flask import init_app, rejection_flask_response
 

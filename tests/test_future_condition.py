@@ -13,8 +13,10 @@ import time
 from typing import Any
 
 import pytest
+from _helpers import CheckedThread
+from _required import require_compiled
 
-_pool_c = pytest.importorskip("prazo.bindings._pool_c")
+_pool_c = require_compiled("prazo.bindings._pool_c")
 FutureCondition = _pool_c.FutureCondition
 
 
@@ -73,7 +75,7 @@ def test_a_second_thread_blocks_until_the_lock_is_free() -> None:
         inside.set()
         c.release()
 
-    t = threading.Thread(target=other)
+    t = CheckedThread(target=other)
     t.start()
     time.sleep(0.2)
     assert not inside.is_set()
@@ -127,7 +129,7 @@ def test_notify_wakes_one_and_notify_all_wakes_the_rest() -> None:
             assert c.wait(30)
             woken.append(i)
 
-    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(3)]
+    threads = [CheckedThread(target=waiter, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for _ in threads:

@@ -1,8 +1,8 @@
 """prazo behind a real load balancer: two prazo waitress servers on loopback, a shipped config in front.
 
-HAProxy (``examples/loadbalancers/haproxy.cfg``, run as is) always; nginx
-(``nginx.conf``, its example addresses replaced) when it is installed — it is
-not one of the services ``make test`` installs, so those tests skip without it.
+HAProxy (``examples/loadbalancers/haproxy.cfg``, run as is) and nginx
+(``nginx.conf``, its example addresses replaced), both installed by ``make test``
+(``.ci/ensure-services``): without them these tests fail in CI and skip elsewhere.
 
 What is proved, each against the real processes:
 

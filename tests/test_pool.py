@@ -17,6 +17,7 @@ from typing import Any
 
 import prazo.bindings.pool as pool_module
 import pytest
+from _required import require_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.pool import AdmissionPool
@@ -33,12 +34,20 @@ from prazo.core import (
 WAIT_S = 10.0  # an upper bound for things that happen "soon"; never a speed assertion
 
 
+def require_compiled_pool() -> None:
+    """The compiled pool path follows the twins' rule: missing fails, unless PRAZO_NO_EXTENSIONS=1 asked for it.
+
+    Built but unusable (``use_compiled_path(True)`` raises) is an error of the test, never a skip.
+    """
+    require_compiled("prazo.bindings._pool_c")
+
+
 @pytest.fixture(params=["compiled", "python"])
 def pool_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every pool test runs on both paths of the pool: prazo.bindings._pool_c and the Python specification."""
     compiled = request.param == "compiled"
-    if compiled and not pool_module.compiled_path():
-        pytest.skip("the compiled AdmissionPool path is not built (PRAZO_NO_EXTENSIONS=1?)")
+    if compiled:
+        require_compiled_pool()
     previous = pool_module.use_compiled_path(compiled)
     yield request.param
     pool_module.use_compiled_path(previous)
@@ -483,8 +492,8 @@ _operation = st.one_of(
 
 def _pool_on_path(compiled: bool, *args: Any) -> AdmissionPool:
     """An AdmissionPool on the compiled or the Python path (skips when the compiled one is not built)."""
-    if compiled and not pool_module.compiled_path():
-        pytest.skip("the compiled AdmissionPool path is not built")
+    if compiled:
+        require_compiled_pool()
     previous = pool_module.use_compiled_path(compiled)
     try:
         return AdmissionPool(*args)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _required import require
 from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bindings.psycopg import run_bounded, statement_limit_ms
@@ -28,9 +29,9 @@ from prazo.core import (
     deadline_scope,
 )
 
-psycopg = pytest.importorskip("psycopg")
-psycopg2 = pytest.importorskip("psycopg2")
-psycopg_pool = pytest.importorskip("psycopg_pool")
+psycopg = require("psycopg")
+psycopg2 = require("psycopg2")
+psycopg_pool = require("psycopg_pool")
 
 if TYPE_CHECKING:
     from _services import PostgresServer

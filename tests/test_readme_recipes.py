@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from _readme import fenced_blocks, section
+from _required import require
 from _services import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def run_recipe(heading: str, env: dict[str, str] | None = None, then: str = "") 
 
 
 def test_the_grpc_recipe_runs_and_the_handler_sees_the_callers_budget_less_the_margin() -> None:
-    pytest.importorskip("grpc")
+    require("grpc")
     (line,) = run_recipe("### gRPC servers and clients (grpcio, sync)")
     match = re.fullmatch(r"hello \((\d+) ms left\)", line)
     assert match is not None, line
@@ -58,14 +58,14 @@ def test_the_grpc_recipe_runs_and_the_handler_sees_the_callers_budget_less_the_m
 
 
 def test_the_postgresql_recipes_run_and_answer_504(postgres: PostgresServer) -> None:
-    pytest.importorskip("psycopg_pool")
+    require("psycopg_pool")
     lines = run_recipe("### Deadline as cancellation: PostgreSQL (psycopg 3, psycopg2)", {"DATABASE_URL": postgres.dsn})
     # The bounded pg_sleep, the explicit deadline's SELECT 1, the pooled pg_sleep.
     assert lines == ["504 deadline-exceeded", "(1,)", "504 deadline-exceeded"], lines
 
 
 def test_the_flask_recipe_gives_the_view_the_deadline_and_answers_504_when_none_is_left() -> None:
-    pytest.importorskip("flask")
+    require("flask")
     check = """
 client = app.test_client()
 response = client.get("/report", headers={"X-Request-Budget-Ms": "250"})
@@ -77,7 +77,7 @@ print(response.status_code, response.headers["X-Prazo-Reason"])
 
 
 def test_the_django_statement_deadline_recipe_runs_in_the_example_projects_shell(tmp_path: Path) -> None:
-    pytest.importorskip("django")
+    require("django")
     (block,) = [
         b for b in fenced_blocks(section("### Django: `DeadlineMiddleware`"), "python") if "StatementDeadline(" in b
     ]

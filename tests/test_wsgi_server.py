@@ -8,10 +8,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from _required import require
 from prazo.bindings.headers import BUDGET_HEADER, GRPC_TIMEOUT_HEADER, REASON_HEADER
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 
-serving = pytest.importorskip("werkzeug.serving")
+serving = require("werkzeug.serving")
 
 WAIT_S = 10  # generous bound for anything that should happen "soon" on a loaded machine
 

@@ -17,11 +17,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from _required import require
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import extension_wanted
 
-waitress = pytest.importorskip("waitress")
-wasyncore = pytest.importorskip("waitress.wasyncore")
+waitress = require("waitress")
+wasyncore = require("waitress.wasyncore")
 
 WAIT_S = 20.0  # generous bound for a loopback exchange on a loaded machine
 BODY = b"one chunk, no Content-Length from the app"
