@@ -271,6 +271,51 @@ def test_heads_of_arbitrary_bytes_never_raise(data: bytes) -> None:
         BudgetPolicy(1000, 30000).deadline_for(environ, 0)
 
 
+# Heads shaped like requests, so the property reaches head_environ and the
+# budget rules on almost every example (arbitrary bytes rarely end a head):
+# the budget headers with arbitrary values, repeated, in any case, folded,
+# beside malformed lines, with either line ending.
+_BUDGET_NAMES = ["X-Request-Budget-Ms", "x-request-budget-ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms"]
+_BYTE_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=12)
+_BUDGET_VALUE = st.one_of(
+    st.integers(-5, 10**12).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.tuples(st.integers(0, 10**9), st.sampled_from("HMSmun")).map(lambda v: f"{v[0]}{v[1]}"),
+    st.sampled_from(["", "nan", "inf", " 7 ", "1,2", "0x10", "1e3", "250ms"]),
+    _BYTE_TEXT,
+)
+_BUDGET_LINE = st.tuples(st.sampled_from(_BUDGET_NAMES), _BUDGET_VALUE).map(lambda field: f"{field[0]}:{field[1]}")
+_OTHER_LINE = st.one_of(
+    st.tuples(st.sampled_from(["Host", "X-Other", "Bad Name", "X-\xe9"]), _BYTE_TEXT).map(
+        lambda field: f"{field[0]}:{field[1]}"
+    ),
+    st.sampled_from([" folded continuation", "no colon here", ":empty name", "X-Empty:"]),
+)
+# At least one budget field in every head, among the others in any order.
+_FIELD_LINES = st.tuples(st.lists(_BUDGET_LINE, min_size=1, max_size=3), st.lists(_OTHER_LINE, max_size=5)).flatmap(
+    lambda lines: st.permutations(lines[0] + lines[1])
+)
+STRUCTURED_HEADS = st.tuples(
+    st.sampled_from(["GET / HTTP/1.1", "POST /x?y=1 HTTP/1.0", "PUT http://h/p HTTP/1.1"]),
+    _FIELD_LINES,
+    st.sampled_from(["\r\n", "\n"]),
+).map(lambda head: (head[0] + head[2] + "".join(line + head[2] for line in head[1]) + head[2]).encode("latin-1"))
+
+
+@given(STRUCTURED_HEADS, st.integers(0, 2**62))
+def test_structured_heads_reach_the_budget_rules_and_never_extend_the_cap(data: bytes, arrival_ns: int) -> None:
+    head = find_head(data)
+    assert head is not None, data
+    environ = head_environ(head, "127.0.0.1")
+    assert environ["REMOTE_ADDR"] == "127.0.0.1"
+    deadline, incoming = BudgetPolicy(1000, 30000).deadline_for(environ, arrival_ns)
+    if incoming.budget_ms is None:  # nothing usable: the server's default, never more
+        assert deadline.ns == arrival_ns + 1000 * 1_000_000
+    # Whatever the headers say, the deadline lies between the arrival (a used-up
+    # budget) and the server's cap: a client may shorten it, never extend it.
+    assert arrival_ns <= deadline.ns <= arrival_ns + 30000 * 1_000_000
+
+
 def test_rejection_bytes_are_a_complete_http_response() -> None:
     for exc, status, reason in (
         (QueueFull(), 503, "queue-full"),
