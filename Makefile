@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.prazo-installed
 EXTRAS := test,servers,clients,metrics,plot,dev,postgres,django,flask,grpc,otel
 PYTEST_ARGS ?=
 
-.PHONY: all venv build services test demo bench check sanitize clean
+.PHONY: all venv build services test test-deep stress-tests demo bench check sanitize clean
 
 all: test
 
@@ -28,8 +28,29 @@ build: $(STAMP)
 services:
 	bash .ci/ensure-services
 
+# -ra lists every skip with its reason; under CI=true a skip that tests/_required.py
+# does not allow fails the run (tests/conftest.py).
 test: build services
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+
+# The properties where the invariants live, at ten times their examples
+# (HYPOTHESIS_PROFILE=deep, tests/conftest.py): the queue's policy mixes and
+# lockstep state machine, and the outcome properties that drive real threads.
+# CI runs it too; DEEP_TESTS picks others.
+DEEP_TESTS ?= tests/test_queue_statemachine.py tests/test_queue_policies_admission.py \
+	tests/test_queue_policies_dequeue.py tests/test_queue_policies_combined.py tests/test_queue_concurrent.py \
+	tests/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/test_dependency_breaker.py \
+	tests/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
+test-deep: build
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider $(DEEP_TESTS) $(PYTEST_ARGS)
+
+# The flake hunt: the real-time tests STRESS_RUNS times, each round in a fresh
+# pytest with a CPU hog on the other core; prints each test's failure count and
+# fails on any (.ci/stress_tests.py; STRESS_TESTS picks other node ids).
+STRESS_RUNS ?= 20
+STRESS_TESTS ?=
+stress-tests: build services
+	$(PY) .ci/stress_tests.py --runs $(STRESS_RUNS) $(STRESS_TESTS)
 
 demo: build
 	$(VENV)/bin/prazo demo

@@ -51,6 +51,10 @@ SOCKET_KINDS = tuple(kind for kind in SERVER_KINDS if kind != "waitress")
 # healthy run needs on a loaded 2-core machine, far below the suite's budget.
 APP_WAIT_S = 15.0
 CLIENT_TIMEOUT_S = 20.0
+# The budget a request without a budget header gets from a test server: it
+# outlives every test, so a request held in line while a loaded machine is slow
+# never expires by accident. A test about expiry sends its budget in a header.
+TEST_DEFAULT_BUDGET_MS = 30000
 
 _calls_lock = threading.Lock()
 _calls = 0
@@ -344,7 +348,7 @@ def start_server(
     *,
     threads: int,
     max_queue: int,
-    default_budget_ms: float = 1000,
+    default_budget_ms: float = TEST_DEFAULT_BUDGET_MS,
     max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
     policies: dict[str, Any] | None = None,
@@ -406,7 +410,7 @@ def start_server(
 def start_gunicorn(
     threads: int,
     max_queue: int,
-    default_budget_ms: float = 1000,
+    default_budget_ms: float = TEST_DEFAULT_BUDGET_MS,
     max_budget_ms: float = 30000,
     header_timeout_ms: float | None = None,
     *,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, CheckedThread, run_checked
+from _helpers import JOIN_TIMEOUT_S, CheckedThread, examples, run_checked
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -727,7 +727,7 @@ class BreakerMachine(RuleBasedStateMachine):
 def test_breaker_state_machine() -> None:
     run_state_machine_as_test(
         BreakerMachine,
-        settings=settings(max_examples=300, stateful_step_count=60, deadline=None),
+        settings=settings(max_examples=examples(300), stateful_step_count=60, deadline=None),
     )
 
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, CheckedThread, SecondsClock, run_checked, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, CheckedThread, SecondsClock, examples, run_checked, spawn, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.dependency import (
@@ -178,7 +178,7 @@ class Interrupt(BaseException):
     pass
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     max_concurrent=st.integers(1, 4),
     callers=st.integers(1, 6),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import examples
 from _required import require
 from _server_harness import CLIENT_TIMEOUT_S, Burst, request, statuses
 from hypothesis import given, settings
@@ -71,7 +72,7 @@ def test_without_a_header_the_default_budget_applies(client: Any) -> None:
     assert body["budget_source"] is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(value=st.one_of(st.text(max_size=50), st.sampled_from(["NaN", "inf", "1e9", "", "250ms", "5,abc", "٣٠٠", "1H"])))
 def test_a_malformed_budget_header_never_500s_and_never_extends_the_deadline(client: Any, value: str) -> None:
     response = client.get("/deadline", headers={"X-Request-Budget-Ms": value, "grpc-timeout": value})

@@ -15,6 +15,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from _helpers import examples
 from _required import require
 from _server_harness import Burst, request, statuses
 from hypothesis import given, settings
@@ -94,7 +95,7 @@ def test_init_app_reads_the_budget_header_and_the_view_sees_it_everywhere() -> N
     assert 0 < body["environ_ms"] <= 400 and 0 < body["current_ms"] <= 400 and 0 < body["g_ms"] <= 400
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(value=st.one_of(st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
                        st.sampled_from(["NaN", "inf", "1e9", "", "250ms", "5,abc", "99999999999999999999999", "1H"])))  # fmt: skip
 def test_a_malformed_budget_header_never_500s_and_never_extends_the_deadline(value: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import test_headers as cases
 import test_server_proxy_headers as stamp_cases
+from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import (
@@ -97,7 +98,7 @@ def test_incoming_cases(values: tuple[str | None, ...], expected: Any) -> None:
 
 
 @given(st.text(max_size=50), st.sampled_from(range(3)))
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_each_parser_agrees_on_arbitrary_text(value: str, which: int) -> None:
     wire = _wire(value)
     if wire is None:
@@ -110,7 +111,7 @@ NEAR_MISS = st.text(alphabet="0123456789.-+ \t,eHMSmunx", max_size=45)
 
 
 @given(st.lists(st.tuples(st.sampled_from(range(3)), NEAR_MISS), max_size=4))
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_incoming_budget_agrees_with_budget_from_headers(fields: list[tuple[int, str]]) -> None:
     headers = [(NAMES[which], value) for which, value in fields]
     joined: dict[str, str] = {}
@@ -125,7 +126,7 @@ def test_incoming_budget_agrees_with_budget_from_headers(fields: list[tuple[int,
 
 
 @given(st.lists(st.tuples(st.sampled_from(range(3)), NEAR_MISS), max_size=3), st.integers(0, 2**62))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_deadline_agrees_with_the_policy(fields: list[tuple[int, str]], arrival_ns: int) -> None:
     joined: dict[str, str] = {}
     for which, value in fields:
@@ -163,7 +164,7 @@ EPOCHISH = st.one_of(
 
 
 @given(st.one_of(st.text(max_size=50), STAMPISH, EPOCHISH))
-@settings(max_examples=1500)
+@settings(max_examples=examples(1500))
 def test_the_stamp_parser_agrees_on_arbitrary_text(value: str) -> None:
     wire = _wire(value)
     if wire is None:
@@ -190,7 +191,7 @@ _WALL_NS = 1_700_000_000 * 10**9
     st.integers(0, 2**62),
     st.sampled_from([0.0, 1.0, 1500.0, 5000.0]),
 )
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_the_corrected_deadline_agrees_with_front_proxy_budget_policy(
     fields: list[tuple[str, str]], budget: str | None, arrival_ns: int, cap_ms: float
 ) -> None:
@@ -229,7 +230,7 @@ NETWORKS = st.lists(
 
 
 @given(ADDRESSES, st.one_of(st.none(), NETWORKS))
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_the_trusted_peer_check_agrees_with_the_policy(address: Any, proxies: list[str] | None) -> None:
     policy = FrontProxyBudgetPolicy(trusted_proxies=proxies, wall_clock_ns=lambda: _WALL_NS, monotonic_ns=lambda: 0)
     environ = {"REMOTE_ADDR": str(address), "HTTP_X_REQUEST_START": f"t={_WALL_NS // 10**9 - 1}"}
@@ -255,7 +256,7 @@ def test_check_head(head: bytes, verdict: str) -> None:
 
 
 @given(st.binary(max_size=300))
-@settings(max_examples=2000)
+@settings(max_examples=examples(2000))
 def test_the_head_parser_takes_any_bytes(data: bytes) -> None:
     assert engine.check_head(data) in ("complete", "partial", "bad")
 
@@ -282,7 +283,7 @@ def test_no_head_is_answered_500() -> None:
     try:
 
         @given(HEADISH)
-        @settings(max_examples=150, deadline=None)
+        @settings(max_examples=examples(150), deadline=None)
         def feed(data: bytes) -> None:
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
                 sock.sendall(data + b"\r\n\r\n")

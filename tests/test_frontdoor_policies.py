@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import wait_until
-from _server_harness import CLIENT_TIMEOUT_S, Burst, Outcome, request
+from _helpers import examples, wait_until
+from _server_harness import CLIENT_TIMEOUT_S, TEST_DEFAULT_BUDGET_MS, Burst, Outcome, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
@@ -88,6 +88,9 @@ def start() -> Iterator[Any]:
     def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
         kwargs.setdefault("threads", 1)
         kwargs.setdefault("max_queue", 4)
+        if "settings" not in kwargs:
+            # Waiters held behind a busy worker must outlive a slow test; expiry tests send their budget.
+            kwargs.setdefault("default_budget_ms", TEST_DEFAULT_BUDGET_MS)
         server = create_server(application, port=0, **kwargs)
         server.start()
         servers.append(server)
@@ -376,7 +379,8 @@ class PolicySettings(ServerSettings):
 
 def test_the_policy_fields_of_the_settings_configure_the_front_door(start: Any) -> None:
     app = Recorder()
-    server = start(app, settings=PolicySettings(threads=1, max_queue=4), threads=None, max_queue=None)
+    policy_settings = PolicySettings(threads=1, max_queue=4, default_budget_ms=TEST_DEFAULT_BUDGET_MS)
+    server = start(app, settings=policy_settings, threads=None, max_queue=None)
     assert (server.policies["order"], server.policies["critical_paths"]) == ("lifo", ("/critical",))
     held = hold_worker(server, app)
     waiters = [enqueue(server, path) for path in ("/b", "/c", "/critical")]
@@ -495,7 +499,7 @@ request_plans = st.lists(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(options=policy_options, plan=request_plans)
 def test_any_policy_mix_answers_every_request_once_and_balances(
     options: dict[str, Any], plan: list[tuple[bool, int, float]]

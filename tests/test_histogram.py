@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S
+from _helpers import JOIN_TIMEOUT_S, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.core import NS_PER_SECOND, HistogramTwin
@@ -168,7 +168,7 @@ def test_sum_sticks_at_the_int64_limit(hist: HistogramTwin) -> None:
     assert h.sum_ns == 5
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(values=st.lists(latencies, min_size=1, max_size=300), qs=st.lists(quantile_qs, min_size=1, max_size=6))
 def test_quantile_error_is_within_one_percent_of_the_sorted_sample(
     hist: HistogramTwin, values: list[int], qs: list[float]
@@ -182,7 +182,7 @@ def test_quantile_error_is_within_one_percent_of_the_sorted_sample(
         assert h.quantile(q) == estimate
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(values=st.lists(st.integers(min_value=0, max_value=2 * US), min_size=1, max_size=100), q=quantile_qs)
 def test_below_a_microsecond_the_error_stays_within_the_bound(hist: HistogramTwin, values: list[int], q: float) -> None:
     exact = exact_quantile(values, q)
@@ -194,7 +194,7 @@ def test_below_a_microsecond_the_error_stays_within_the_bound(hist: HistogramTwi
         assert abs(estimate - exact) <= BOUND * exact
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(values=st.lists(st.integers(min_value=0, max_value=10 * MAX_NS), max_size=200))
 def test_count_sum_min_max_are_exact(hist: HistogramTwin, values: list[int]) -> None:
     h = filled(hist, values)
@@ -234,7 +234,7 @@ def test_record_many_equals_recording_one_by_one(hist: HistogramTwin) -> None:
 # --- merge, copy, reset, count_le ----------------------------------------------------------
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     first=st.lists(st.integers(min_value=0, max_value=2 * MAX_NS), max_size=100),
     second=st.lists(st.integers(min_value=0, max_value=2 * MAX_NS), max_size=100),
@@ -298,7 +298,7 @@ def test_copy_is_independent_and_reset_empties(hist: HistogramTwin) -> None:
     assert clone.count == 4
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     values=st.lists(st.integers(min_value=0, max_value=2 * MAX_NS), max_size=100),
     bounds=st.lists(st.integers(min_value=-10, max_value=3 * MAX_NS), max_size=12),
@@ -496,7 +496,7 @@ def test_window_works_on_the_real_clock_by_default(hist: HistogramTwin) -> None:
     assert w.snapshot().count == 2
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     slices=st.integers(min_value=1, max_value=12),
     steps=st.lists(st.tuples(st.integers(min_value=0, max_value=3 * SECOND), any_value), min_size=1, max_size=60),
@@ -546,7 +546,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(ops=operations, slices=st.integers(min_value=1, max_value=6), negative_clock=st.booleans())
 def test_c_and_python_twins_agree_step_by_step(
     hist_pair: tuple[HistogramTwin, HistogramTwin], ops: list[tuple[str, Any, int]], slices: int, negative_clock: bool
@@ -589,7 +589,7 @@ def test_c_and_python_twins_agree_step_by_step(
     assert c_w.total.counts() == py_w.total.counts()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=st.integers(min_value=0, max_value=INT64_MAX))
 def test_c_and_python_twins_put_every_value_in_the_same_bucket(
     hist_pair: tuple[HistogramTwin, HistogramTwin], value: int

@@ -8,6 +8,7 @@ import threading
 from collections import OrderedDict
 
 import pytest
+from _helpers import examples
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -237,7 +238,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 def test_store_state_machine() -> None:
-    run_state_machine_as_test(StoreMachine, settings=settings(max_examples=200, stateful_step_count=50, deadline=None))
+    run_state_machine_as_test(StoreMachine, settings=settings(max_examples=examples(200), stateful_step_count=50, deadline=None))
 
 
 # -- real threads -----------------------------------------------------------------------

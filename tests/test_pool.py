@@ -17,6 +17,7 @@ from typing import Any
 
 import prazo.bindings.pool as pool_module
 import pytest
+from _helpers import examples
 from _required import require_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -502,7 +503,7 @@ def _pool_on_path(compiled: bool, *args: Any) -> AdmissionPool:
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     max_workers=st.integers(1, 3),
     max_queue=st.integers(0, 4),

@@ -70,6 +70,7 @@ from _helpers import (
     FakeClock,
     QueueClass,
     assert_conservation,
+    examples,
     spawn,
     unaccounted,
     wait_until,
@@ -764,7 +765,7 @@ def test_one_hand_over_named_cases(impl: QueueClass, caplog: pytest.LogCaptureFi
 
 
 @settings(
-    max_examples=100,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
     database=None,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_conservation, spawn, wait_until
+from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_conservation, examples, spawn, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.core import (
@@ -129,7 +129,7 @@ def test_vegas_stays_within_its_bounds(impl: QueueClass, clock: FakeClock) -> No
     assert set(simulate(pinned, FakeClock(), cpu_bound, 500)) == {5}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     samples=st.lists(st.tuples(st.integers(0, 2**62), st.integers(1, 70)), min_size=1, max_size=200),
     bounds=st.tuples(st.integers(1, 70), st.integers(1, 70)).map(sorted),

@@ -12,7 +12,17 @@ import time
 from typing import Any
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, FakeClock, QueueClass, assert_counters, reasons, recorder, spawn, wait_until
+from _helpers import (
+    JOIN_TIMEOUT_S,
+    FakeClock,
+    QueueClass,
+    assert_counters,
+    examples,
+    reasons,
+    recorder,
+    spawn,
+    wait_until,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.core import (
@@ -174,7 +184,7 @@ def test_a_slot_on_a_fake_clock_reports_nothing(impl: QueueClass, clock: FakeClo
     assert q.expected_service_ns == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     permille=st.sampled_from(["p50", "p90", "p95", "p99"]),
     samples=st.lists(

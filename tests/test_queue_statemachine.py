@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from _helpers import COUNTER_NAMES, FakeClock, QueueClass, assert_conservation
+from _helpers import COUNTER_NAMES, FakeClock, QueueClass, assert_conservation, examples
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -706,7 +706,7 @@ def test_twins_agree_with_each_other_and_the_model(
 ) -> None:
     run_state_machine_as_test(
         lockstep_machine(twin_pair, order, expected_service_ms, reporting=callback),
-        settings=settings(max_examples=150, stateful_step_count=60, deadline=None),
+        settings=settings(max_examples=examples(150), stateful_step_count=60, deadline=None),
     )
 
 
@@ -720,5 +720,5 @@ def test_twins_agree_under_the_vegas_limit(
     # Longer runs: the limit moves once per window of 16 service-time samples.
     run_state_machine_as_test(
         lockstep_machine(twin_pair, order, expected_service_ms, limit_policy="vegas"),
-        settings=settings(max_examples=100, stateful_step_count=200, deadline=None),
+        settings=settings(max_examples=examples(100), stateful_step_count=200, deadline=None),
     )

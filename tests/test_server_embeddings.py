@@ -263,7 +263,8 @@ def test_waitress_stops_gracefully_on_systemexit_in_run(tmp_path: Path) -> None:
 
     server = create_server(app, host="127.0.0.1", port=0, threads=1, max_queue=3)
     dispatcher = server.task_dispatcher
-    burst = Burst(server.effective_port, ["/work?ms=200"] * 4)
+    # Four 200 ms requests one after another: the budget must outlast them on a loaded machine.
+    burst = Burst(server.effective_port, ["/work?ms=200"] * 4, headers={"X-Request-Budget-Ms": "30000"})
     stop_requested = threading.Event()
 
     runner = run_waitress_until(server, stop_requested)

@@ -16,6 +16,7 @@ from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
 import pytest
+from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import (
@@ -705,7 +706,7 @@ HEADER_VALUE = st.text(max_size=24) | st.from_regex(r"\A-?[0-9]{1,14}(\.[0-9]{1,
 BUDGET_KEYS = [BUDGET_ENVIRON_KEY, GRPC_TIMEOUT_ENVIRON_KEY, ENVOY_TIMEOUT_ENVIRON_KEY]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(extra=st.dictionaries(st.sampled_from(BUDGET_KEYS), HEADER_VALUE))
 def test_random_headers_never_500_and_never_beyond_policy(extra, fast_path):
     probe = Probe()

@@ -20,7 +20,7 @@ import time
 from wsgiref.validate import validator
 
 import pytest
-from _helpers import JOIN_TIMEOUT_S, run_checked
+from _helpers import JOIN_TIMEOUT_S, examples, run_checked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import (
@@ -258,7 +258,7 @@ class Lockstep:
         return keys, environ.get(BUDGET_SOURCE_KEY)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(steps=st.lists(STEP, max_size=14))
 def test_both_paths_answer_count_and_release_alike(steps):
     options = {"max_concurrency": 2, "max_queue": 0, "default_budget_ms": 800, "max_budget_ms": 5000}
@@ -274,7 +274,7 @@ def test_both_paths_answer_count_and_release_alike(steps):
     assert pair[1].middleware.stats()["in_flight"] == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=HEADER_VALUE)
 def test_a_budget_header_means_the_same_on_both_paths(value):
     probe = Probe(body_type=list)
