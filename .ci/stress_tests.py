@@ -18,9 +18,9 @@ import argparse
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parent.parent
 

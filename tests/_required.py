@@ -36,7 +36,6 @@ ALLOWED_SKIPS = {
     "reads worker pids from /proc": "gunicorn's worker threads are counted through /proc (Linux only)",
     "no IPv6 loopback here": "a container may have no ::1; the IPv4 tests still run",
     "PRAZO_NO_EXTENSIONS is set": "the Python twins were asked for on purpose: there is no compiled path to test",
-    "C twin not available and PRAZO_NO_EXTENSIONS is set": "as above",
 }
 
 
