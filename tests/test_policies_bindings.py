@@ -422,13 +422,37 @@ def test_resolve_settings_reads_every_policy_variable() -> None:
         ({"PRAZO_CRITICAL_HEADER": "X_Priority"}, "PRAZO_CRITICAL_HEADER must be an HTTP header name"),
         ({"PRAZO_CRITICAL_PATHS": "healthz"}, "PRAZO_CRITICAL_PATHS paths must start with '/'"),
         ({"PRAZO_RESERVED": "4"}, "reserved (--reserved, $PRAZO_RESERVED) must be < threads (4)"),
-        ({"PRAZO_CODEL_TARGET_MS": "7"}, "only applies with order 'adaptive'"),
+        ({"PRAZO_CODEL_TARGET_MS": "7", "PRAZO_ORDER": "adaptive", "PRAZO_CODEL_INTERVAL_MS": "x"}, "PRAZO_CODEL_INT"),
     ],
 )
 def test_malformed_policy_variables_raise_naming_them(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError) as info:
         resolve_settings(threads=4, environ=environ)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("order", [None, "fifo", "lifo"])
+def test_codel_variables_without_adaptive_order_are_ignored_with_a_warning(
+    order: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One environment file shared by services with and without adaptive order must start them all."""
+    environ = {"PRAZO_CODEL_TARGET_MS": "7", "PRAZO_CODEL_INTERVAL_MS": "250"}
+    if order is not None:
+        environ["PRAZO_ORDER"] = order
+    with caplog.at_level(logging.WARNING, logger="prazo.settings"):
+        settings = resolve_settings(threads=4, environ=environ)
+    defaults = ServerSettings(threads=4, max_queue=16)
+    assert (settings.codel_target_ms, settings.codel_interval_ms) == (
+        defaults.codel_target_ms,
+        defaults.codel_interval_ms,
+    )
+    warned = " ".join(record.getMessage() for record in caplog.records)
+    assert "PRAZO_CODEL_TARGET_MS=7 ignored" in warned and "PRAZO_CODEL_INTERVAL_MS=250 ignored" in warned
+    # With adaptive order the same variables apply, and flags stay strict without it.
+    adaptive = resolve_settings(threads=4, environ={**environ, "PRAZO_ORDER": "adaptive"})
+    assert (adaptive.codel_target_ms, adaptive.codel_interval_ms) == (7.0, 250.0)
+    with pytest.raises(ValueError, match="only applies with order 'adaptive'"):
+        resolve_settings(threads=4, codel_target_ms=7, environ={})
 
 
 def test_server_settings_check_the_policy_fields() -> None:

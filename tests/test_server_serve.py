@@ -67,6 +67,27 @@ def test_serve_announces_its_limits_serves_and_stops_gracefully_on_sigterm(
     assert process.wait(CLIENT_TIMEOUT_S) == 0
 
 
+@pytest.mark.parametrize("kind", ["waitress", "prazo"])
+def test_serve_starts_with_codel_variables_meant_for_another_service(
+    kind: str, processes: list[subprocess.Popen]
+) -> None:
+    """One environment file for several services: CoDel variables without ``--order adaptive`` only warn."""
+    command = [*_SERVE, "_server_harness:app", "--server", kind, "--port", "0", "--threads", "1"]
+    env = {**os.environ, "PRAZO_CODEL_TARGET_MS": "7", "PRAZO_CODEL_INTERVAL_MS": "250"}
+    env.pop("PRAZO_ORDER", None)
+    process = subprocess.Popen(command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    processes.append(process)
+    assert process.stdout is not None and process.stderr is not None
+    line = process.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+) ", line)
+    assert match, (line, process.stderr.read() if process.poll() is not None else "")
+    assert request(int(match.group(1)), "/calls").status == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(CLIENT_TIMEOUT_S) == 0
+    warnings = process.stderr.read()
+    assert "PRAZO_CODEL_TARGET_MS=7 ignored" in warnings and "PRAZO_CODEL_INTERVAL_MS=250 ignored" in warnings
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

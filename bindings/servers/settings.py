@@ -12,6 +12,7 @@ arguments or the environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -142,6 +143,9 @@ def _env_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
     return value
 
 
+_log = logging.getLogger("prazo.settings")
+
+
 def _env_ms(environ: Mapping[str, str], name: str) -> float | None:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
@@ -152,6 +156,22 @@ def _env_ms(environ: Mapping[str, str], name: str) -> float | None:
         raise ValueError(f"{name} must be a number of milliseconds, got {raw!r}") from None
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {raw!r}")
+    return value
+
+
+
+def _env_codel_ms(env: Mapping[str, str], name: str, order: str | None) -> float | None:
+    """A CoDel variable, or None when the order is not adaptive: then it is ignored, with a warning.
+
+    One environment file is often shared by several services, some without
+    ``--order adaptive``; a variable that does not apply must not stop them.
+    The flags stay strict (``ServerSettings`` refuses them without adaptive
+    order), and a malformed value is an error whatever the order.
+    """
+    value = _env_ms(env, name)
+    if value is not None and order != "adaptive":
+        _log.warning("%s=%s ignored: it only applies with order 'adaptive' (--order adaptive)", name, env[name])
+        return None
     return value
 
 
@@ -393,9 +413,9 @@ def resolve_settings(
     if order is None:
         order = _env_choice(env, ENV_ORDER, ORDERS)
     if codel_target_ms is None:
-        codel_target_ms = _env_ms(env, ENV_CODEL_TARGET_MS)
+        codel_target_ms = _env_codel_ms(env, ENV_CODEL_TARGET_MS, order)
     if codel_interval_ms is None:
-        codel_interval_ms = _env_ms(env, ENV_CODEL_INTERVAL_MS)
+        codel_interval_ms = _env_codel_ms(env, ENV_CODEL_INTERVAL_MS, order)
     if expected_service_ms is None:
         raw = env.get(ENV_EXPECTED_SERVICE_MS, "")
         expected_service_ms = parse_expected_service_ms(raw, ENV_EXPECTED_SERVICE_MS) if raw.strip() else None
