@@ -44,8 +44,13 @@ def run_script(command: list[str], env: dict[str, str] | None = None, cwd: Path 
 
 
 def run_recipe(heading: str, env: dict[str, str] | None = None, then: str = "") -> list[str]:
+    """The section's ``python`` blocks as one script; a ``DeprecationWarning`` it triggers fails it.
+
+    A reader pasting a recipe should not be told it is out of date (psycopg_pool 3.3
+    deprecates a pool opened without ``open=`` or a ``with`` block, for one).
+    """
     script = "\n".join(fenced_blocks(section(heading), "python"))
-    return run_script([sys.executable, "-c", script + then], env)
+    return run_script([sys.executable, "-W", "error::DeprecationWarning", "-c", script + then], env)
 
 
 def test_the_grpc_recipe_runs_and_the_handler_sees_the_callers_budget_less_the_margin() -> None:
