@@ -249,7 +249,8 @@ def _refusal_span(
         REFUSAL_SPAN_NAME, context, trace.SpanKind.SERVER, attributes=attributes, start_time=min(start, end)
     )
     try:
-        record_admission(span, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal, None)
+        source = None if environ is None else budget_source_of(environ)
+        record_admission(span, outcome, arrival_ns, deadline_ns, queue_wait_ns, refusal, source)
         span.set_status(trace.Status(trace.StatusCode.ERROR, reason))
     finally:
         span.end(end)

@@ -22,7 +22,7 @@ from typing import Any
 from wsgiref.util import setup_testing_defaults
 
 import pytest
-from _helpers import wait_until
+from _helpers import CheckedThread, wait_until
 from _server_harness import CLIENT_TIMEOUT_S, request, start_server
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -416,6 +416,36 @@ def test_server_refusal_becomes_a_span_of_its_own(exporter: InMemorySpanExporter
     # The span covers the wait: from arrival to the refusal.
     assert span.end_time is not None and span.start_time is not None
     assert (span.end_time - span.start_time) / 1e9 == pytest.approx(attributes[prazo_otel.QUEUE_WAIT], abs=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["waitress", "werkzeug"])
+def test_an_embeddings_refusal_span_says_what_the_server_read(
+    kind: str, exporter: InMemorySpanExporter, refusal_spans: None, tmp_path: Path
+) -> None:
+    """The server had parsed the request it refused: its span has the method, the trace parent and the budget."""
+    server = start_server(kind, threads=1, max_queue=0)
+    gate, mark = tmp_path / "gate", tmp_path / "running"
+    holder = CheckedThread(target=request, args=(server.port, f"/work?gate={gate}&mark={mark}"))
+    holder.start()
+    try:
+        wait_until(mark.exists, "the holder to occupy the only worker")
+        trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        headers = {"traceparent": f"00-{trace_id}-{parent_id}-01", "X-Request-Budget-Ms": "5000"}
+        refused = request(server.port, "/refused", headers, method="POST", body=b"x")
+        assert (refused.status, refused.reason) == (503, "queue-full")
+    finally:
+        gate.touch()
+        holder.join(CLIENT_TIMEOUT_S)
+        server.stop()
+    span = span_named(exporter, prazo_otel.REFUSAL_SPAN_NAME)
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert span.parent is not None and format(span.parent.span_id, "016x") == parent_id
+    attributes = dict(span.attributes or {})
+    assert attributes["http.request.method"] == "POST"
+    assert attributes[prazo_otel.BUDGET_SOURCE] == "X-Request-Budget-Ms"
+    assert attributes[prazo_otel.BUDGET] == pytest.approx(5.0)
+    assert attributes[prazo_otel.REASON] == "queue-full"
 
 
 @pytest.mark.parametrize("fast_path", PATHS)

@@ -22,7 +22,7 @@ from prazo.core import NS_PER_MS, Deadline, ShutDown
 
 from ..wsgi import MiddlewareCounters, WSGIApp
 from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
-from .heads import MAX_HEAD_BYTES, find_head, head_environ, head_path, peek_bytes, peekable
+from .heads import MAX_HEAD_BYTES, find_head, head_environ, head_method, head_path, peek_bytes, peekable
 from .refusals import HEADER_TIMEOUT_ANSWER, LingeringCloser, rejection_bytes
 from .settings import ServerSettings
 from .sockets import hard_close, send_all
@@ -247,6 +247,9 @@ class ConnectionAdmission:
             path = head_path(head)
             if path is not None:
                 environ["PATH_INFO"] = path
+            method = head_method(head)
+            if method is not None:
+                environ["REQUEST_METHOD"] = method
             ticket = admission_ticket(item, environ, arrival_ns, self.policy, self.counters, self.classifier)
         self.dispatcher.submit(ticket)
 

@@ -74,6 +74,9 @@ class Ticket:
     its headers could be read (its deadline is ``arrival + max_budget_ms``) and
     gets its real deadline from the parsed request, before the app runs.
     A ``critical`` ticket is served first and may use the reserved slots.
+    ``environ`` is what the server read of the request before admission (its
+    ``HTTP_*`` keys, ``REQUEST_METHOD``, ``PATH_INFO``, the budget's source),
+    handed to the admission observer with a refusal; None while unparsed.
     ``release()`` gives the slot back, once, however many times it is called,
     with the time since the worker took it as a service-time sample.
     """
@@ -86,6 +89,7 @@ class Ticket:
         "claimed",
         "critical",
         "deadline",
+        "environ",
         "incoming",
         "item",
         "provisional",
@@ -101,8 +105,10 @@ class Ticket:
         *,
         provisional: bool = False,
         critical: bool = False,
+        environ: dict[str, str] | None = None,
     ) -> None:
         self.item = item
+        self.environ = environ
         self.critical = critical
         self.deadline = deadline
         self.arrival_ns = arrival_ns
@@ -152,13 +158,16 @@ class Ticket:
 
 def admission_ticket(
     item: Any,
-    environ: Mapping[str, str],
+    environ: dict[str, str],
     arrival_ns: int,
     policy: BudgetPolicy,
     counters: MiddlewareCounters,
     classifier: CriticalClassifier | None,
 ) -> Ticket:
     """The ticket of a request whose headers (``HTTP_*`` keys, ``PATH_INFO``) are known before admission.
+
+    ``environ`` is the server's own dict for this request: the ticket keeps it
+    (``Ticket.environ``), with the budget's source added.
 
     Its deadline comes from ``policy`` (invalid budget headers are counted in
     ``counters``) and its class from ``classifier`` (None: every request is normal).
@@ -167,7 +176,10 @@ def admission_ticket(
     if incoming.invalid:
         counters.add("invalid_budget_header", incoming.invalid)
     critical = classifier is not None and classifier(environ)
-    return Ticket(item, deadline, arrival_ns, incoming, critical=critical)
+    if incoming.source is not None:
+        # For an observer of a refusal (its span's budget source), as the app's environ would say.
+        environ[BUDGET_SOURCE_KEY] = incoming.source
+    return Ticket(item, deadline, arrival_ns, incoming, critical=critical, environ=environ)
 
 
 class AdmissionDispatcher:
@@ -309,9 +321,9 @@ class AdmissionDispatcher:
         observer = admission_observer()
         if observer is not None:
             try:
-                # The request is not parsed yet (or not at hand): no environ.
+                # ticket.environ: what the server read of the request (None before its head was parsed).
                 queue_wait_ns = time.monotonic_ns() - ticket.arrival_ns
-                observer(None, OUTCOME_REFUSED, ticket.arrival_ns, ticket.deadline.ns, queue_wait_ns, exc)
+                observer(ticket.environ, OUTCOME_REFUSED, ticket.arrival_ns, ticket.deadline.ns, queue_wait_ns, exc)
             except Exception:  # noqa: BLE001 - an observer must never cost a request its answer
                 _log.exception("prazo: the admission observer failed")
         try:

@@ -15,7 +15,7 @@ from urllib.parse import unquote_to_bytes
 
 from ..headers import is_ambiguous_header_name
 
-__all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "head_path", "peek_bytes", "peekable"]
+__all__ = ["MAX_HEAD_BYTES", "find_head", "head_environ", "head_method", "head_path", "peek_bytes", "peekable"]
 
 # A request head larger than this is not peeked at; the request is admitted
 # with a provisional deadline and its real one is computed once it is parsed.
@@ -68,14 +68,25 @@ def head_environ(head: bytes, remote_addr: object = None) -> dict[str, str]:
     return environ
 
 
+def _request_line(head: bytes) -> list[bytes] | None:
+    parts = head.split(b"\n", 1)[0].rstrip(b"\r").split(b" ")
+    return parts if len(parts) == 3 and parts[0] else None
+
+
+def head_method(head: bytes) -> str | None:
+    """The ``REQUEST_METHOD`` of the request of ``head``, or None when the request line is malformed."""
+    parts = _request_line(head)
+    return None if parts is None else parts[0].decode("latin-1")
+
+
 def head_path(head: bytes) -> str | None:
     """The ``PATH_INFO`` a WSGI server gives the request of ``head``, or None when the request line is malformed.
 
     The target's path, without the query, percent-decoded to latin-1 as WSGI
     servers do; an absolute-form target (``http://host/path``) gives its path.
     """
-    parts = head.split(b"\n", 1)[0].rstrip(b"\r").split(b" ")
-    if len(parts) != 3:
+    parts = _request_line(head)
+    if parts is None:
         return None
     target = parts[1].split(b"?", 1)[0].split(b"#", 1)[0]
     if not target.startswith(b"/"):

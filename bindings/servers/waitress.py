@@ -104,10 +104,15 @@ class AdmissionChannel(HTTPChannel):
 
 
 def _request_environ(channel: Any) -> dict[str, str]:
-    """The ``HTTP_*`` keys, ``REMOTE_ADDR`` and ``PATH_INFO`` (what a ``BudgetPolicy`` and a ``CriticalClassifier`` read)."""
+    """The ``HTTP_*`` keys, ``REMOTE_ADDR``, ``PATH_INFO`` and ``REQUEST_METHOD``.
+
+    What a ``BudgetPolicy`` and a ``CriticalClassifier`` read, and what the
+    span of a refusal says of the request (``instrument(refusal_spans=True)``).
+    """
     request = channel.requests[0]
     environ = {"HTTP_" + name: value for name, value in request.headers.items()}
     environ["PATH_INFO"] = request.path
+    environ["REQUEST_METHOD"] = request.command
     peer = channel.addr[0] if channel.addr else None
     if isinstance(peer, str):
         environ["REMOTE_ADDR"] = peer
