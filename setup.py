@@ -18,7 +18,7 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The three audiences of DESIGN.md's "Layout"; subpackages live in their folders.
+# The three audiences of docs/design.md's "Layout"; subpackages live in their folders.
 PACKAGES = [
     "prazo.core",
     "prazo.bindings",

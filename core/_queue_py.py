@@ -30,7 +30,7 @@ whose budget became too short (``insufficient-budget``) or that CoDel sheds
 (``QueueFull("shed-standing-queue")``). A slot is only ever idle when nobody
 waits (work conservation).
 
-Two policies decide what "a slot is free" means (POLICIES.md 1.3, 1.4):
+Two policies decide what "a slot is free" means (docs/design.md, "Queue policies": the Vegas limit and priority classes):
 
 * ``limit="vegas"``: the number of slots in use, ``limit``, moves between
   ``min_concurrency`` and ``max_concurrency`` with the service times the
@@ -314,7 +314,7 @@ class AdmissionQueue:
     ``on_dropped`` to answer those). A callback's Exception is logged; the
     first BaseException is raised once every item has been reported.
 
-    Policies (see ``_policy_py.py`` and POLICIES.md):
+    Policies (see ``_policy_py.py`` and docs/design.md):
 
     * ``expected_service_ms`` (doomed-work skip): an entry whose remaining
       budget is shorter than the expected service time never starts; it is

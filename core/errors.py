@@ -32,7 +32,7 @@ REASON_EXPIRED_IN_QUEUE = "expired-in-queue"
 REASON_DEADLINE_EXCEEDED = "deadline-exceeded"
 REASON_NO_BUDGET_FOR_DOWNSTREAM = "no-budget-for-downstream"
 REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
-# The queue policies (POLICIES.md): a doomed entry, whose remaining budget is
+# The queue policies (docs/design.md): a doomed entry, whose remaining budget is
 # shorter than the expected service time, is a 504; a shed one a 503.
 REASON_INSUFFICIENT_BUDGET = "insufficient-budget"
 REASON_SHED = "shed-standing-queue"

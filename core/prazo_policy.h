@@ -4,7 +4,7 @@
  * both decide exactly alike. core/_policy_py.py is the readable twin of every
  * section and gives the same integers for the same inputs.
  *
- * Sections, one owner each (see POLICIES.md section 2). */
+ * One section per policy (docs/design.md, "Queue policies"). */
 #ifndef PRAZO_POLICY_H
 #define PRAZO_POLICY_H
 

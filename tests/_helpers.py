@@ -249,7 +249,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = JOIN_T
 
 
 def unaccounted(stats: Mapping[str, int]) -> int:
-    """Offered arrivals with no outcome in ``stats`` (0 when DESIGN.md invariant 3 holds)."""
+    """Offered arrivals with no outcome in ``stats`` (0 when docs/design.md invariant 3 holds)."""
     accounted = (
         stats["started"]
         + stats["rejected_full"]
@@ -257,7 +257,7 @@ def unaccounted(stats: Mapping[str, int]) -> int:
         + stats["cancelled"]
         + stats["queued"]
         + stats["assigned"]
-        # The policies' outcomes (POLICIES.md); absent from the front door's stats.
+        # The policies' outcomes (docs/design.md); absent from the front door's stats.
         + stats.get("insufficient_budget", 0)
         + stats.get("shed", 0)
         + stats.get("evicted", 0)
@@ -266,7 +266,7 @@ def unaccounted(stats: Mapping[str, int]) -> int:
 
 
 def assert_conservation(stats: Mapping[str, int]) -> None:
-    """Every offered arrival is accounted for exactly once (DESIGN.md invariant 3)."""
+    """Every offered arrival is accounted for exactly once (docs/design.md invariant 3)."""
     assert unaccounted(stats) == 0, f"conservation broken: {dict(stats)}"
     assert stats["expired"] == stats["expired_on_arrival"] + stats["expired_in_queue"], dict(stats)
 

@@ -1,8 +1,8 @@
-"""The queue policies of POLICIES.md in the front door's C engine, on real loopback sockets.
+"""The queue policies of docs/design.md in the front door's C engine, on real loopback sockets.
 
 Each policy is checked by what a client sees (status, ``X-Prazo-Reason``,
 the order the app runs requests in) and by the engine's counters; after
-every test the counters balance (the conservation identity of POLICIES.md)
+every test the counters balance (the conservation identity of docs/design.md)
 and no worker place or connection is left behind. Time margins are wide:
 the assertions say "before the held worker was released", never "within
 so many ms".
@@ -51,7 +51,7 @@ class Recorder:
 
 
 def balance(stats: dict[str, int]) -> int:
-    """POLICIES.md's conservation identity: offered minus every outcome (0 when it holds)."""
+    """The conservation identity (docs/design.md): offered minus every outcome (0 when it holds)."""
     return stats["offered"] - (
         stats["started"]
         + stats["rejected_full"]

@@ -4,7 +4,7 @@ Every ``.py`` and ``.pyx`` file under ``core/``, ``bindings/`` and ``bench/`` is
 a module of ``prazo.core``, ``prazo.bindings`` or ``prazo.bench``. Their import
 statements — anywhere in the file, function bodies and ``if TYPE_CHECKING:``
 blocks included, relative ones resolved against the importing package — must
-keep these rules (DESIGN.md, "Layout"):
+keep these rules (docs/design.md, "Layout"):
 
 1. **The arrows point down** (bench -> bindings -> core): nothing in
    ``prazo.core`` imports ``prazo.bindings`` or ``prazo.bench``, and nothing in

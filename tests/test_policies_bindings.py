@@ -1,4 +1,4 @@
-"""The queue policies (POLICIES.md) through the bindings: middleware (both paths), pool, settings, CLI, servers.
+"""The queue policies (docs/design.md) through the bindings: middleware (both paths), pool, settings, CLI, servers.
 
 The policies themselves are the core's (tested in the queue suites); these
 tests check that every binding passes them through, answers each new refusal

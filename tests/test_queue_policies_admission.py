@@ -1,4 +1,4 @@
-"""The admission policies of POLICIES.md on both twins, on a fake clock.
+"""The admission policies of docs/design.md on both twins, on a fake clock.
 
 * ``limit="vegas"``: a simulated service whose service time grows with
   concurrency (a CPU-bound app under the GIL) drives the limit down to a

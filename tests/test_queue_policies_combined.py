@@ -1,4 +1,4 @@
-"""The four queue policies of POLICIES.md together, on both twins, on a fake clock.
+"""The four queue policies of docs/design.md together, on both twins, on a fake clock.
 
 Each policy has its own suite (``test_queue_policies_dequeue.py``,
 ``test_queue_policies_admission.py``) and the lockstep state machine drives

@@ -1,4 +1,4 @@
-"""The dequeue policies of POLICIES.md on both twins: doomed-work skip, adaptive LIFO + CoDel, on_dropped.
+"""The dequeue policies of docs/design.md on both twins: doomed-work skip, adaptive LIFO + CoDel, on_dropped.
 
 Logic runs on a fake clock (``now_ns=``); the few real-thread tests (a gate
 waiter leaving at its effective deadline, a gate waiter shed) decide by the

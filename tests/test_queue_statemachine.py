@@ -7,7 +7,7 @@ sample), moves the clock, sweeps with ``expire_overdue``, makes non-blocking
 gate arrivals, serves bursts that feed the learned estimate and the Vegas
 limit, and sometimes shuts the queue down. Every step is applied to the C twin
 and the Python twin and to a small model of the slots and the waiting line;
-after every step the invariants of DESIGN.md hold, under every policy and
+after every step the invariants of docs/design.md hold, under every policy and
 their combinations:
 
 1. no item is returned by ``get`` at a time >= its deadline (nor its
@@ -142,7 +142,7 @@ class Held:
 
 
 class ServiceModel:
-    """The expected service time of POLICIES.md, from the whole list of samples.
+    """The expected service time of docs/design.md, from the whole list of samples.
 
     Fixed: the constant. Learned ("pNN"): every 16th sample, once there are
     32, the nearest-rank quantile (at the histogram's bucket precision) of the
@@ -230,7 +230,7 @@ class QueueModel:
         return self.counters["in_flight"] - self.counters["assigned"]
 
     def may_start(self, critical: bool) -> bool:
-        """POLICIES.md 1.4: critical up to the limit; normal below limit - reserved, or up to it while borrowing."""
+        """docs/design.md, priority classes: critical up to the limit; normal below limit - reserved, or up to it while borrowing."""
         in_flight = self.counters["in_flight"]
         if in_flight >= self.limit:
             return False

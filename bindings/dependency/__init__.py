@@ -1,4 +1,4 @@
-"""prazo.bindings.dependency — the slow-dependency kit (DESIGN.md, failure mode 2).
+"""prazo.bindings.dependency — the slow-dependency kit (docs/design.md, failure mode 2).
 
 ``Dependency`` runs calls to one dependency on its own bounded threads, behind
 a bulkhead without a queue, a fixed or adaptive (``AdaptiveTimeout``) timeout,

@@ -1,7 +1,7 @@
 """A circuit breaker that opens on slowness as well as on errors.
 
 A slow dependency produces no errors until the timeouts fire, and by then the
-pools are gone (DESIGN.md, failure mode 2). So the breaker counts two things
+pools are gone (docs/design.md, failure mode 2). So the breaker counts two things
 separately over a sliding window of the last ``window`` calls: calls that
 failed (raised or timed out) and calls that were slow (took at least
 ``slow_call_ms``, whether they succeeded or not — a slow failure counts in

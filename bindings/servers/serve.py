@@ -160,7 +160,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The queue-policy options (POLICIES.md; ``AdmissionQueue``'s keywords)."""
+    """The queue-policy options (docs/design.md; ``AdmissionQueue``'s keywords)."""
     parser.add_argument(
         "--order",
         choices=ORDERS,
