@@ -27,7 +27,11 @@ connection, run the app inside ``deadline_scope`` with a PEP 3333 environ
 ``prazo.queue_wait_ms``, ``prazo.budget_source``, ``prazo.server_stats``),
 write the response themselves (chunked when HTTP/1.1 and no Content-Length),
 and hand a kept-alive connection back to the C thread, so its next request is
-triaged too. Shutdown: the listening socket closes (new connections are
+triaged too. Every wait on the client is bounded: a body read by the request's
+deadline (``wsgi.input`` raises ``RequestBodyError``; 408 or 400 if the app
+lets it out), a response write by the deadline, or the response's start if
+later, plus ``write_grace_ms``, all of a request's waits together by
+``max_io_wait_ms``, and each by ``io_timeout_ms`` without progress. Shutdown: the listening socket closes (new connections are
 refused), admitted requests — running and waiting — finish within the
 timeout, a request arriving on an open connection meanwhile gets ``503
 shutting-down``, and what still waits at the end gets ``503 shutting-down``.

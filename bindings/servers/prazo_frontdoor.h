@@ -8,7 +8,9 @@
  *   FD_READING  the I/O thread: in epoll, reading a head under the head timer
  *   FD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
  *               a worker takes it)
- *   FD_RUNNING  one worker, until fd_conn_finish() puts it on srv->returned
+ *   FD_RUNNING  one worker, until fd_conn_hand_back() puts it on srv->returned
+ *               (the Cython Connection hands it back only once no app thread
+ *               is still inside a body read or a write on it)
  *   FD_DRAINING the I/O thread: lingering close after a refusal
  * The listening sockets and the epoll/eventfd descriptors belong to the I/O
  * thread; a connection's descriptor to whoever owns the connection.
