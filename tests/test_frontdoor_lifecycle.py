@@ -130,6 +130,19 @@ def test_a_trickled_body_holds_the_worker_only_until_the_deadline(start: Any) ->
     assert server.stats()["app_errors"] == 0
 
 
+def test_all_waits_on_the_client_together_stay_under_max_io_wait_whatever_the_budget(start: Any) -> None:
+    server = start(_echo_or_health, threads=1, max_io_wait_ms=1500)
+    with _connect(server.port) as sock:
+        began = time.monotonic()
+        # A budget far longer than the test: only the cap on waiting can end the read.
+        sock.sendall(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nX-Request-Budget-Ms: 30000\r\n\r\n")
+        while time.monotonic() - began < 25.0 and not select.select([sock], [], [], 0.2)[0]:
+            sock.sendall(b"a")  # progress every 0.2 s: never the I/O timeout
+        answer = _read_all(sock)
+        assert time.monotonic() - began < WELL_BEFORE_IO_TIMEOUT_S
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"body-timeout" in answer, answer
+
+
 def test_expect_100_continue_and_no_body_holds_the_worker_only_until_the_deadline(start: Any) -> None:
     server = start(_echo_or_health, threads=1)
     with _connect(server.port) as sock:
