@@ -31,10 +31,11 @@ triaged too. Every wait on the client is bounded: a body read by the request's
 deadline (``wsgi.input`` raises ``RequestBodyError``; 408 or 400 if the app
 lets it out), a response write by the deadline, or the response's start if
 later, plus ``write_grace_ms``, all of a request's waits together by
-``max_io_wait_ms``, and each by ``io_timeout_ms`` without progress. Shutdown: the listening socket closes (new connections are
-refused), admitted requests — running and waiting — finish within the
-timeout, a request arriving on an open connection meanwhile gets ``503
-shutting-down``, and what still waits at the end gets ``503 shutting-down``.
+``max_io_wait_ms``, and each by ``io_timeout_ms`` without progress.
+Shutdown: the listening socket closes (new connections are refused),
+admitted requests — running and waiting — finish within the timeout, a
+request arriving on an open connection meanwhile gets ``503 shutting-down``,
+and what still waits at the end gets ``503 shutting-down``.
 Linux only (epoll); TLS is not supported (terminate it in front). With
 ``trust_request_start`` the C thread also reads ``X-Request-Start`` /
 ``X-Queue-Start`` (the formats and rules of ``prazo.bindings.proxy_headers``)
@@ -366,7 +367,7 @@ class _Response:
                 lines[1] = f"{name}: {value}"
                 continue
             if lower == "content-length":
-                if not value.strip().isdigit():
+                if not (value.strip().isascii() and value.strip().isdigit()):
                     raise ValueError(f"bad Content-Length {value!r}")
                 self.length = int(value)
             lines.append(f"{name}: {value}")
