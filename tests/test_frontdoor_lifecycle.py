@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 # Far below DEFAULT_IO_TIMEOUT_MS (30 s, the only bound these waits had) and
 # far above the few seconds of budget each test gives: "bounded by the deadline".
 WELL_BEFORE_IO_TIMEOUT_S = 20.0
+# A request without a budget header outlives the test: only the tests about a
+# deadline send a short one.
+DEFAULT_BUDGET_MS = 30000
 
 
 @pytest.fixture
@@ -39,6 +42,7 @@ def start() -> Iterator[Any]:
     def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
         kwargs.setdefault("threads", 2)
         kwargs.setdefault("max_queue", 8)
+        kwargs.setdefault("default_budget_ms", DEFAULT_BUDGET_MS)
         server = create_server(application, port=0, **kwargs)
         server.start()
         servers.append(server)
@@ -108,14 +112,19 @@ def test_a_trickled_body_holds_the_worker_only_until_the_deadline(start: Any) ->
 
     def trickle() -> None:
         began = time.monotonic()
-        with _connect(server.port) as sock:
-            sock.sendall(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nX-Request-Budget-Ms: 2000\r\n\r\n")
-            # 5 bytes/s for up to 25 s: never a stall, always within the I/O timeout.
-            while time.monotonic() - began < 25.0:
-                if select.select([sock], [], [], 0.2)[0]:
-                    outcome["answer"] = _read_all(sock)
-                    break
-                sock.sendall(b"a")
+        try:
+            with _connect(server.port) as sock:
+                sock.sendall(
+                    b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nX-Request-Budget-Ms: 2000\r\n\r\n"
+                )
+                # 5 bytes/s for up to 25 s: never a stall, always within the I/O timeout.
+                while time.monotonic() - began < 25.0:
+                    if select.select([sock], [], [], 0.2)[0]:
+                        outcome["answer"] = _read_all(sock)
+                        break
+                    sock.sendall(b"a")
+        except BaseException as exc:  # noqa: BLE001 - checked by the test's thread
+            outcome["error"] = exc
         outcome["after_s"] = time.monotonic() - began
 
     trickler = threading.Thread(target=trickle, daemon=True)
@@ -124,6 +133,7 @@ def test_a_trickled_body_holds_the_worker_only_until_the_deadline(start: Any) ->
     # Old behaviour: the trickle kept the worker for all 25 s, and this check expired in line.
     assert _health_check(server.port) == 200
     trickler.join(CLIENT_TIMEOUT_S + 10)
+    assert "error" not in outcome, outcome
     answer = outcome.get("answer", b"")
     assert answer.startswith(b"HTTP/1.1 408 ") and b"X-Prazo-Reason: body-timeout" in answer, answer
     assert outcome["after_s"] < WELL_BEFORE_IO_TIMEOUT_S
@@ -175,20 +185,23 @@ def test_a_slow_reader_of_a_large_response_is_cut_after_the_write_grace(start: A
     outcome: dict[str, Any] = {}
 
     def slow_reader() -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.settimeout(CLIENT_TIMEOUT_S)
-        with sock:
-            sock.connect(("127.0.0.1", server.port))
-            sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\nX-Request-Budget-Ms: 2000\r\n\r\n")
-            received = 0
-            try:
-                while chunk := sock.recv(65536):
-                    received += len(chunk)
-                    if not fast.is_set():
-                        time.sleep(0.25)  # 256 KiB/s: progress all the time, so never an I/O timeout
-            except ConnectionResetError:
-                pass
+        received = 0
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            sock.settimeout(CLIENT_TIMEOUT_S)
+            with sock:
+                sock.connect(("127.0.0.1", server.port))
+                sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\nX-Request-Budget-Ms: 2000\r\n\r\n")
+                try:
+                    while chunk := sock.recv(65536):
+                        received += len(chunk)
+                        if not fast.is_set():
+                            time.sleep(0.25)  # 256 KiB/s: progress all the time, so never an I/O timeout
+                except ConnectionResetError:
+                    pass
+        except BaseException as exc:  # noqa: BLE001 - checked by the test's thread
+            outcome["error"] = exc
         outcome["received"] = received
 
     reader = threading.Thread(target=slow_reader, daemon=True)
@@ -200,6 +213,7 @@ def test_a_slow_reader_of_a_large_response_is_cut_after_the_write_grace(start: A
     finally:
         fast.set()
     reader.join(CLIENT_TIMEOUT_S + 10)
+    assert "error" not in outcome, outcome
     assert 0 < outcome["received"] < size  # cut: the client sees a short body and the close
 
 
