@@ -382,6 +382,41 @@ def test_an_unread_body_not_yet_here_is_answered_with_connection_close(start: An
     assert b"Connection: close" in answer, answer
 
 
+def test_an_app_reading_the_body_after_its_response_began_gets_all_of_it(start: Any) -> None:
+    def streaming_echo(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        write = start_response("200 OK", [])
+        write(b"got:")
+        return [environ["wsgi.input"].read()]
+
+    server = start(streaming_echo)
+    with _connect(server.port) as sock:
+        sock.sendall(
+            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbye"
+        )
+        answer = _read_all(sock)
+    first, _, second = answer.partition(b"0\r\n\r\n")
+    # The body had all arrived when the head went: keep-alive, and nothing of it dropped under the app.
+    assert b"Connection: keep-alive" in first and first.endswith(b"4\r\ngot:\r\n5\r\nhello\r\n"), answer
+    assert second.startswith(b"HTTP/1.1 200 OK") and second.endswith(b"4\r\ngot:\r\n3\r\nbye\r\n0\r\n\r\n"), answer
+
+
+def test_a_streamed_response_with_the_body_not_yet_here_says_close_and_the_app_still_reads_it(start: Any) -> None:
+    def streaming_echo(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        write = start_response("200 OK", [])
+        write(b"got:")
+        return [environ["wsgi.input"].read()]
+
+    server = start(streaming_echo)
+    with _connect(server.port) as sock:
+        sock.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nX-Request-Budget-Ms: 10000\r\n\r\nhe")
+        head = _read_until(sock, lambda received: b"got:" in received)
+        sock.sendall(b"llo")
+        answer = head + _read_all(sock)
+    assert b"Connection: close" in head, answer
+    assert answer.endswith(b"4\r\ngot:\r\n5\r\nhello\r\n0\r\n\r\n"), answer
+
+
 # ------------------------------------------------- a broken chunked body
 
 

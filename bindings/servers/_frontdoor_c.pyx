@@ -137,6 +137,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
     int fd_conn_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
     ssize_t fd_conn_read_body(fd_server *srv, fd_conn *c, char *dst, size_t n)
     int fd_conn_discard_body(fd_server *srv, fd_conn *c)
+    int fd_conn_body_arrived(const fd_conn *c)
     void fd_conn_release(fd_server *srv, fd_conn *c)
     void fd_conn_hand_back(fd_server *srv, fd_conn *c, int keep)
     void fd_conn_finish(fd_server *srv, fd_conn *c, int keep)
@@ -599,10 +600,10 @@ cdef class Connection:
         return out[:n]
 
     def discard_body(self):
-        """Drop what is left of the body from what has already arrived, never waiting; True when it is all read.
+        """Drop what the app left of the body from what has already arrived, never waiting; True when it is all read.
 
-        The response head may announce keep-alive only then. False while
-        another thread is reading the body.
+        For when the app is done: only then may the connection carry the next
+        request. False while another thread is reading the body.
         """
         if self.finished:
             raise ValueError("the connection is finished")
@@ -617,6 +618,17 @@ cdef class Connection:
         self.reading = False
         self._after_call()
         return done == 1
+
+    def body_arrived(self):
+        """True when the rest of the body has arrived, so ``discard_body()`` will need no wait.
+
+        While the app may still read the body (its response streams), this is
+        what a response head can promise keep-alive on. False while another
+        thread is reading the body, and for a chunked body not read to its end.
+        """
+        if self.finished:
+            raise ValueError("the connection is finished")
+        return not self.reading and fd_conn_body_arrived(self.c) == 1
 
     def write(self, data):
         """Send all of ``data``; ``OSError`` when the client is gone, stalls, or takes longer than the write bound."""

@@ -383,8 +383,10 @@ class _Response:
         elif self.length is not None and whole_body is not None and whole_body != self.length and not no_body:
             # finish_body sends at most length bytes: a longer body is cut, a shorter one ends the connection.
             self.keep_alive = False
-        if self.keep_alive and not self.conn.discard_body():
-            # The rest of the request body has not arrived: where the next request starts is unknown.
+        # Keep-alive only if the request body is read, or can be once the app is
+        # done (all of it has arrived): otherwise where the next request starts is unknown.
+        # A streamed response's app may still read the body, so it is not dropped yet.
+        if self.keep_alive and not (self.conn.discard_body() if whole_body is not None else self.conn.body_arrived()):
             self.keep_alive = False
         lines.append("Connection: keep-alive" if self.keep_alive else "Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -673,7 +675,8 @@ class FrontDoorServer:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-        return response.keep_alive
+        # The app is done: what it left of the body goes now (it has arrived, or keep_alive is False already).
+        return response.keep_alive and bool(conn.discard_body())
 
     def _answer_error(self, conn: Any, response: _Response, what: str) -> None:
         """The app (or its body) raised: answer if no response began; the connection then closes.

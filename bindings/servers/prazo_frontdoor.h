@@ -35,6 +35,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -2037,10 +2038,10 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
     return fd_conn_body(srv, c, dst, n, 1);
 }
 
-/* Before the response head goes: drop the rest of the body the app left
- * unread, from what has already arrived (never waiting, at most
- * cfg.max_drain_bytes). 1 when the body is all read, so the head may announce
- * keep-alive: the next request starts right after it. */
+/* The app is done: drop the rest of the body it left unread, from what has
+ * already arrived (never waiting, at most cfg.max_drain_bytes). 1 when the
+ * body is all read, so the connection may carry the next request, which
+ * starts right after it. */
 static int fd_conn_discard_body(struct fd_server *srv, struct fd_conn *c)
 {
     char sink[FD_READ_CHUNK];
@@ -2052,6 +2053,22 @@ static int fd_conn_discard_body(struct fd_server *srv, struct fd_conn *c)
         left -= r;
     }
     return c->body_done && !c->body_error && c->cbuf_pos == c->cbuf_len;
+}
+
+/* 1 when the rest of the body has arrived (in the buffers or the socket's), so
+ * that dropping it once the app is done needs no wait: while its response
+ * streams the app may still read it, so nothing is dropped yet. A chunked
+ * body's end cannot be seen without decoding it: 0 until it was read. */
+static int fd_conn_body_arrived(const struct fd_conn *c)
+{
+    if (c->body_error)
+        return 0;
+    if (c->body_done)
+        return 1;
+    int queued = 0;
+    if (c->chunked || ioctl(c->fd, FIONREAD, &queued) != 0)
+        return 0;
+    return (int64_t)(c->len - c->pos) + queued >= c->body_left;
 }
 
 /* The worker's place is given back (exactly once, here); the connection stays with the caller. */
