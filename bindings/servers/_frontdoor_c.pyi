@@ -30,6 +30,7 @@ def check_head(data: bytes) -> str: ...
 
 class Connection:
     finished: bool
+    body_failure: str | None
     method: bytes
     target: bytes
     minor_version: int
@@ -47,6 +48,8 @@ class Connection:
     chunked: bool
     arrival_from_kernel: bool
     def read_body(self, size: int) -> bytes: ...
+    def discard_body(self) -> bool: ...
+    def body_arrived(self) -> bool: ...
     def write(self, data: bytes | bytearray | memoryview) -> None: ...
     def finish(self, keep_alive: bool) -> None: ...
 
@@ -63,6 +66,8 @@ class Engine:
         max_budget_ms: float,
         header_timeout_ms: float,
         io_timeout_ms: float,
+        write_grace_ms: float,
+        max_io_wait_ms: float,
         linger_ms: float,
         max_drain_bytes: int,
         max_head: int,

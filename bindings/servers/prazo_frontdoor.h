@@ -8,7 +8,9 @@
  *   FD_READING  the I/O thread: in epoll, reading a head under the head timer
  *   FD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
  *               a worker takes it)
- *   FD_RUNNING  one worker, until fd_conn_finish() puts it on srv->returned
+ *   FD_RUNNING  one worker, until fd_conn_hand_back() puts it on srv->returned
+ *               (the Cython Connection hands it back only once no app thread
+ *               is still inside a body read or a write on it)
  *   FD_DRAINING the I/O thread: lingering close after a refusal
  * The listening sockets and the epoll/eventfd descriptors belong to the I/O
  * thread; a connection's descriptor to whoever owns the connection.
@@ -33,6 +35,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +63,10 @@ enum fd_answer {
 
 enum fd_state { FD_READING, FD_QUEUED, FD_RUNNING, FD_DRAINING, FD_CLOSED };
 
+/* Why a request body failed (fd_conn.body_error); 0 while it has not. */
+enum fd_body_error { FD_BODY_LOST = 1, FD_BODY_MALFORMED = 2, FD_BODY_TIMEOUT = 3 };
+#define FD_BODY_AGAIN (-2)   /* a read that may not wait found nothing yet */
+
 enum fd_order { FD_ORDER_FIFO = 0, FD_ORDER_LIFO = 1, FD_ORDER_ADAPTIVE = 2 };
 
 enum fd_source { FD_SRC_NONE = -1, FD_SRC_BUDGET = 0, FD_SRC_GRPC = 1, FD_SRC_ENVOY = 2 };
@@ -79,6 +86,12 @@ struct fd_config {
     double max_budget_ms;
     int64_t header_timeout_ns;
     int64_t io_timeout_ns;   /* a worker's body read or response write stalled this long fails */
+    /* A body read never waits past the request's deadline; a response write not
+     * past the deadline (or the moment the response began, if later) plus
+     * write_grace_ns; and all of one request's waits on its client together
+     * never exceed max_io_wait_ns, whatever the budget. */
+    int64_t write_grace_ns;
+    int64_t max_io_wait_ns;
     int64_t linger_ns;
     int64_t max_drain_bytes;
     size_t max_head;
@@ -133,7 +146,8 @@ struct fd_conn {
     int64_t content_length;         /* -1: none */
     int chunked;
     int client_keep_alive;
-    int expect_continue;
+    /* Atomic: an app thread may read the body while the worker writes the response. */
+    atomic_int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
     int64_t upstream_ns;            /* taken off the deadline for a trusted proxy's X-Request-Start */
     int critical;                   /* of the critical class: waits in srv->crit, served first */
@@ -146,7 +160,9 @@ struct fd_conn {
     size_t pos;                     /* next unread byte of buf */
     int64_t body_left;              /* Content-Length bytes still to read */
     int body_done;
-    int body_error;
+    int body_error;                 /* enum fd_body_error */
+    int64_t write_until;            /* 0 until the response begins: then its last moment to be written */
+    _Atomic int64_t io_waited_ns;   /* time spent waiting on the client, reads and writes together */
     struct phr_chunked_decoder decoder;
     char *cbuf;                     /* chunked: decoded bytes not yet given out */
     size_t cbuf_pos, cbuf_len, cbuf_cap;
@@ -1777,6 +1793,8 @@ static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *emp
         c->body_left = c->chunked ? 0 : (c->content_length > 0 ? c->content_length : 0);
         c->body_done = !fd_has_body(c);
         c->body_error = 0;
+        c->write_until = 0;
+        atomic_store_explicit(&c->io_waited_ns, 0, memory_order_relaxed);
         memset(&c->decoder, 0, sizeof c->decoder);
         c->decoder.consume_trailer = 1;
         c->cbuf_pos = c->cbuf_len = 0;
@@ -1801,9 +1819,41 @@ static int fd_wait_fd(int fd, short events, int64_t until_ns)
     }
 }
 
-/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
-static ssize_t fd_conn_try_write(struct fd_conn *c, const char *p, size_t n)
+static int64_t fd_add_saturating(int64_t a, int64_t b)
 {
+    int64_t sum;
+    return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+
+/* Wait for the client until `until_ns`, within what is left of the request's
+ * whole allowance for waiting on it (cfg.max_io_wait_ns): without that cap a
+ * client trickling within a huge budget would keep the worker for all of it.
+ * 1 ready, 0 timed out or failed. */
+static int fd_conn_wait(struct fd_server *srv, struct fd_conn *c, short events, int64_t until_ns)
+{
+    int64_t start = fd_now_ns();
+    int64_t cap = fd_add_saturating(start, srv->cfg.max_io_wait_ns - fd_read_counter(&c->io_waited_ns));
+    int ready = fd_wait_fd(c->fd, events, until_ns < cap ? until_ns : cap);
+    fd_count(&c->io_waited_ns, fd_now_ns() - start);
+    return ready;
+}
+
+/* The response begins: from now on no 100 Continue may go (it would land in
+ * the response), and the whole response is due by its deadline, or by now if
+ * the answer was computed after it, plus the write grace. */
+static void fd_conn_response_begins(struct fd_server *srv, struct fd_conn *c)
+{
+    if (c->write_until)
+        return;
+    atomic_store(&c->expect_continue, 0);
+    int64_t now = fd_now_ns();
+    c->write_until = fd_add_saturating(now > c->deadline_ns ? now : c->deadline_ns, srv->cfg.write_grace_ns);
+}
+
+/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
+static ssize_t fd_conn_try_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+{
+    fd_conn_response_begins(srv, c);
     size_t done = 0;
     while (done < n) {
         ssize_t w = send(c->fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1830,29 +1880,41 @@ static int fd_conn_body_buffered(const struct fd_conn *c)
     return c->pos < c->len;
 }
 
-/* Write everything; 0 on success, -1 when the client is gone or stalled past io_timeout. */
-static int fd_conn_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+/* Send everything, never waiting past `until_ns` nor io_timeout without progress; 0 sent, -1 not. */
+static int fd_conn_send(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n, int64_t until_ns)
 {
-    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
     while (n) {
         ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
-            until = fd_now_ns() + srv->cfg.io_timeout_ns;
+            stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
             continue;
         }
         if (w < 0 && errno == EINTR)
             continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLOUT, until))
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+            fd_conn_wait(srv, c, POLLOUT, stalled < until_ns ? stalled : until_ns))
             continue;
         return -1;
     }
     return 0;
 }
 
-/* Raw bytes of the body: first what came with the head, then the socket. */
-static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+/* Write all of a response's bytes; 0 on success, -1 when the client is gone, stalled or too slow for the bounds. */
+static int fd_conn_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+{
+    fd_conn_response_begins(srv, c);
+    return fd_conn_send(srv, c, p, n, c->write_until);
+}
+
+/* Raw bytes of the body: first what came with the head, then the socket. A
+ * read that may wait does so until the request's deadline at most: a client
+ * trickling its body must not keep a worker beyond the time its answer is
+ * worth anything. Bytes, FD_BODY_AGAIN (only when !wait), or -1 with
+ * c->body_error set. */
+static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n, int wait)
 {
     if (c->pos < c->len) {
         size_t have = c->len - c->pos;
@@ -1862,31 +1924,43 @@ static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, 
         c->pos += have;
         return (ssize_t)have;
     }
-    if (c->expect_continue) {
+    if (wait && atomic_exchange(&c->expect_continue, 0)) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        c->expect_continue = 0;
-        if (fd_conn_write(srv, c, cont, sizeof cont - 1) != 0)
+        if (fd_conn_send(srv, c, cont, sizeof cont - 1, c->deadline_ns) != 0) {
+            c->body_error = FD_BODY_LOST;
             return -1;
+        }
     }
-    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t until = stalled < c->deadline_ns ? stalled : c->deadline_ns;
     for (;;) {
         ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
         if (r > 0) {
             c->last_read_ns = fd_now_ns();
             return r;
         }
-        if (r == 0)
-            return -1;   /* the client closed before the body ended */
+        if (r == 0) {
+            c->body_error = FD_BODY_LOST;   /* the client closed before the body ended */
+            return -1;
+        }
         if (errno == EINTR)
             continue;
-        if ((errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLIN, until))
-            continue;
-        return -1;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            c->body_error = FD_BODY_LOST;
+            return -1;
+        }
+        if (!wait)
+            return FD_BODY_AGAIN;
+        if (!fd_conn_wait(srv, c, POLLIN, until)) {
+            c->body_error = FD_BODY_TIMEOUT;
+            return -1;
+        }
     }
 }
 
-/* Up to n bytes of the decoded request body; 0 at its end, -1 on a broken or stalled body. */
-static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+/* Up to n bytes of the decoded request body: bytes, 0 at its end, -1 on a
+ * failed body (c->body_error says why), FD_BODY_AGAIN when !wait and nothing is here. */
+static ssize_t fd_conn_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n, int wait)
 {
     if (c->body_error)
         return -1;
@@ -1897,11 +1971,9 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
             return 0;
         if ((int64_t)n > c->body_left)
             n = (size_t)c->body_left;
-        ssize_t r = fd_conn_raw(srv, c, dst, n);
-        if (r < 0) {
-            c->body_error = 1;
-            return -1;
-        }
+        ssize_t r = fd_conn_raw(srv, c, dst, n, wait);
+        if (r < 0)
+            return r;
         c->body_left -= r;
         if (c->body_left == 0)
             c->body_done = 1;
@@ -1913,20 +1985,18 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
         if (c->cbuf_cap == 0) {
             c->cbuf = malloc(FD_READ_CHUNK);
             if (!c->cbuf) {
-                c->body_error = 1;
+                c->body_error = FD_BODY_LOST;
                 return -1;
             }
             c->cbuf_cap = FD_READ_CHUNK;
         }
-        ssize_t r = fd_conn_raw(srv, c, c->cbuf, c->cbuf_cap);
-        if (r < 0) {
-            c->body_error = 1;
-            return -1;
-        }
+        ssize_t r = fd_conn_raw(srv, c, c->cbuf, c->cbuf_cap, wait);
+        if (r < 0)
+            return r;
         size_t size = (size_t)r;
         ssize_t rest = phr_decode_chunked(&c->decoder, c->cbuf, &size);
         if (rest == -1) {
-            c->body_error = 1;
+            c->body_error = FD_BODY_MALFORMED;
             return -1;
         }
         c->cbuf_pos = 0;
@@ -1940,7 +2010,7 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
                 size_t need = (size_t)rest + tail;
                 char *nb = malloc(need > 0 ? need : 1);
                 if (!nb) {
-                    c->body_error = 1;
+                    c->body_error = FD_BODY_LOST;
                     return -1;
                 }
                 memcpy(nb, c->cbuf + keep_from, (size_t)rest);
@@ -1962,14 +2032,48 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
     return (ssize_t)have;
 }
 
-/* The worker is done with c: its place is freed exactly once here, and the
- * connection goes back for its next head (keep) or is closed politely. */
-static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
+/* Up to n bytes of the decoded request body; 0 at its end, -1 on a failed body (c->body_error says why). */
+static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
 {
-    if (keep && (!c->body_done || c->body_error || c->cbuf_pos != c->cbuf_len))
-        keep = 0;   /* the rest of an unread body would be taken for the next head */
-    if (keep)
-        fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
+    return fd_conn_body(srv, c, dst, n, 1);
+}
+
+/* The app is done: drop the rest of the body it left unread, from what has
+ * already arrived (never waiting, at most cfg.max_drain_bytes). 1 when the
+ * body is all read, so the connection may carry the next request, which
+ * starts right after it. */
+static int fd_conn_discard_body(struct fd_server *srv, struct fd_conn *c)
+{
+    char sink[FD_READ_CHUNK];
+    atomic_store(&c->expect_continue, 0);   /* the final response is next: asking for the body now is too late */
+    for (int64_t left = srv->cfg.max_drain_bytes; left > 0 && (!c->body_done || c->cbuf_pos < c->cbuf_len);) {
+        ssize_t r = fd_conn_body(srv, c, sink, sizeof sink, 0);
+        if (r <= 0)
+            break;
+        left -= r;
+    }
+    return c->body_done && !c->body_error && c->cbuf_pos == c->cbuf_len;
+}
+
+/* 1 when the rest of the body has arrived (in the buffers or the socket's), so
+ * that dropping it once the app is done needs no wait: while its response
+ * streams the app may still read it, so nothing is dropped yet. A chunked
+ * body's end cannot be seen without decoding it: 0 until it was read. */
+static int fd_conn_body_arrived(const struct fd_conn *c)
+{
+    if (c->body_error)
+        return 0;
+    if (c->body_done)
+        return 1;
+    int queued = 0;
+    if (c->chunked || ioctl(c->fd, FIONREAD, &queued) != 0)
+        return 0;
+    return (int64_t)(c->len - c->pos) + queued >= c->body_left;
+}
+
+/* The worker's place is given back (exactly once, here); the connection stays with the caller. */
+static void fd_conn_release(struct fd_server *srv, struct fd_conn *c)
+{
     int64_t now = fd_now_ns();
     pthread_mutex_lock(&srv->mutex);
     /* The service time (started -> finished) feeds the learned estimate and
@@ -1984,7 +2088,23 @@ static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
     if (fd_waiting(srv))
         pthread_cond_broadcast(&srv->ready);
     pthread_mutex_unlock(&srv->mutex);
+}
+
+/* The connection goes back to the I/O thread, for its next head (keep) or a polite close. */
+static void fd_conn_hand_back(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    if (keep && (!c->body_done || c->body_error || c->cbuf_pos != c->cbuf_len))
+        keep = 0;   /* the rest of an unread body would be taken for the next head */
+    if (keep)
+        fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
     fd_return(srv, c, keep ? 1 : 0);
+}
+
+/* The worker is done with c: its place is freed and the connection handed back. */
+static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    fd_conn_release(srv, c);
+    fd_conn_hand_back(srv, c, keep);
 }
 
 /* An address as text and port, for REMOTE_ADDR / SERVER_NAME; 0 when not IP. */
