@@ -109,7 +109,7 @@ def _load(loader: Callable[[str], T], name: str) -> T:
 
 
 def examples(n: int) -> int:
-    """``n`` Hypothesis examples scaled by the loaded profile (``HYPOTHESIS_PROFILE=deep``: ten times ``n``)."""
+    """``n`` Hypothesis examples scaled by the loaded profile (``HYPOTHESIS_PROFILE=deep``: ``PRAZO_DEEP_FACTOR`` × ``n``)."""
     return max(1, n * settings.default.max_examples // 100)
 
 
