@@ -93,6 +93,7 @@ from .refusals import (
     BAD_REQUEST_ANSWER,
     DEFAULT_LINGER_S,
     DEFAULT_MAX_DRAIN_BYTES,
+    DEFAULT_MAX_LINGERING,
     HEAD_TOO_LARGE_ANSWER,
     HEADER_TIMEOUT_ANSWER,
     REASON_BAD_REQUEST,
@@ -448,6 +449,7 @@ class FrontDoorServer:
             io_timeout_ms=io_timeout_ms,
             linger_ms=DEFAULT_LINGER_S * 1000.0,
             max_drain_bytes=DEFAULT_MAX_DRAIN_BYTES,
+            max_lingering=DEFAULT_MAX_LINGERING,
             max_head=MAX_HEAD_BYTES,
             answers=canned_answers(),
             # The front-proxy correction is the engine's: it needs the peer and
