@@ -66,7 +66,7 @@ ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tes
 	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py tests/test_future_condition.py \
 	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
 	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py tests/test_frontdoor_policies.py \
-	tests/test_frontdoor_request_start.py
+	tests/test_frontdoor_request_start.py tests/test_frontdoor_strictness.py
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)

@@ -59,6 +59,7 @@ waiter out (``503 evicted-by-critical``) rather than be refused::
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import sys
 import threading
@@ -123,6 +124,14 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", 
                          "proxy-authenticate", "proxy-authorization"})  # fmt: skip
 _NO_BODY_STATUS = ("1", "204", "304")
 _INTERNAL_ERROR = status_answer("500 Internal Server Error", "internal-error")
+# What the app's start_response may hand over, or it is a 500 (RFC 9110/9112):
+# a status is three digits, a space and a reason of HTAB, SP, VCHAR or obs-text;
+# a header name is a token; a value holds no control character but HTAB. A CR
+# or LF anywhere would end the line early and let the app's (or its client's)
+# text become headers of its own.
+_STATUS = re.compile(r"[0-9]{3} [\t\x20-\x7e\x80-\xff]*")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
@@ -301,13 +310,15 @@ class _Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response was already called")
-        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit() or status[3] != " ":
-            raise ValueError(f"bad status {status!r}")
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise ValueError(f"bad status {status!r}: three digits, a space, a reason without control characters")
         for name, value in headers:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("header names and values must be str")
-            if any(ch in name or ch in value for ch in "\r\n\0"):
-                raise ValueError(f"line break in header {name!r}")
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"bad header name {name!r}: a token, without spaces, colons or control characters")
+            if not _FIELD_VALUE.fullmatch(value):
+                raise ValueError(f"bad value of header {name!r}: a control character or a line break")
         self.status = status
         self.headers = list(headers)
         return self.write
