@@ -223,6 +223,8 @@ struct fd_server {
     atomic_int listeners_closed;
     /* owned by the I/O thread */
     struct fd_list heads, lingering;
+    /* Closed while an epoll batch that may still name them was handled: freed at the next turn. */
+    struct fd_conn *graveyard;
     int64_t accept_paused_until;   /* out of descriptors: listeners out of epoll until then (0: not paused) */
     /* counters (written under mutex or by the I/O thread only; read via atomics) */
     _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
@@ -1304,9 +1306,19 @@ static void fd_io_linger(struct fd_server *srv, struct fd_conn *c, int64_t now)
     }
     /* Each lingering socket is a descriptor and a buffer held for a client
      * that was already answered: a flood of refused connections may not grow
-     * them without bound. The oldest has had the longest to read its answer. */
-    while (srv->lingering.count >= srv->cfg.max_lingering && srv->lingering.head)
-        fd_io_close(srv, srv->lingering.head);
+     * them without bound. The oldest has had the longest to read its answer.
+     * Its memory outlives this turn: an event for it may still wait in the
+     * batch being handled, and is skipped by its state. */
+    while (srv->lingering.count >= srv->cfg.max_lingering && srv->lingering.head) {
+        struct fd_conn *old = srv->lingering.head;
+        fd_list_remove(&srv->lingering, old);
+        close(old->fd);
+        old->fd = -1;
+        fd_count(&srv->open_connections, -1);
+        old->state = FD_CLOSED;
+        old->next = srv->graveyard;
+        srv->graveyard = old;
+    }
     c->state = FD_DRAINING;
     c->drained = 0;
     c->timer_ns = now + srv->cfg.linger_ns;
@@ -1668,6 +1680,11 @@ static void *fd_io_main(void *arg)
     struct epoll_event events[128];
     int drained_seen = 0;
     for (;;) {
+        while (srv->graveyard) {
+            struct fd_conn *c = srv->graveyard;
+            srv->graveyard = c->next;
+            fd_conn_free(srv, c);
+        }
         int64_t now = fd_now_ns();
         pthread_mutex_lock(&srv->mutex);
         int draining = srv->draining, stopping = srv->stopping;
