@@ -141,7 +141,9 @@ def requests(draw: st.DrawFn) -> Part:
         if connection == b"keep-alive" and version == b"HTTP/1.0":
             tags.add("http10-keep-alive")
     if draw(st.booleans()):
-        head.append(draw(st.sampled_from([b"X-A: 1\r\n", b"X-B: a b\t\r\n", b"X-C: \xe9\r\n", b"X-D: 1\r\n  folded\r\n"])))
+        head.append(
+            draw(st.sampled_from([b"X-A: 1\r\n", b"X-B: a b\t\r\n", b"X-C: \xe9\r\n", b"X-D: 1\r\n  folded\r\n"]))
+        )
         if head[-1].endswith(b"folded\r\n"):
             tags.add("obs-fold")
     if draw(st.integers(0, 9)) == 0:

@@ -102,8 +102,17 @@ def _answering(status: str, headers: list[tuple[str, str]]) -> Any:
         ("200 OK", [("X-A", "1\x0binjected")]),
         ("200 OK", [("X-A", "1\r\nSet-Cookie: injected=1")]),
     ],
-    ids=["crlf-status", "lf-status", "cr-status", "nul-status", "esc-status", "colon-name", "space-name",
-         "control-value", "crlf-value"],  # fmt: skip
+    ids=[
+        "crlf-status",
+        "lf-status",
+        "cr-status",
+        "nul-status",
+        "esc-status",
+        "colon-name",
+        "space-name",
+        "control-value",
+        "crlf-value",
+    ],
 )
 def test_control_characters_from_the_app_are_500_and_nothing_is_injected(
     start: Any, caplog: pytest.LogCaptureFixture, status: str, headers: list[tuple[str, str]]
@@ -248,8 +257,19 @@ def test_one_host_or_none_in_http10_reaches_the_app(start: Any, head: bytes, hos
         b"GET * HTTP/1.1\r\nHost: a\r\n\r\n",
         b"GET /\xe9 HTTP/1.1\r\nHost: a\r\n\r\n",
     ],
-    ids=["bare-lf", "bare-lf-header", "two-spaces-before-target", "two-spaces-after-target", "http-1.2",
-         "http-1.9", "connect", "trace", "relative-target", "asterisk-not-options", "non-ascii-target"],  # fmt: skip
+    ids=[
+        "bare-lf",
+        "bare-lf-header",
+        "two-spaces-before-target",
+        "two-spaces-after-target",
+        "http-1.2",
+        "http-1.9",
+        "connect",
+        "trace",
+        "relative-target",
+        "asterisk-not-options",
+        "non-ascii-target",
+    ],
 )
 def test_lenient_heads_are_400(start: Any, data: bytes) -> None:
     recorder = Recorder()
@@ -271,8 +291,16 @@ def test_lenient_heads_are_400(start: Any, data: bytes) -> None:
         b"5\r\nhello\r\n0\r\n folded: trailer\r\n\r\n",
         b"ffffffffffffffff1\r\nhello\r\n0\r\n\r\n",
     ],
-    ids=["bare-lf-size", "bare-lf-data", "junk-after-size", "junk-in-extension", "control-in-extension",
-         "request-line-as-trailer", "folded-trailer", "size-overflow"],  # fmt: skip
+    ids=[
+        "bare-lf-size",
+        "bare-lf-data",
+        "junk-after-size",
+        "junk-in-extension",
+        "control-in-extension",
+        "request-line-as-trailer",
+        "folded-trailer",
+        "size-overflow",
+    ],
 )
 def test_a_broken_chunked_body_never_reaches_the_app_whole(start: Any, chunks: bytes) -> None:
     recorder = Recorder()
