@@ -320,3 +320,41 @@ def test_a_strict_chunked_body_with_extensions_and_trailers_is_read_and_the_next
     answer = _exchange(server.port, head + chunks + b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 ") == 2, answer
     assert recorder.paths == ["/read", "/after"] and recorder.seen[0]["body"] == b"hello"
+
+
+def test_the_cap_holds_while_lingering_clients_leave_and_new_ones_are_refused(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cap closes the oldest lingering connection while the engine handles an
+    # epoll batch that may also hold that connection's own event (its client
+    # leaving): under `make sanitize` a use of the closed connection would abort.
+    monkeypatch.setattr(frontdoor, "DEFAULT_LINGER_S", 120.0)
+    server = start(Recorder())
+    # As many as the cap: from here on each refusal pushes the oldest out.
+    first = [
+        socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S)
+        for _ in range(DEFAULT_MAX_LINGERING)
+    ]
+    for sock in first:
+        sock.sendall(b"NOT HTTP\r\n\r\n")
+    for sock in first:
+        assert _read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
+    later: list[socket.socket] = []
+    try:
+        for index, sock in enumerate(first):
+            sock.close()  # the oldest lingering connection's own event ...
+            if index % 2 == 0:  # ... beside a new refusal that pushes the oldest out
+                fresh = socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S)
+                later.append(fresh)
+                fresh.sendall(b"NOT HTTP\r\n\r\n")
+        for sock in later:
+            assert _read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
+        wait_until(
+            lambda: server.stats()["bad_requests"] == DEFAULT_MAX_LINGERING + len(later),
+            "every malformed head to be answered",
+        )
+        wait_until(lambda: server.stats()["lingering"] == len(later), "the first clients' lingering to end")
+        assert server.stats()["lingering"] <= DEFAULT_MAX_LINGERING
+    finally:
+        for sock in later:
+            sock.close()
