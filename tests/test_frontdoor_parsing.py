@@ -244,11 +244,11 @@ def test_the_trusted_peer_check_agrees_with_the_policy(address: Any, proxies: li
     [
         (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", "complete"),
         (b"GET / HTTP/1.1\r\nHost: a\r\n", "partial"),
-        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
-        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", "complete"),
-        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "bad"),
-        (b"GET / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n", "complete"),
-        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", "complete"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "bad"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n", "complete"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "bad"),
     ],
 )
 def test_check_head(head: bytes, verdict: str) -> None:

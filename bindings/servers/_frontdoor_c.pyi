@@ -27,6 +27,7 @@ def engine_networks(
 ) -> list[tuple[int, bytes, int]] | None: ...
 def address_trusted(networks: Iterable[tuple[int, bytes, int]] | None, packed: bytes) -> bool: ...
 def check_head(data: bytes) -> str: ...
+def split_requests(data: bytes, max_head: int = 65536) -> tuple[list[tuple[int, bytes, bytes, bytes, bool]], str]: ...
 
 class Connection:
     finished: bool
@@ -72,6 +73,7 @@ class Engine:
         max_drain_bytes: int,
         max_head: int,
         answers: dict[str, tuple[bytes, bytes | None]],
+        max_lingering: int = 512,
         order: str = "fifo",
         codel_target_ns: int = 5000000,
         codel_interval_ns: int = 100000000,

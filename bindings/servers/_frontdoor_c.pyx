@@ -4,7 +4,7 @@
 # GIL; the calls below release the GIL around every wait and every socket call.
 from libc.stdint cimport int64_t
 from libc.string cimport memset, memcpy
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
@@ -49,6 +49,14 @@ cdef extern from "prazo_frontdoor.h" nogil:
         FD_BODY_LOST
         FD_BODY_MALFORMED
         FD_BODY_TIMEOUT
+        FD_HEAD_PARTIAL
+        FD_HEAD_COMPLETE
+        FD_HEAD_BAD
+        FD_HEAD_TOO_LARGE
+        FD_CK_ERROR
+
+    struct fd_chunked:
+        int state
 
     struct fd_net:
         int family
@@ -66,6 +74,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t max_io_wait_ns
         int64_t linger_ns
         int64_t max_drain_bytes
+        int64_t max_lingering
         size_t max_head
         int order
         int64_t codel_target_ns
@@ -88,7 +97,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
 
     struct fd_conn:
         int fd
-        size_t len
+        size_t len, cap, pos
         char *buf
         size_t head_len
         const char *method
@@ -101,6 +110,9 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t content_length
         int chunked
         int client_keep_alive
+        int expect_continue
+        fd_chunked decoder
+        char *cbuf
         int64_t arrival_ns
         int64_t deadline_ns
         int64_t queued_ns
@@ -123,6 +135,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
 
     struct fd_server:
         int draining
+        fd_config cfg
 
     fd_server *fd_server_new(const fd_config *cfg, const int *listen_fds, int n_listen)
     int fd_server_start(fd_server *srv)
@@ -154,6 +167,9 @@ cdef extern from "prazo_frontdoor.h" nogil:
     int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
     int fd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
     int fd_parse_head(fd_conn *c, size_t last_len)
+    int fd_judge_head(fd_conn *c, size_t max_head, size_t last_len)
+    void fd_conn_start_body(fd_conn *c)
+    void fd_conn_reset_for_next(fd_conn *c, size_t consumed)
 
 
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
@@ -331,6 +347,71 @@ def check_head(bytes data):
     return "complete" if r == 1 else ("partial" if r == 0 else "bad")
 
 
+def split_requests(bytes data, Py_ssize_t max_head=65536):
+    """How the engine frames ``data`` arriving on one connection: ``(requests, outcome)``.
+
+    ``requests`` holds ``(end, method, target, body, keep_alive)`` for each
+    request read whole, ``end`` the offset just past it. ``outcome``: ``"end"``
+    (the bytes ended with a request), ``"closed"`` (a request that closes the
+    connection came first), ``"partial"`` (a head or body not finished),
+    ``"bad"`` (400), ``"too-large"`` (431) or ``"bad-body"`` (a broken chunked
+    body). The engine's own path, without a socket: ``fd_judge_head``, the
+    worker's ``fd_conn_read_body`` over the bytes already received, and the
+    put-back of what follows a body as the next head (``fd_conn_reset_for_next``).
+    """
+    cdef fd_server *srv = <fd_server *>calloc(1, sizeof(fd_server))
+    cdef fd_conn *c = <fd_conn *>calloc(1, sizeof(fd_conn))
+    cdef char *scratch = <char *>malloc(16384)
+    cdef size_t total = len(data)
+    cdef ssize_t n
+    cdef int verdict
+    if srv == NULL or c == NULL or scratch == NULL:
+        free(srv)
+        free(c)
+        free(scratch)
+        raise MemoryError()
+    c.fd = -1   # no socket: a read beyond the received bytes fails at once
+    requests = []
+    outcome = "end"
+    try:
+        c.buf = <char *>malloc(total if total else 1)
+        if c.buf == NULL:
+            raise MemoryError()
+        memcpy(c.buf, PyBytes_AS_STRING(data), total)
+        c.len = c.cap = total
+        while c.len:
+            verdict = fd_judge_head(c, max_head, 0)
+            if verdict != FD_HEAD_COMPLETE:
+                outcome = {FD_HEAD_PARTIAL: "partial", FD_HEAD_BAD: "bad"}.get(verdict, "too-large")
+                break
+            method = PyBytes_FromStringAndSize(c.method, c.method_len)
+            target = PyBytes_FromStringAndSize(c.path, c.path_len)
+            keep = bool(c.client_keep_alive)
+            fd_conn_start_body(c)
+            c.expect_continue = 0   # no socket to write 100 Continue to
+            body = []
+            n = 1
+            while n > 0:
+                n = fd_conn_read_body(srv, c, scratch, 16384)
+                if n > 0:
+                    body.append(scratch[:n])
+            if n < 0:
+                outcome = "bad-body" if c.chunked and c.decoder.state == FD_CK_ERROR else "partial"
+                break
+            fd_conn_reset_for_next(c, c.pos)
+            requests.append((total - c.len, method, target, b"".join(body), keep))
+            if not keep:
+                outcome = "closed"
+                break
+    finally:
+        free(c.buf)
+        free(c.cbuf)
+        free(c)
+        free(srv)
+        free(scratch)
+    return requests, outcome
+
+
 # ----------------------------------------------------------------- the engine
 
 cdef class Engine:
@@ -348,7 +429,7 @@ cdef class Engine:
     def __cinit__(self, listen_fds, *, int threads, int max_queue, double default_budget_ms, double max_budget_ms,
                   double header_timeout_ms, double io_timeout_ms, double write_grace_ms, double max_io_wait_ms,
                   double linger_ms, long long max_drain_bytes,
-                  Py_ssize_t max_head, dict answers, str order="fifo", int64_t codel_target_ns=5000000,
+                  Py_ssize_t max_head, dict answers, Py_ssize_t max_lingering=512, str order="fifo", int64_t codel_target_ns=5000000,
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
                   bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
@@ -369,6 +450,8 @@ cdef class Engine:
             raise ValueError("max_upstream_ns must be >= 0")
         if not (0 < io_timeout_ms <= 1e12 and 0 <= write_grace_ms <= 1e12 and 0 < max_io_wait_ms <= 1e12):
             raise ValueError("io_timeout_ms and max_io_wait_ms must be in (0, 1e12], write_grace_ms in [0, 1e12]")
+        if max_lingering < 1:
+            raise ValueError("max_lingering must be >= 1")
         cdef list path_list = [bytes(path) for path in critical_paths]
         if any(not path or b"\0" in path for path in path_list):
             raise ValueError("a critical path is a non-empty path without NUL bytes")
@@ -400,6 +483,7 @@ cdef class Engine:
         cfg.max_io_wait_ns = <int64_t>(max_io_wait_ms * 1e6)
         cfg.linger_ns = <int64_t>(linger_ms * 1e6)
         cfg.max_drain_bytes = max_drain_bytes
+        cfg.max_lingering = max_lingering
         cfg.max_head = max_head
         missing = set(ANSWERS) - set(answers)
         if missing:

@@ -64,6 +64,7 @@ waiter out (``503 evicted-by-critical``) rather than be refused::
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import sys
 import threading
@@ -98,6 +99,7 @@ from .refusals import (
     BAD_REQUEST_ANSWER,
     DEFAULT_LINGER_S,
     DEFAULT_MAX_DRAIN_BYTES,
+    DEFAULT_MAX_LINGERING,
     HEAD_TOO_LARGE_ANSWER,
     HEADER_TIMEOUT_ANSWER,
     REASON_BAD_REQUEST,
@@ -139,6 +141,14 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", 
 _NO_BODY_STATUS = ("1", "204", "304")
 _INTERNAL_ERROR = status_answer("500 Internal Server Error", "internal-error")
 _BODY_TIMEOUT = status_answer("408 Request Timeout", "body-timeout")
+# What the app's start_response may hand over, or it is a 500 (RFC 9110/9112):
+# a status is three digits, a space and a reason of HTAB, SP, VCHAR or obs-text;
+# a header name is a token; a value holds no control character but HTAB. A CR
+# or LF anywhere would end the line early and let the app's (or its client's)
+# text become headers of its own.
+_STATUS = re.compile(r"[0-9]{3} [\t\x20-\x7e\x80-\xff]*")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 class RequestBodyError(OSError):
@@ -339,13 +349,15 @@ class _Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response was already called")
-        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit() or status[3] != " ":
-            raise ValueError(f"bad status {status!r}")
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise ValueError(f"bad status {status!r}: three digits, a space, a reason without control characters")
         for name, value in headers:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("header names and values must be str")
-            if any(ch in name or ch in value for ch in "\r\n\0"):
-                raise ValueError(f"line break in header {name!r}")
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"bad header name {name!r}: a token, without spaces, colons or control characters")
+            if not _FIELD_VALUE.fullmatch(value):
+                raise ValueError(f"bad value of header {name!r}: a control character or a line break")
         self.status = status
         self.headers = list(headers)
         return self.write
@@ -503,6 +515,7 @@ class FrontDoorServer:
             max_io_wait_ms=max_io_wait_ms,
             linger_ms=DEFAULT_LINGER_S * 1000.0,
             max_drain_bytes=DEFAULT_MAX_DRAIN_BYTES,
+            max_lingering=DEFAULT_MAX_LINGERING,
             max_head=MAX_HEAD_BYTES,
             answers=canned_answers(),
             # The front-proxy correction is the engine's: it needs the peer and
