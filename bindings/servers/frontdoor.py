@@ -44,7 +44,7 @@ that proxy (at most ``max_upstream_ms``) off its deadline as it parses the
 head: a budget used up in the proxy is answered ``504 expired-on-arrival``
 by the C thread, and the line expires and orders by the corrected deadline.
 
-The queue policies of ``AdmissionQueue`` (POLICIES.md) run in the same C
+The queue policies of ``AdmissionQueue`` (docs/design.md) run in the same C
 thread and in the workers' pickup, with the same semantics and reasons:
 ``expected_service_ms`` (a fixed number of ms, or ``"p50"``/``"p90"``/
 ``"p95"``/``"p99"`` learned from the engine's own service times) answers a

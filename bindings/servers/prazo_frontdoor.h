@@ -96,7 +96,7 @@ struct fd_config {
     int64_t max_drain_bytes;
     int64_t max_lingering;   /* >= 1: lingering closes at once; beyond, the oldest is closed outright */
     size_t max_head;
-    /* The queue policies (POLICIES.md section 1), the same options as AdmissionQueue's. */
+    /* The queue policies (docs/design.md, "Queue policies"), the same options as AdmissionQueue's. */
     int order;                        /* enum fd_order */
     int64_t codel_target_ns, codel_interval_ns;   /* order == FD_ORDER_ADAPTIVE */
     int64_t expected_service_ns;      /* > 0: a fixed expected service time (doomed-work skip) */
