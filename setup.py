@@ -24,6 +24,9 @@ PACKAGES = [
     "prazo.bindings",
     "prazo.bindings.clients",
     "prazo.bindings.dependency",
+    "prazo.bindings.integrations",
+    "prazo.bindings.integrations.grpc",
+    "prazo.bindings.plumbing",
     "prazo.bindings.servers",
     "prazo.bench",
 ]

@@ -47,8 +47,8 @@ from prazo.core import (
     deadline_context,
 )
 
+from .plumbing.reaper import DeadlineReaper
 from .policies import queue_options
-from .reaper import DeadlineReaper
 
 __all__ = ["AdmissionPool", "compiled_path", "use_compiled_path"]
 
@@ -303,7 +303,7 @@ class AdmissionPool(Executor):
     * ``record_latency=True`` records every task that runs into two
       ``prazo.core.LatencyHistogram``: ``request_duration`` (``submit`` to the
       release of its slot) and ``queue_wait`` (``submit`` to its start),
-      exported by ``prazo.bindings.metrics``; off, both are None.
+      exported by ``prazo.bindings.integrations.prometheus``; off, both are None.
 
     ::
 

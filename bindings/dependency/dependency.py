@@ -56,7 +56,11 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from prazo.core import (
     NS_PER_MS,
     NS_PER_SECOND,
+    REASON_BREAKER_OPEN,
+    REASON_BULKHEAD_FULL,
     REASON_DEADLINE_EXCEEDED,
+    REASON_DEPENDENCY_TIMEOUT,
+    REASON_DEPENDENCY_UNAVAILABLE,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     Deadline,
     DeadlineExceeded,
@@ -87,11 +91,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-REASON_BULKHEAD_FULL = "bulkhead-full"
-REASON_BREAKER_OPEN = "breaker-open"
-REASON_DEPENDENCY_TIMEOUT = "dependency-timeout"
-REASON_DEPENDENCY_UNAVAILABLE = "dependency-unavailable"
 
 OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
 
