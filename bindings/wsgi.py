@@ -63,7 +63,6 @@ import re
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import Context
 from functools import partial
@@ -89,6 +88,7 @@ from prazo.core import (
     current_deadline,
     deadline_context,
 )
+from prazo.core.compiled import import_compiled
 
 __all__ = [
     "BUDGET_SOURCE_KEY",
@@ -577,18 +577,9 @@ def _import_compiled_path() -> ModuleType | None:
     """``prazo.bindings._wsgi_c``, or None when the C twin of the queue is not in use or it is not built."""
     if IMPLEMENTATION != "c":
         return None
-    try:
-        from prazo.bindings import _wsgi_c
-    except ImportError as exc:  # pragma: no cover - depends on the build
-        warnings.warn(
-            "\n" + "!" * 72 + "\n"
-            f"prazo: the compiled WSGI path is missing ({exc}); AdmissionMiddleware runs on its Python path.\n"
-            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return _wsgi_c
+    return import_compiled(
+        "prazo.bindings._wsgi_c", "the compiled WSGI path", "AdmissionMiddleware runs on its Python path"
+    )
 
 
 _COMPILED_PATH = _import_compiled_path()

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from typing import NamedTuple
 
 from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
+from .arguments import env_flag
+from .compiled import warn_compiled_missing
 from .deadline import (
     NS_PER_MS,
     NS_PER_SECOND,
@@ -111,14 +112,13 @@ TWINS = ("c", "py")
 def extension_wanted() -> bool:
     """True when this interpreter should run the C twin.
 
-    False with ``PRAZO_NO_EXTENSIONS=1`` (or ``true``/``yes``) and on
+    False with ``PRAZO_NO_EXTENSIONS=1`` (or ``true``/``yes``/``on``; a
+    word that is not a yes or a no raises ``ValueError``) and on
     interpreters other than CPython. When it is True but ``IMPLEMENTATION``
     is ``"py"``, the extension was wanted and failed to load: a broken build,
     which a test suite must report instead of quietly testing the twin twice.
     """
-    return os.environ.get("PRAZO_NO_EXTENSIONS", "") not in ("1", "true", "yes") and (
-        sys.implementation.name == "cpython"
-    )
+    return not env_flag(os.environ, "PRAZO_NO_EXTENSIONS") and sys.implementation.name == "cpython"
 
 
 if extension_wanted():
@@ -126,13 +126,7 @@ if extension_wanted():
         from ._histogram_c import LatencyHistogram, WindowedHistogram
         from ._queue_c import AdmissionQueue
     except ImportError as exc:  # pragma: no cover - depends on the build
-        warnings.warn(
-            "\n" + "!" * 72 + "\n"
-            f"prazo: the C extension is missing ({exc}); using the pure-Python twin.\n"
-            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warn_compiled_missing("the C extension", exc, "using the pure-Python twin")
         from ._histogram_py import LatencyHistogram, WindowedHistogram  # type: ignore[assignment]
         from ._queue_py import AdmissionQueue  # type: ignore[assignment]
 

@@ -13,32 +13,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-__all__ = [
-    "REASONS",
-    "REASON_BAD_REQUEST",
-    "REASON_BREAKER_OPEN",
-    "REASON_BULKHEAD_FULL",
-    "REASON_DEADLINE_EXCEEDED",
-    "REASON_DEPENDENCY_TIMEOUT",
-    "REASON_DEPENDENCY_UNAVAILABLE",
-    "REASON_DOWNSTREAM_OVERLOADED",
-    "REASON_EVICTED",
-    "REASON_EXPIRED_IN_QUEUE",
-    "REASON_EXPIRED_ON_ARRIVAL",
-    "REASON_HEADER_TIMEOUT",
-    "REASON_HEAD_TOO_LARGE",
-    "REASON_INSUFFICIENT_BUDGET",
-    "REASON_NO_BUDGET_FOR_DOWNSTREAM",
-    "REASON_QUEUE_FULL",
-    "REASON_SHED",
-    "REASON_SHUTTING_DOWN",
-    "DeadlineExceeded",
-    "DownstreamOverloaded",
-    "QueueFull",
-    "Reason",
-    "ShutDown",
-]
-
 
 class Reason(NamedTuple):
     """One reason prazo refuses or cuts short a request, as every wire says it.
