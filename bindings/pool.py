@@ -456,7 +456,7 @@ class AdmissionPool(Executor):
                     self._reaper.watch_locked(deadline.ns, item)
             if len(self._threads) < self._max_workers:
                 self._start_worker_locked()
-        return future  # type: ignore[return-value]
+        return future
 
     def _start_worker_locked(self) -> None:
         _start_worker(self._threads, self._thread_name_prefix, self._worker_target, self._queue, self._state, self._reaper)

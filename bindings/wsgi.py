@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextvars import Context
 from functools import partial
 from types import GeneratorType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from prazo.bindings.headers import REASON_HEADER_NAME, BudgetPolicy, IncomingBudget
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
@@ -501,7 +501,7 @@ def _call_admitted(
         release()
         raise
     if type(result) in _INERT_BODIES:
-        return ListBody(result, release)
+        return ListBody(cast("list[bytes] | tuple[bytes, ...]", result), release)
     return AdmittedResponse(result, context, start_response, release, counters, retry_after_s)
 
 

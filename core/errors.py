@@ -95,7 +95,7 @@ class QueueFull(queue.Full):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):  # keep reason across pickling (process pools, logging)
+    def __reduce__(self) -> tuple[type[QueueFull], tuple[str, str]]:  # keep reason across pickling (process pools, logging)
         return (type(self), (self.reason, str(self)))
 
 
@@ -113,7 +113,7 @@ class DeadlineExceeded(TimeoutError):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[DeadlineExceeded], tuple[str, str]]:
         return (type(self), (self.reason, str(self)))
 
 
@@ -130,7 +130,7 @@ class DownstreamOverloaded(Exception):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[DownstreamOverloaded], tuple[str, str]]:
         return (type(self), (self.reason, str(self)))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from numbers import Real
-from typing import Any
 
 from prazo.core.arguments import checked_count
 from prazo.core.deadline import NS_PER_SECOND
@@ -62,7 +61,7 @@ def check_clock(clock: object) -> Callable[[], int] | None:
     return clock
 
 
-def check_elapsed_ns(value: Any, name: str) -> int:
+def check_elapsed_ns(value: object, name: str) -> int:
     """A measured duration in integer nanoseconds, never negative."""
     if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, int):

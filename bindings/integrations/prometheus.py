@@ -69,7 +69,8 @@ __all__ = [
 #: aggregate across instances.
 BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BOUNDS_NS = tuple(round(bound * NS_PER_SECOND) for bound in BUCKETS_S)
-_LE_LABELS = tuple(floatToGoString(bound) for bound in BUCKETS_S)
+# prometheus_client leaves floatToGoString unannotated; it returns the text of a bucket bound.
+_LE_LABELS = tuple(str(floatToGoString(bound)) for bound in BUCKETS_S)  # type: ignore[no-untyped-call]
 
 
 def _new_family(name: str) -> Metric:

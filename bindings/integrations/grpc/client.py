@@ -34,16 +34,16 @@ class _RpcErrorView:
     rpc_error: grpc.RpcError
 
     def code(self) -> Any:
-        return self.rpc_error.code()  # type: ignore[attr-defined]
+        return self.rpc_error.code()
 
     def details(self) -> Any:
-        return self.rpc_error.details()  # type: ignore[attr-defined]
+        return self.rpc_error.details()
 
     def initial_metadata(self) -> Any:
-        return self.rpc_error.initial_metadata()  # type: ignore[attr-defined]
+        return self.rpc_error.initial_metadata()
 
     def trailing_metadata(self) -> Any:
-        return self.rpc_error.trailing_metadata()  # type: ignore[attr-defined]
+        return self.rpc_error.trailing_metadata()
 
 
 class DownstreamOverloadedRpcError(_RpcErrorView, DownstreamOverloaded, grpc.RpcError):
@@ -90,6 +90,7 @@ def _details(rpc_error: grpc.RpcError) -> str:
 
 def _mapped(exc: BaseException, method: str) -> BaseException:
     """The prazo error for an RPC error, or ``exc`` itself."""
+    unmapped = exc  # grpc ships no types: isinstance(exc, grpc.RpcError) would make exc Any
     if not isinstance(exc, grpc.RpcError) or isinstance(exc, (DownstreamOverloaded, DeadlineExceeded)):
         return exc
     code = getattr(exc, "code", None)
@@ -98,7 +99,7 @@ def _mapped(exc: BaseException, method: str) -> BaseException:
         return DownstreamOverloadedRpcError(exc, method)
     if status is grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceededRpcError(exc, method)
-    return exc
+    return unmapped
 
 
 class _CallDetails(
