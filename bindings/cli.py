@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import TextIO, TypeAlias
 
-from prazo.core import IMPLEMENTATION, TWINS
+from prazo.core import IMPLEMENTATION, TWINS, __version__
 
 __all__ = ["CommandError", "Commands", "Handler", "build_parser", "impl_options", "main"]
 
@@ -54,11 +53,7 @@ def impl_options() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    try:
-        version = metadata.version("prazo")
-    except metadata.PackageNotFoundError:  # running from a tree that was never installed
-        version = "unknown"
-    return f"prazo {version} (core implementation: {IMPLEMENTATION})"
+    return f"prazo {__version__} (core implementation: {IMPLEMENTATION})"
 
 
 def _add_serve(commands: Commands) -> None:

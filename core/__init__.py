@@ -13,12 +13,16 @@ The latency histogram (``LatencyHistogram``, ``WindowedHistogram``) has twins
 too, ``prazo.core._histogram_c`` and ``prazo.core._histogram_py``, picked by the
 same rule (both or neither come from C: ``IMPLEMENTATION`` holds for both);
 ``load_histogram_twin(name)`` gives either pair by name.
+
+``__version__`` is the installed distribution's version (``prazo`` itself is
+a namespace package, so it has no module to carry one).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 from typing import NamedTuple
 
 from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
@@ -104,6 +108,12 @@ __all__ = [
     "load_histogram_twin",
     "load_twin",
 ]
+
+# The version of the installed distribution: pyproject.toml's [project] version is the one source.
+try:
+    __version__ = metadata.version("prazo")
+except metadata.PackageNotFoundError:  # a tree that was never installed
+    __version__ = "unknown"
 
 # The names of the two twins, as ``IMPLEMENTATION`` and ``load_twin`` spell them.
 TWINS = ("c", "py")

@@ -61,3 +61,4 @@ def test_a_count_is_an_int_not_a_bool_within_its_bounds() -> None:
         checked_count(INT32_LIMIT, "n", 0, below=INT32_LIMIT)
     with pytest.raises(ValueError, match="^too few$"):
         checked_count(0, "n", 1, too_small="too few")
+

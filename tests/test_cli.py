@@ -15,7 +15,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
+import prazo.core
 import pytest
 from _helpers import JOIN_TIMEOUT_S, TWIN_NAMES, QueueClass, load_twin
 from prazo.bench import cli as bench_cli
@@ -591,3 +593,24 @@ def test_a_missing_optional_server_names_the_extra_to_install(argv: list[str], m
     assert done.returncode == 1, done.stderr
     assert f"needs {missing!r}: pip install 'prazo[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_version_has_one_source_the_project_table() -> None:
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text("utf-8")
+    version = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
+    assert version and prazo.core.__version__ == version.group(1)
+
+
+def test_serve_and_version_never_import_the_measuring_code() -> None:
+    code = (
+        "import sys\n"
+        "from prazo.bindings import cli\n"
+        "cli.build_parser(measuring=False).parse_args(['serve', 'examples.slow_app:app'])\n"
+        "try:\n"
+        "    cli.main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(name for name in sys.modules if name.startswith('prazo.bench')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]"
