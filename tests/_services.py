@@ -17,12 +17,27 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from pathlib import Path
 
 from _required import unavailable
 from prazo.bench.postgres import PostgresServer, PostgresUnavailable
 from prazo.bench.postgres import start_postgres as start_own_postgres
 
-__all__ = ["PostgresServer", "free_port", "haproxy_binary", "nginx_binary", "start_postgres"]
+__all__ = [
+    "LOADBALANCER_EXAMPLES",
+    "SHIPPED_HAPROXY_CONFIG",
+    "SHIPPED_NGINX_CONFIG",
+    "PostgresServer",
+    "free_port",
+    "haproxy_binary",
+    "nginx_binary",
+    "start_postgres",
+]
+
+LOADBALANCER_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "loadbalancers"
+# The configs the README ships, which the tests run (prazo.bench.loadbalancers launches them).
+SHIPPED_HAPROXY_CONFIG = LOADBALANCER_EXAMPLES / "haproxy.cfg"
+SHIPPED_NGINX_CONFIG = LOADBALANCER_EXAMPLES / "nginx.conf"
 
 
 def free_port() -> int:

@@ -37,6 +37,10 @@ keep these rules (docs/design.md, "Layout"):
    ``from P import n`` counts as an import of ``P`` and, when ``P.n`` is a
    module, of ``P.n``.
 
+4. **Nothing reaches out of the package**: no module builds a path from its
+   own file up into ``tests/`` or ``examples/`` (a wheel has neither); what
+   the bench needs ships in it, or its caller passes it in.
+
 Run it alone with ``pytest tests/test_layout.py``.
 """
 
@@ -299,6 +303,17 @@ def test_no_import_cycles() -> None:
 )
 def test_the_rules_catch_what_they_forbid(imports: list[Import], rule: object) -> None:
     assert callable(rule) and rule(imports)
+
+
+# A path that climbs from the module's own file out of the package's folders.
+_REACHING_OUT = re.compile(r"__file__\)[^\n]*(\.parent\.parent|parents\[[1-9]\])")
+
+
+def test_no_module_reaches_into_the_tests_or_the_examples() -> None:
+    # What the package needs ships in it: a wheel has no tests/ or examples/ beside it.
+    reaching = [f"{name}: {match.group(0)}" for name, path in MODULES.items()
+                for match in _REACHING_OUT.finditer(path.read_text("utf-8"))]  # fmt: skip
+    assert reaching == []
 
 
 def test_the_command_reaches_the_bench_lazily_and_integrations_reach_down() -> None:
