@@ -57,6 +57,7 @@ from prazo.core import (
     NS_PER_MS,
     REASON_EXPIRED_IN_QUEUE,
     REASON_SHUTTING_DOWN,
+    REASONS,
     Deadline,
     DeadlineExceeded,
     DownstreamOverloaded,
@@ -159,6 +160,10 @@ _ticket: contextvars.ContextVar[_Ticket | None] = contextvars.ContextVar("prazo.
 
 
 def _status_for(exc: BaseException) -> grpc.StatusCode:
+    """The registry's gRPC status of ``exc``'s reason; by its class for a reason of the application's own."""
+    known = REASONS.get(getattr(exc, "reason", None) or "")
+    if known is not None and known.grpc_code is not None:
+        return grpc.StatusCode[known.grpc_code]
     if isinstance(exc, DeadlineExceeded):
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(exc, QueueFull):
