@@ -59,9 +59,18 @@ demo: build
 bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
 
+# mypy and stubtest read the package as prazo.* through build/typecheck/prazo
+# (pyproject.toml, [tool.mypy]); stubtest imports the built extensions and
+# holds each .pyi beside them to what they really define.
+TYPECHECK := build/typecheck/prazo
+STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
+	prazo.bindings.servers._frontdoor_c
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench
+	mkdir -p $(TYPECHECK)
+	for folder in core bindings bench; do ln -sfn ../../../$$folder $(TYPECHECK)/$$folder; done
 	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist .ci/stubtest-allowlist.txt $(STUBBED)
 
 # The core suite and the binding tests that run the compiled paths (the
 # middleware's compiled path, the pool, the server dispatcher, the middleware on

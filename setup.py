@@ -11,6 +11,7 @@ a slow install pass unnoticed. The sdist ships the .pyx sources, not generated
 C, and Cython (a build requirement) translates them at build time.
 """
 
+import importlib.util
 import os
 import platform
 import sys
@@ -24,6 +25,9 @@ PACKAGES = [
     "prazo.bindings",
     "prazo.bindings.clients",
     "prazo.bindings.dependency",
+    "prazo.bindings.integrations",
+    "prazo.bindings.integrations.grpc",
+    "prazo.bindings.plumbing",
     "prazo.bindings.servers",
     "prazo.bench",
 ]
@@ -32,8 +36,20 @@ BANNER = "!" * 72
 PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 
 
+def _load_arguments():
+    """core/arguments.py by its path: prazo.core itself cannot be imported before it is built."""
+    spec = importlib.util.spec_from_file_location("_prazo_arguments", os.path.join("core", "arguments.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ARGUMENTS = _load_arguments()
+
+
 def _flag(name):
-    return os.environ.get(name, "") in ("1", "true", "yes")
+    """The yes/no variable ``name`` as prazo.core reads it (``1/true/yes/on``, ``0/false/no/off``)."""
+    return bool(_ARGUMENTS.env_flag(os.environ, name))
 
 
 class BuildExt(build_ext):

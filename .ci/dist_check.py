@@ -91,6 +91,9 @@ WHEEL_REQUIRED = [
     "prazo/bindings/clients/requests.py",
     "prazo/bindings/dependency/breaker.py",
     "prazo/bench/cli.py",
+    "prazo/bindings/cli.py",
+    "prazo/bindings/integrations/grpc/server.py",
+    "prazo/bindings/plumbing/reaper.py",
     "prazo/bench/RESULTS.md",
     "prazo/bench/py.typed",
 ]

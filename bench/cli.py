@@ -1,4 +1,4 @@
-"""The ``prazo`` command.
+"""The measuring half of the ``prazo`` command: ``prazo demo`` and ``prazo bench``.
 
 ::
 
@@ -14,26 +14,20 @@
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
     prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
     prazo bench soak [--minutes N]  mixed load with faults at 1.5x capacity; checks every queue at rest
-    prazo serve MODULE:APP [--server waitress|gunicorn|werkzeug|wsgiref|cheroot] [limits]
-    prazo --version
 
 ``--impl c|py`` (before or after the command) forces one twin of the
 admission queue; without it the demo uses whichever ``prazo.core`` picked and
 the benchmark compares both.
 
-The command lives here, in ``prazo.bench``, because most of it runs what
-measures prazo (the demos and benchmarks), and the arrows only point down:
-bench may import ``prazo.bindings``, a binding never imports bench. ``prazo
-serve`` is what a service runs, so it lives in
-``prazo.bindings.servers.serve`` and is only wired in here; a deployment that
-wants it without the measuring code runs ``python -m
-prazo.bindings.servers.serve``.
+The command itself (``main``, ``prazo serve``, ``--version``) is
+``prazo.bindings.cli``, what a service installs; it imports this module only
+when the command line asks for a demo, a benchmark or the whole help, so
+``prazo serve`` never loads the measuring code.
 
-Adding to the command: a new command is an ``_add_<name>(commands)`` function
-called from ``build_parser``; a new topic of ``demo`` or ``bench`` is added to
-the sub-command set those functions return. Every handler has the signature
-``handler(args, out) -> exit status``. ``prazo demo`` and ``prazo bench``
-without a topic run ``DEFAULT_DEMO`` / ``DEFAULT_BENCH``.
+Adding to the command: a new topic of ``demo`` or ``bench`` is added to the
+sub-command set ``_add_demo``/``_add_bench`` return. Every handler has the
+signature ``handler(args, out) -> exit status``. ``prazo demo`` and ``prazo
+bench`` without a topic run ``DEFAULT_DEMO`` / ``DEFAULT_BENCH``.
 """
 
 from __future__ import annotations
@@ -44,25 +38,23 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
-from typing import TextIO, TypeAlias
+from typing import TextIO
 
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
 from prazo.bench.harness import QUICK, BenchSettings, Paint, plain
+from prazo.bindings.cli import CommandError, Commands, Handler, impl_options
 from prazo.core import IMPLEMENTATION, TWINS, AdmissionQueue, load_twin
 
-__all__ = ["TwinUnavailable", "build_parser", "load_queue_class", "main", "make_paint", "select_twins"]
+__all__ = ["TwinUnavailable", "add_commands", "load_queue_class", "make_paint", "select_twins"]
 
 QueueClass = type[AdmissionQueue]
-Handler = Callable[[argparse.Namespace, TextIO], int]
-_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 _ANSI = {"bold": "1", "dim": "2", "ok": "32", "warn": "33", "bad": "31", "info": "36"}
 
 
-class TwinUnavailable(RuntimeError):
+class TwinUnavailable(CommandError, RuntimeError):
     """The twin asked for cannot be imported (in practice: the C twin was not built)."""
 
 
@@ -157,32 +149,20 @@ def _rate(text: str) -> float:
     return value
 
 
-def _impl_options() -> argparse.ArgumentParser:
-    """``--impl``, accepted at every level (SUPPRESS keeps an outer value from being reset)."""
-    options = argparse.ArgumentParser(add_help=False)
-    options.add_argument(
-        "--impl",
-        choices=TWINS,
-        default=argparse.SUPPRESS,
-        help="force the C or the Python twin of the admission queue",
-    )
-    return options
-
-
 # -- commands with topics ---------------------------------------------------------
 
 
-def _add_command_with_topics(commands: _Commands, name: str, help: str, default: Callable[[], Handler]) -> _Commands:
+def _add_command_with_topics(commands: Commands, name: str, help: str, default: Callable[[], Handler]) -> Commands:
     """``prazo <name>`` with sub-commands (topics); without one it runs ``default()``."""
-    command = commands.add_parser(name, parents=[_impl_options()], help=help, description=help.capitalize() + ".")
+    command = commands.add_parser(name, parents=[impl_options()], help=help, description=help.capitalize() + ".")
     command.set_defaults(handler=lambda args, out: default()(args, out))
     return command.add_subparsers(dest="topic", metavar="TOPIC")
 
 
-def _add_topic(topics: _Commands, name: str, help: str, description: str, handler: Handler) -> argparse.ArgumentParser:
+def _add_topic(topics: Commands, name: str, help: str, description: str, handler: Handler) -> argparse.ArgumentParser:
     """A topic whose options are absent from ``args`` unless given (see ``_given``)."""
     topic = topics.add_parser(
-        name, parents=[_impl_options()], argument_default=argparse.SUPPRESS, help=help, description=description
+        name, parents=[impl_options()], argument_default=argparse.SUPPRESS, help=help, description=description
     )
     topic.set_defaults(handler=handler)
     return topic
@@ -307,7 +287,7 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
 DEFAULT_DEMO: Handler = _run_demo_http
 
 
-def _add_demo(commands: _Commands) -> _Commands:
+def _add_demo(commands: Commands) -> Commands:
     defaults = SeedParams()
     topics = _add_command_with_topics(commands, "demo", "run a demonstration", lambda: DEFAULT_DEMO)
     # `prazo demo --chain 3` and `prazo demo http --chain 3` are the same run.
@@ -462,7 +442,7 @@ def _add_sampling(parser: argparse.ArgumentParser, unit: str, defaults: BenchSet
     )
 
 
-def _add_bench(commands: _Commands) -> _Commands:
+def _add_bench(commands: Commands) -> Commands:
     from prazo.bench.pool import QUICK_POOL, PoolBenchSettings
 
     defaults, pool_defaults = BenchSettings(), PoolBenchSettings()
@@ -553,75 +533,10 @@ def _add_bench(commands: _Commands) -> _Commands:
     return topics
 
 
-# -- entry point ------------------------------------------------------------------
+# -- the commands prazo.bindings.cli wires in ---------------------------------------
 
 
-def _version() -> str:
-    try:
-        version = metadata.version("prazo")
-    except metadata.PackageNotFoundError:  # running from a tree that was never installed
-        version = "unknown"
-    return f"prazo {version} (core implementation: {IMPLEMENTATION})"
-
-
-# -- serve ------------------------------------------------------------------------
-
-
-def _add_serve(commands: _Commands) -> None:
-    from prazo.bindings.servers.serve import add_serve_arguments, run_serve
-
-    serve = commands.add_parser(
-        "serve",
-        help="serve a WSGI app with admission at the server's own queue",
-        description="Serve MODULE:APP on waitress, gunicorn, werkzeug, wsgiref or cheroot with prazo's "
-        "bounded queue and deadlines at the server's own queue (PRAZO_MAX_QUEUE, PRAZO_DEFAULT_BUDGET_MS and "
-        "PRAZO_MAX_BUDGET_MS are honoured; flags win).",
-    )
-    add_serve_arguments(serve)
-    serve.set_defaults(handler=run_serve)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="prazo",
-        parents=[_impl_options()],
-        description="Admission control and deadline handling for threaded Python services.",
-    )
-    parser.add_argument("--version", action="version", version=_version())
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+def add_commands(commands: Commands) -> None:
+    """Add ``demo`` and ``bench`` to the ``prazo`` command (``prazo.bindings.cli.build_parser``)."""
     _add_demo(commands)
     _add_bench(commands)
-    _add_serve(commands)
-    return parser
-
-
-# Which optional extra of pyproject.toml brings each package a command may need.
-_EXTRA_OF_PACKAGE = {
-    **dict.fromkeys(("werkzeug", "waitress", "gunicorn", "cheroot"), "servers"),
-    **dict.fromkeys(("requests", "httpx", "urllib3"), "clients"),
-    "matplotlib": "plot",
-}
-
-
-def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    """Run the command; returns the exit status (argparse exits 2 on bad flags)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(out or sys.stdout)
-        return 2
-    handler: Handler = args.handler
-    try:
-        return handler(args, out or sys.stdout)
-    except TwinUnavailable as exc:
-        print(f"prazo: error: {exc}", file=sys.stderr)
-        return 1
-    except ModuleNotFoundError as exc:
-        # The servers and clients are optional extras: name the one to install
-        # instead of a traceback from deep inside a demo or a server embedding.
-        package = (exc.name or "").partition(".")[0]
-        extra = _EXTRA_OF_PACKAGE.get(package)
-        if extra is None:
-            raise
-        print(f"prazo: error: this command needs {package!r}: pip install 'prazo[{extra}]'", file=sys.stderr)
-        return 1

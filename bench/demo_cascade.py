@@ -123,13 +123,13 @@ class CascadeResult:
     work: list[WorkRecord]
     give_up_ns: dict[int, int]
     final_status: dict[int, int]
-    b_statuses: Counter = field(default_factory=Counter)
+    b_statuses: Counter[int] = field(default_factory=Counter)
 
     def _client_of(self, request_id: str) -> int:
         return int(request_id.split("-", 1)[0])
 
     @property
-    def status_counts(self) -> Counter:
+    def status_counts(self) -> Counter[int]:
         return Counter(self.final_status.values())
 
     def started_after_deadline(self) -> int:
@@ -174,7 +174,7 @@ class _Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.work: list[WorkRecord] = []
-        self.b_statuses: Counter = Counter()
+        self.b_statuses: Counter[int] = Counter()
 
     def begin(self, request_id: str, deadline: Deadline | None) -> WorkRecord:
         work = WorkRecord(request_id, time.monotonic_ns(), None if deadline is None else deadline.ns)
@@ -354,6 +354,7 @@ def run_cascade(params: CascadeParams, *, setup: str) -> CascadeResult:
     servers = _Servers()
     try:
         b_app = _b_app(recorder, params.work_ms, deadline_aware=propagate)
+        b: Callable[..., Iterable[bytes]]
         if propagate:
             b = AdmissionMiddleware(
                 b_app,
@@ -438,7 +439,7 @@ def _rows(result: CascadeResult) -> list[tuple[str, str]]:
 
 def _timeline(result: CascadeResult, bucket_ms: int = 250) -> list[str]:
     """Per time bucket: what the clients got back, and how much work B started."""
-    buckets: dict[int, Counter] = {}
+    buckets: dict[int, Counter[str]] = {}
     for a in result.attempts:
         at = (a.answered_ns - result.start_ns) // NS_PER_MS // bucket_ms
         buckets.setdefault(at, Counter())[f"{a.status}"] += 1

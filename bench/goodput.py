@@ -783,11 +783,14 @@ def run_point(
                 at_ns = origin_ns + int((s.warmup_s + phase.start_s) * 1e9)
                 write_slowdown(target.stats_dir, at_ns, at_ns + int((phase.end_s - phase.start_s) * 1e9), DROP_FACTOR)
 
+    def mark(bound: float) -> Callable[[], None]:
+        return lambda: marks.__setitem__(bound, _stats(target))
+
     try:
         load = run_in_subprocess(
             argv,
             _loadgen_timeout(s.warmup_s + seconds, 2 * max(s.budget_ms, *(c.budget_ms for c in MIXED))),
-            at=[(s.warmup_s + b, lambda b=b: marks.__setitem__(b, _stats(target))) for b in bounds],
+            at=[(s.warmup_s + b, mark(b)) for b in bounds],
             on_begin=on_begin,
         )
     finally:

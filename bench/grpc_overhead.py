@@ -31,7 +31,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import grpc
-from prazo.bindings.grpc import DeadlineClientInterceptor, DeadlineServerInterceptor, admission_server
+from prazo.bindings.integrations.grpc.client import DeadlineClientInterceptor
+from prazo.bindings.integrations.grpc.server import DeadlineServerInterceptor, admission_server
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import Deadline, deadline_scope
 

@@ -1,12 +1,14 @@
 """Load balancers in front of prazo servers, with the shipped configs: launchers and the per-request overhead.
 
-``HAProxyProcess.start(...)`` runs ``haproxy`` on
-``examples/loadbalancers/haproxy.cfg`` exactly as the README ships it, filling
-its ``${PRAZO_...}`` variables from the environment; ``NginxProcess.start(...)``
-runs ``nginx`` on ``examples/loadbalancers/nginx.conf`` with only its example
-addresses (and pid file) replaced, since nginx has no variables in its config.
-So what the tests and this runner exercise is the copy users paste.
-``python -m prazo.bench.loadbalancers`` times sequential keep-alive requests to
+``HAProxyProcess.start(..., config=...)`` runs ``haproxy`` on the shipped
+``haproxy.cfg`` (``examples/loadbalancers/`` in a checkout) exactly as the
+README ships it, filling its ``${PRAZO_...}`` variables from the environment;
+``NginxProcess.start(..., config=...)`` runs ``nginx`` on the shipped
+``nginx.conf`` with only its example addresses (and pid file) replaced, since
+nginx has no variables in its config. So what the tests and this runner
+exercise is the copy users paste; the caller names it, as the configs are not
+part of the package. ``python -m prazo.bench.loadbalancers`` (from a
+checkout, or with ``--configs DIR``) times sequential keep-alive requests to
 one prazo waitress server, directly and through each balancer installed, and
 prints what the balancer adds per request (median and p99, loopback, one
 client): a figure to read, not a target.
@@ -29,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "LOADBALANCER_EXAMPLES",
     "NGINX_EXAMPLE_ADDRESSES",
-    "SHIPPED_HAPROXY_CONFIG",
-    "SHIPPED_NGINX_CONFIG",
     "HAProxyProcess",
     "LoadBalancerProcess",
     "NginxProcess",
@@ -42,10 +41,6 @@ __all__ = [
     "time_requests_ns",
 ]
 
-LOADBALANCER_EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "loadbalancers"
-#: The configs the README ships (and the tests run).
-SHIPPED_HAPROXY_CONFIG = LOADBALANCER_EXAMPLES / "haproxy.cfg"
-SHIPPED_NGINX_CONFIG = LOADBALANCER_EXAMPLES / "nginx.conf"
 #: The example addresses of nginx.conf: its listener, the two backends, and its pid file.
 NGINX_EXAMPLE_ADDRESSES = ("listen 127.0.0.1:8080;", "server 10.0.0.11:8000", "server 10.0.0.12:8000")
 _NGINX_EXAMPLE_PID = "pid /tmp/prazo-nginx.pid;"
@@ -72,7 +67,7 @@ def _check_backends(backends: Sequence[str]) -> None:
         raise ValueError(f"backends must name the two servers of the shipped config, got {list(backends)!r}")
 
 
-def nginx_config_for(port: int, backends: Sequence[str], workdir: Path, config: Path = SHIPPED_NGINX_CONFIG) -> Path:
+def nginx_config_for(port: int, backends: Sequence[str], workdir: Path, config: Path) -> Path:
     """The shipped nginx.conf listening on 127.0.0.1:``port`` in front of ``backends``, written into ``workdir``."""
     _check_backends(backends)
     text = config.read_text()
@@ -140,8 +135,8 @@ class HAProxyProcess(LoadBalancerProcess):
         backends: Sequence[str],
         *,
         maxconn: int,
+        config: Path,
         binary: str = "haproxy",
-        config: Path = SHIPPED_HAPROXY_CONFIG,
     ) -> HAProxyProcess:
         """Start HAProxy listening on 127.0.0.1:``port``; returns once it accepts connections."""
         env = {**os.environ, **haproxy_environment(f"127.0.0.1:{port}", backends, maxconn)}
@@ -155,10 +150,12 @@ class NginxProcess(LoadBalancerProcess):
     name = "nginx"
 
     @classmethod
-    def start(cls, port: int, backends: Sequence[str], workdir: Path, *, binary: str = "nginx") -> NginxProcess:
-        """Start nginx listening on 127.0.0.1:``port``; returns once it accepts connections."""
-        config = nginx_config_for(port, backends, workdir)
-        argv = [binary, "-p", str(workdir), "-e", "stderr", "-c", str(config), "-g", "daemon off;"]
+    def start(
+        cls, port: int, backends: Sequence[str], workdir: Path, *, config: Path, binary: str = "nginx"
+    ) -> NginxProcess:
+        """Start nginx on the shipped ``config``, listening on 127.0.0.1:``port``; returns once it accepts connections."""
+        filled = nginx_config_for(port, backends, workdir, config)
+        argv = [binary, "-p", str(workdir), "-e", "stderr", "-c", str(filled), "-g", "daemon off;"]
         process: NginxProcess = cls._launch(argv, port)
         return process
 
@@ -197,10 +194,10 @@ def _quantile_us(times_ns: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
 
 
-def _start_balancer(kind: str, backends: Sequence[str], workdir: Path) -> LoadBalancerProcess:
+def _start_balancer(kind: str, backends: Sequence[str], workdir: Path, configs: Path) -> LoadBalancerProcess:
     if kind == "haproxy":
-        return HAProxyProcess.start(_free_port(), backends, maxconn=10)
-    return NginxProcess.start(_free_port(), backends, workdir)
+        return HAProxyProcess.start(_free_port(), backends, maxconn=10, config=configs / "haproxy.cfg")
+    return NginxProcess.start(_free_port(), backends, workdir, config=configs / "nginx.conf")
 
 
 def _version(binary: str) -> str:
@@ -214,6 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prazo.bench.loadbalancers", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3000, help="timed requests per path and round (default 3000)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median counts (default 3)")
+    parser.add_argument(
+        "--configs",
+        type=Path,
+        default=Path("examples/loadbalancers"),
+        metavar="DIR",
+        help="the shipped haproxy.cfg and nginx.conf (default examples/loadbalancers, from a checkout's root)",
+    )
     args = parser.parse_args(argv)
     kinds = [kind for kind in ("haproxy", "nginx") if shutil.which(kind)]
     if not kinds:
@@ -230,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     direct_port = servers[0].effective_port
     times: dict[str, list[list[int]]] = {"direct": [], **{kind: [] for kind in kinds}}
     with tempfile.TemporaryDirectory(prefix="prazo-lb-bench-") as workdir:
-        balancers = {kind: _start_balancer(kind, backends, Path(workdir)) for kind in kinds}
+        balancers = {kind: _start_balancer(kind, backends, Path(workdir), args.configs) for kind in kinds}
         try:
             ports = {"direct": direct_port, **{kind: balancer.port for kind, balancer in balancers.items()}}
             for port in ports.values():

@@ -124,7 +124,7 @@ def python_calls(workers: int, tasks: int = 2_000) -> dict[str, tuple[float, lis
             found[label] = (total / tasks, [(name, n / tasks) for name, n in counts.most_common(8)])
         finally:
             sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
+            threading.setprofile(None)
             executor.shutdown(wait=True)
     return found
 

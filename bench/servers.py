@@ -264,7 +264,7 @@ def _in_process_server(kind: str, prazo: bool, settings: ServerBenchSettings) ->
     # run's dead requests must not report into (or share tokens with) this one.
     state = BenchState(settings.threads, settings.work_ms)
     app = make_bench_app(state)
-    limits = {"threads": settings.threads, "max_queue": settings.max_queue, "max_budget_ms": 60_000}
+    limits: dict[str, Any] = {"threads": settings.threads, "max_queue": settings.max_queue, "max_budget_ms": 60_000}
     stop: Callable[[], object]
     if kind == "waitress":
         if prazo:
@@ -323,7 +323,8 @@ def _socketserver(kind: str, prazo: bool, app: Callable[..., Any], limits: dict[
     if prazo:
         from prazo.bindings.servers.wsgiref import make_server as prazo_wsgiref
 
-        return prazo_wsgiref("127.0.0.1", 0, app, handler_class=QuietHandler, **limits)
+        # The stock handler, quieted, as the stock server below gets it.
+        return prazo_wsgiref("127.0.0.1", 0, app, handler_class=QuietHandler, **limits)  # type: ignore[arg-type]
 
     class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
         daemon_threads = True

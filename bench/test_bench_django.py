@@ -1,4 +1,4 @@
-"""What ``prazo.bindings.django.DeadlineMiddleware`` costs per request.
+"""What ``prazo.bindings.integrations.django.DeadlineMiddleware`` costs per request.
 
 Django's own WSGI handler (``django.core.handlers.wsgi.WSGIHandler``) is
 called in this thread with a prepared environ, the response iterated and
@@ -34,7 +34,7 @@ django = pytest.importorskip("django")
 from django.conf import settings
 
 GROUP = "Django WSGIHandler request"
-MIDDLEWARE = "prazo.bindings.django.DeadlineMiddleware"
+MIDDLEWARE = "prazo.bindings.integrations.django.DeadlineMiddleware"
 NOOP_MIDDLEWARE = f"{__name__}.NoopMiddleware"
 
 

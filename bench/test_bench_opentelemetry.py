@@ -1,4 +1,4 @@
-"""What ``prazo.bindings.opentelemetry`` costs per request, and that it costs nothing when it is off.
+"""What ``prazo.bindings.integrations.opentelemetry`` costs per request, and that it costs nothing when it is off.
 
 The middleware (C twin of the queue; compiled path as built, then the Python
 path) serves ``X-Request-Budget-Ms`` requests with a list body, in five
@@ -33,7 +33,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prazo.bench.harness import LoopRunner
 from prazo.bench.wsgi import KIND_HEADER, middleware_for, minimal_environ, serve_requests
-from prazo.bindings import opentelemetry as prazo_otel
+from prazo.bindings.integrations import opentelemetry as prazo_otel
 from prazo.core import AdmissionQueue
 
 LoopBenchmark = Callable[[LoopRunner, str], None]

@@ -4,7 +4,7 @@ Against a real server (a private cluster started here, or ``PRAZO_BENCH_PG_DSN``
 over loopback, one connection, ``SELECT 1`` + fetch per operation:
 
 * ``plain`` — psycopg as is (the baseline);
-* ``run_bounded`` — ``prazo.bindings.psycopg.run_bounded`` under a 10 s deadline:
+* ``run_bounded`` — ``prazo.bindings.integrations.psycopg.run_bounded`` under a 10 s deadline:
   a cancel armed on the shared watcher thread, disarmed when the statement returns;
 * ``run_bounded-no-deadline`` — the pass-through outside any deadline scope;
 * ``set-timeout`` — the server-side alternative done right in autocommit:
@@ -31,15 +31,14 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from prazo.bench.harness import LoopRunner
-from prazo.bindings.psycopg import run_bounded, statement_limit_ms
+from prazo.bench.postgres import start_postgres
+from prazo.bindings.integrations.psycopg import run_bounded, statement_limit_ms
 from prazo.core import Deadline, DeadlineExceeded, deadline_scope
 
 psycopg = pytest.importorskip("psycopg")
@@ -60,10 +59,6 @@ def server_dsn() -> Iterator[str]:
     if given:
         yield given
         return
-    # The test suite's server helper (initdb + pg_ctl on a free port); bench/ is not a test package.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _services import start_postgres
-
     server = start_postgres()
     try:
         yield server.dsn

@@ -3,12 +3,16 @@
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextvars import Context
-from typing import Any
+from typing import Any, final
 
 from prazo.core import Deadline
+from typing_extensions import disjoint_base
+
+__all__ = ["Submitter", "layout_supported", "results_in_order", "run_worker", "set_interpreter_shutting_down"]
 
 def layout_supported() -> bool: ...
 
+@final
 class FutureCondition:
     """threading.Condition over an RLock, as one object (the compiled path's futures carry it)."""
 
@@ -25,6 +29,7 @@ class FutureCondition:
 
 def set_interpreter_shutting_down() -> None: ...
 
+@disjoint_base
 class Submitter:
     shut_down: bool
     def __init__(

@@ -1,26 +1,31 @@
 """Type stubs for the compiled common path of ``prazo.bindings.wsgi.AdmissionMiddleware``."""
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, final
 
 from prazo.bindings.headers import BudgetPolicy
 from prazo.bindings.policies import CriticalClassifier
 from prazo.bindings.wsgi import AdmissionMiddleware, Environ, MiddlewareCounters, StartResponse, WSGIApp
 from prazo.core import LatencyHistogram
 
+__all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "set_observer", "supports"]
+
 def supports(queue: object) -> bool: ...
 def set_observer(observer: Any) -> None: ...
 def serve(middleware: AdmissionMiddleware, environ: Environ, start_response: StartResponse) -> Iterable[bytes]: ...
 
+@final
 class ListBody:
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[bytes]: ...
     def __next__(self) -> bytes: ...
     def close(self) -> None: ...
 
+@final
 class QueueRelease:
     def __call__(self) -> None: ...
 
+@final
 class CompiledPath:
     def __init__(
         self,

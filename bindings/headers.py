@@ -55,7 +55,7 @@ __all__ = [
     "GRPC_TIMEOUT_ENVIRON_KEY",
     "GRPC_TIMEOUT_HEADER",
     "MAX_WIRE_MS",
-    "REASON_HEADER",
+    "REASON_HEADER_NAME",
     "BudgetPolicy",
     "IncomingBudget",
     "budget_from_environ",
@@ -75,7 +75,7 @@ BUDGET_HEADER = "X-Request-Budget-Ms"
 GRPC_TIMEOUT_HEADER = "grpc-timeout"
 ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
 # Names the cause of a 503/504 produced by prazo (queue-full, expired-in-queue, ...).
-REASON_HEADER = "X-Prazo-Reason"
+REASON_HEADER_NAME = "X-Prazo-Reason"
 
 
 def environ_key(header: str) -> str:

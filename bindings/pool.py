@@ -29,7 +29,6 @@ import contextvars
 import functools
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
@@ -46,9 +45,11 @@ from prazo.core import (
     current_deadline,
     deadline_context,
 )
+from prazo.core.arguments import INT32_LIMIT, checked_count
+from prazo.core.compiled import import_compiled
 
+from .plumbing.reaper import DeadlineReaper
 from .policies import queue_options
-from .reaper import DeadlineReaper
 
 __all__ = ["AdmissionPool", "compiled_path", "use_compiled_path"]
 
@@ -87,19 +88,12 @@ def _import_compiled() -> ModuleType | None:
     """
     if IMPLEMENTATION != "c":
         return None
-    try:
-        from prazo.bindings import _pool_c
-    except ImportError as exc:  # pragma: no cover - depends on the build
-        warnings.warn(
-            f"prazo: the compiled AdmissionPool path is missing ({exc}); the pool runs on its Python path. "
-            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    compiled = import_compiled(
+        "prazo.bindings._pool_c", "the compiled AdmissionPool path", "the pool runs on its Python path"
+    )
+    if compiled is None or not compiled.layout_supported():  # pragma: no cover - depends on the interpreter
         return None
-    if not _pool_c.layout_supported():  # pragma: no cover - depends on the interpreter
-        return None
-    return _pool_c
+    return compiled
 
 
 _COMPILED_MODULE = _import_compiled()
@@ -125,16 +119,6 @@ def use_compiled_path(enabled: bool) -> bool:
     previous = _COMPILED is not None
     _COMPILED = _COMPILED_MODULE if enabled else None
     return previous
-
-
-def _validate_count(value: object, name: str, minimum: int, message: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(message)
-    if value > 2**31 - 1:
-        raise ValueError(f"{name} must be < 2**31, got {value}")
-    return value
 
 
 class _WorkerState:
@@ -303,7 +287,7 @@ class AdmissionPool(Executor):
     * ``record_latency=True`` records every task that runs into two
       ``prazo.core.LatencyHistogram``: ``request_duration`` (``submit`` to the
       release of its slot) and ``queue_wait`` (``submit`` to its start),
-      exported by ``prazo.bindings.metrics``; off, both are None.
+      exported by ``prazo.bindings.integrations.prometheus``; off, both are None.
 
     ::
 
@@ -336,10 +320,12 @@ class AdmissionPool(Executor):
         min_concurrency: int | None = None,
         reserved: int | None = None,
     ) -> None:
-        self._max_workers = _validate_count(max_workers, "max_workers", 1, "max_workers must be greater than 0")
+        self._max_workers = checked_count(
+            max_workers, "max_workers", 1, below=INT32_LIMIT, too_small="max_workers must be greater than 0"
+        )
         if not isinstance(record_latency, bool):
             raise TypeError(f"record_latency must be True or False, not {type(record_latency).__name__}")
-        _validate_count(max_queue, "max_queue", 0, f"max_queue must be >= 0, got {max_queue}")
+        checked_count(max_queue, "max_queue", 0, below=INT32_LIMIT)
         if not isinstance(thread_name_prefix, str):
             raise TypeError(f"thread_name_prefix must be a str, not {type(thread_name_prefix).__name__}")
         self._state = _WorkerState(record_latency)
@@ -470,7 +456,7 @@ class AdmissionPool(Executor):
                     self._reaper.watch_locked(deadline.ns, item)
             if len(self._threads) < self._max_workers:
                 self._start_worker_locked()
-        return future  # type: ignore[return-value]
+        return future
 
     def _start_worker_locked(self) -> None:
         _start_worker(self._threads, self._thread_name_prefix, self._worker_target, self._queue, self._state, self._reaper)

@@ -63,14 +63,13 @@ import re
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import Context
 from functools import partial
 from types import GeneratorType, ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from prazo.bindings.headers import REASON_HEADER, BudgetPolicy, IncomingBudget
+from prazo.bindings.headers import REASON_HEADER_NAME, BudgetPolicy, IncomingBudget
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
@@ -78,6 +77,7 @@ from prazo.core import (
     REASON_DEADLINE_EXCEEDED,
     REASON_DOWNSTREAM_OVERLOADED,
     REASON_QUEUE_FULL,
+    REASON_SHUTTING_DOWN,
     AdmissionQueue,
     Deadline,
     DeadlineExceeded,
@@ -88,6 +88,7 @@ from prazo.core import (
     current_deadline,
     deadline_context,
 )
+from prazo.core.compiled import import_compiled
 
 __all__ = [
     "BUDGET_SOURCE_KEY",
@@ -119,9 +120,6 @@ DEADLINE_KEY = "prazo.deadline"
 QUEUE_WAIT_MS_KEY = "prazo.queue_wait_ms"
 BUDGET_SOURCE_KEY = "prazo.budget_source"
 
-# ShutDown has no reason of its own; this is the one its 503 carries.
-REASON_SHUTTING_DOWN = "shutting-down"
-
 # Type aliases for the WSGI callables (PEP 3333), shared by the server embeddings.
 Environ = dict[str, Any]
 ExcInfo = tuple[Any, Any, Any]
@@ -140,7 +138,7 @@ OUTCOME_REFUSED = "refused"
 #: ``refusal`` is the ``QueueFull``/``DeadlineExceeded``/``ShutDown`` of a refusal.
 AdmissionObserver = Callable[[Environ | None, str, int | None, int, int, BaseException | None], object]
 
-# The one observer (prazo.bindings.opentelemetry installs one). None, the
+# The one observer (prazo.bindings.integrations.opentelemetry installs one). None, the
 # default, costs each request one global read and nothing else.
 _observer: AdmissionObserver | None = None
 
@@ -202,7 +200,7 @@ def rejection_response(exc: BaseException, *, retry_after_s: int = 1) -> tuple[s
         ("Content-Length", str(len(body))),
         # A refusal describes this moment only; no cache should replay it.
         ("Cache-Control", "no-store"),
-        (REASON_HEADER, reason),
+        (REASON_HEADER_NAME, reason),
     ]
     if status == 503:
         headers.append(("Retry-After", str(retry_after_s)))
@@ -503,7 +501,7 @@ def _call_admitted(
         release()
         raise
     if type(result) in _INERT_BODIES:
-        return ListBody(result, release)
+        return ListBody(cast("list[bytes] | tuple[bytes, ...]", result), release)
     return AdmittedResponse(result, context, start_response, release, counters, retry_after_s)
 
 
@@ -579,18 +577,9 @@ def _import_compiled_path() -> ModuleType | None:
     """``prazo.bindings._wsgi_c``, or None when the C twin of the queue is not in use or it is not built."""
     if IMPLEMENTATION != "c":
         return None
-    try:
-        from prazo.bindings import _wsgi_c
-    except ImportError as exc:  # pragma: no cover - depends on the build
-        warnings.warn(
-            "\n" + "!" * 72 + "\n"
-            f"prazo: the compiled WSGI path is missing ({exc}); AdmissionMiddleware runs on its Python path.\n"
-            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return _wsgi_c
+    return import_compiled(
+        "prazo.bindings._wsgi_c", "the compiled WSGI path", "AdmissionMiddleware runs on its Python path"
+    )
 
 
 _COMPILED_PATH = _import_compiled_path()
@@ -604,7 +593,7 @@ def set_admission_observer(observer: AdmissionObserver | None) -> AdmissionObser
     requests) and the server dispatcher's refusals. It runs on the request's
     path, in the thread and context that decided, so it must be quick and
     must not raise (one that raises before an app runs makes that request
-    fail, though its slot is given back). ``prazo.bindings.opentelemetry``
+    fail, though its slot is given back). ``prazo.bindings.integrations.opentelemetry``
     installs one with ``instrument()``.
     """
     global _observer
@@ -701,7 +690,7 @@ class AdmissionMiddleware:
     ``record_latency=True`` records every admitted request into two
     ``prazo.core.LatencyHistogram``: ``request_duration`` (arrival to the
     release of its slot: queue wait, app and body) and ``queue_wait``, on
-    both paths; ``prazo.bindings.metrics`` exports them as Prometheus
+    both paths; ``prazo.bindings.integrations.prometheus`` exports them as Prometheus
     histograms. Off (the default), they are None and cost nothing.
 
     ``queue_class`` is the admission queue it builds, the twin ``prazo.core``

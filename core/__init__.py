@@ -13,16 +13,21 @@ The latency histogram (``LatencyHistogram``, ``WindowedHistogram``) has twins
 too, ``prazo.core._histogram_c`` and ``prazo.core._histogram_py``, picked by the
 same rule (both or neither come from C: ``IMPLEMENTATION`` holds for both);
 ``load_histogram_twin(name)`` gives either pair by name.
+
+``__version__`` is the installed distribution's version (``prazo`` itself is
+a namespace package, so it has no module to carry one).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import warnings
+from importlib import metadata
 from typing import NamedTuple
 
 from ._policy_py import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS, codel_option_ns, expected_service_option
+from .arguments import env_flag
+from .compiled import warn_compiled_missing
 from .deadline import (
     NS_PER_MS,
     NS_PER_SECOND,
@@ -33,18 +38,28 @@ from .deadline import (
     deadline_var,
 )
 from .errors import (
+    REASON_BAD_REQUEST,
+    REASON_BREAKER_OPEN,
+    REASON_BULKHEAD_FULL,
     REASON_DEADLINE_EXCEEDED,
+    REASON_DEPENDENCY_TIMEOUT,
+    REASON_DEPENDENCY_UNAVAILABLE,
     REASON_DOWNSTREAM_OVERLOADED,
     REASON_EVICTED,
     REASON_EXPIRED_IN_QUEUE,
     REASON_EXPIRED_ON_ARRIVAL,
+    REASON_HEAD_TOO_LARGE,
+    REASON_HEADER_TIMEOUT,
     REASON_INSUFFICIENT_BUDGET,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     REASON_QUEUE_FULL,
     REASON_SHED,
+    REASON_SHUTTING_DOWN,
+    REASONS,
     DeadlineExceeded,
     DownstreamOverloaded,
     QueueFull,
+    Reason,
     ShutDown,
 )
 
@@ -54,15 +69,24 @@ __all__ = [
     "IMPLEMENTATION",
     "NS_PER_MS",
     "NS_PER_SECOND",
+    "REASONS",
+    "REASON_BAD_REQUEST",
+    "REASON_BREAKER_OPEN",
+    "REASON_BULKHEAD_FULL",
     "REASON_DEADLINE_EXCEEDED",
+    "REASON_DEPENDENCY_TIMEOUT",
+    "REASON_DEPENDENCY_UNAVAILABLE",
     "REASON_DOWNSTREAM_OVERLOADED",
     "REASON_EVICTED",
     "REASON_EXPIRED_IN_QUEUE",
     "REASON_EXPIRED_ON_ARRIVAL",
+    "REASON_HEADER_TIMEOUT",
+    "REASON_HEAD_TOO_LARGE",
     "REASON_INSUFFICIENT_BUDGET",
     "REASON_NO_BUDGET_FOR_DOWNSTREAM",
     "REASON_QUEUE_FULL",
     "REASON_SHED",
+    "REASON_SHUTTING_DOWN",
     "TWINS",
     "AdmissionQueue",
     "Deadline",
@@ -71,6 +95,7 @@ __all__ = [
     "HistogramTwin",
     "LatencyHistogram",
     "QueueFull",
+    "Reason",
     "ShutDown",
     "WindowedHistogram",
     "codel_option_ns",
@@ -84,6 +109,12 @@ __all__ = [
     "load_twin",
 ]
 
+# The version of the installed distribution: pyproject.toml's [project] version is the one source.
+try:
+    __version__ = metadata.version("prazo")
+except metadata.PackageNotFoundError:  # a tree that was never installed
+    __version__ = "unknown"
+
 # The names of the two twins, as ``IMPLEMENTATION`` and ``load_twin`` spell them.
 TWINS = ("c", "py")
 
@@ -91,14 +122,13 @@ TWINS = ("c", "py")
 def extension_wanted() -> bool:
     """True when this interpreter should run the C twin.
 
-    False with ``PRAZO_NO_EXTENSIONS=1`` (or ``true``/``yes``) and on
+    False with ``PRAZO_NO_EXTENSIONS=1`` (or ``true``/``yes``/``on``; a
+    word that is not a yes or a no raises ``ValueError``) and on
     interpreters other than CPython. When it is True but ``IMPLEMENTATION``
     is ``"py"``, the extension was wanted and failed to load: a broken build,
     which a test suite must report instead of quietly testing the twin twice.
     """
-    return os.environ.get("PRAZO_NO_EXTENSIONS", "") not in ("1", "true", "yes") and (
-        sys.implementation.name == "cpython"
-    )
+    return not env_flag(os.environ, "PRAZO_NO_EXTENSIONS") and sys.implementation.name == "cpython"
 
 
 if extension_wanted():
@@ -106,13 +136,7 @@ if extension_wanted():
         from ._histogram_c import LatencyHistogram, WindowedHistogram
         from ._queue_c import AdmissionQueue
     except ImportError as exc:  # pragma: no cover - depends on the build
-        warnings.warn(
-            "\n" + "!" * 72 + "\n"
-            f"prazo: the C extension is missing ({exc}); using the pure-Python twin.\n"
-            "Rebuild with `make build` (or set PRAZO_NO_EXTENSIONS=1 to silence this).\n" + "!" * 72,
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warn_compiled_missing("the C extension", exc, "using the pure-Python twin")
         from ._histogram_py import LatencyHistogram, WindowedHistogram  # type: ignore[assignment]
         from ._queue_py import AdmissionQueue  # type: ignore[assignment]
 

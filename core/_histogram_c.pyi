@@ -1,7 +1,9 @@
 """Type stubs for the C histogram twin; the same API as prazo.core._histogram_py."""
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, final
+
+__all__ = ["BUCKETS", "DEFAULT_QUANTILES", "MAX_NS", "MAX_SLICES", "LatencyHistogram", "WindowedHistogram", "bucket_bounds", "bucket_index"]
 
 BUCKETS: Final[int]
 MAX_NS: Final[int]
@@ -11,6 +13,7 @@ DEFAULT_QUANTILES: tuple[float, ...]
 def bucket_index(ns: int) -> int: ...
 def bucket_bounds(index: int) -> tuple[int, int]: ...
 
+@final
 class LatencyHistogram:
     BUCKETS: int
     MAX_NS: int
@@ -35,6 +38,7 @@ class LatencyHistogram:
     def reset(self) -> None: ...
     def copy(self) -> LatencyHistogram: ...
 
+@final
 class WindowedHistogram:
     def __init__(self, window_s: float = ..., *, slices: int = ...) -> None: ...
     @property

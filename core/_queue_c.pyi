@@ -1,19 +1,23 @@
 """Type stubs for the C twin; the same API as prazo.core._queue_py."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, final
 
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 from .deadline import Deadline
 
+__all__ = ["NO_DEADLINE_NS", "AdmissionQueue", "Slot"]
+
 NO_DEADLINE_NS: int
 
+@disjoint_base
 class Slot:
     def __enter__(self) -> Self: ...
     started_ns: int
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 
+@final
 class AdmissionQueue:
     def __init__(
         self,

@@ -101,6 +101,7 @@ from ._policy_py import (
     priority_may_start,
     reserved_option,
 )
+from .arguments import INT32_LIMIT, checked_count
 from .deadline import Deadline
 from .deadline import clock_ns as _clock
 from .errors import (
@@ -180,13 +181,7 @@ def _deadline_ns(deadline: Deadline | None) -> int:
 
 
 def _validate_size(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value > 2**31 - 1:
-        raise ValueError(f"{name} must be < 2**31, got {value}")
-    return value
+    return checked_count(value, name, minimum, below=INT32_LIMIT)
 
 
 _ORDERS = ("fifo", "lifo", "adaptive")

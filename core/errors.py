@@ -9,22 +9,25 @@ dropped in where a bounded ``queue.Queue`` or a timeout was used before.
 from __future__ import annotations
 
 import queue
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
 
-__all__ = [
-    "REASON_DEADLINE_EXCEEDED",
-    "REASON_DOWNSTREAM_OVERLOADED",
-    "REASON_EVICTED",
-    "REASON_EXPIRED_IN_QUEUE",
-    "REASON_EXPIRED_ON_ARRIVAL",
-    "REASON_INSUFFICIENT_BUDGET",
-    "REASON_NO_BUDGET_FOR_DOWNSTREAM",
-    "REASON_QUEUE_FULL",
-    "REASON_SHED",
-    "DeadlineExceeded",
-    "DownstreamOverloaded",
-    "QueueFull",
-    "ShutDown",
-]
+
+class Reason(NamedTuple):
+    """One reason prazo refuses or cuts short a request, as every wire says it.
+
+    ``name`` is the ``reason`` of the exception, the ``X-Prazo-Reason`` header
+    and the ``x-prazo-reason`` gRPC trailer; ``status`` the HTTP status it is
+    answered with; ``grpc_code`` the name of the ``grpc.StatusCode`` the gRPC
+    server answers it with, or None where no RPC can meet it (the front door's
+    answers to a malformed or late request head).
+    """
+
+    name: str
+    status: int
+    grpc_code: str | None
+
 
 REASON_QUEUE_FULL = "queue-full"
 REASON_EXPIRED_ON_ARRIVAL = "expired-on-arrival"
@@ -32,12 +35,52 @@ REASON_EXPIRED_IN_QUEUE = "expired-in-queue"
 REASON_DEADLINE_EXCEEDED = "deadline-exceeded"
 REASON_NO_BUDGET_FOR_DOWNSTREAM = "no-budget-for-downstream"
 REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
+# ShutDown has no reason of its own (it mirrors queue.ShutDown); this is the one its 503 carries.
+REASON_SHUTTING_DOWN = "shutting-down"
 # The queue policies (docs/design.md): a doomed entry, whose remaining budget is
 # shorter than the expected service time, is a 504; a shed one a 503.
 REASON_INSUFFICIENT_BUDGET = "insufficient-budget"
 REASON_SHED = "shed-standing-queue"
 # A normal waiter pushed out of a full line by a critical arrival: a 503.
 REASON_EVICTED = "evicted-by-critical"
+# A Dependency's refusals (prazo.bindings.dependency): DependencyUnavailable, a DownstreamOverloaded.
+REASON_BULKHEAD_FULL = "bulkhead-full"
+REASON_BREAKER_OPEN = "breaker-open"
+REASON_DEPENDENCY_TIMEOUT = "dependency-timeout"
+REASON_DEPENDENCY_UNAVAILABLE = "dependency-unavailable"
+# The front door's answers to a request head: not complete within the header
+# timeout (408), malformed or ambiguous (400), too large (431).
+REASON_HEADER_TIMEOUT = "header-timeout"
+REASON_BAD_REQUEST = "bad-request"
+REASON_HEAD_TOO_LARGE = "head-too-large"
+
+# Every reason prazo itself gives, by name. README's outcome table lists exactly
+# these, and the front door's C engine spells its own the same
+# (tests/test_reasons.py).
+REASONS: Mapping[str, Reason] = MappingProxyType(
+    {
+        reason.name: reason
+        for reason in (
+            Reason(REASON_QUEUE_FULL, 503, "RESOURCE_EXHAUSTED"),
+            Reason(REASON_EXPIRED_ON_ARRIVAL, 504, "DEADLINE_EXCEEDED"),
+            Reason(REASON_EXPIRED_IN_QUEUE, 504, "DEADLINE_EXCEEDED"),
+            Reason(REASON_DEADLINE_EXCEEDED, 504, "DEADLINE_EXCEEDED"),
+            Reason(REASON_NO_BUDGET_FOR_DOWNSTREAM, 504, "DEADLINE_EXCEEDED"),
+            Reason(REASON_DOWNSTREAM_OVERLOADED, 503, "UNAVAILABLE"),
+            Reason(REASON_SHUTTING_DOWN, 503, "UNAVAILABLE"),
+            Reason(REASON_BULKHEAD_FULL, 503, "UNAVAILABLE"),
+            Reason(REASON_BREAKER_OPEN, 503, "UNAVAILABLE"),
+            Reason(REASON_DEPENDENCY_TIMEOUT, 503, "UNAVAILABLE"),
+            Reason(REASON_DEPENDENCY_UNAVAILABLE, 503, "UNAVAILABLE"),
+            Reason(REASON_INSUFFICIENT_BUDGET, 504, "DEADLINE_EXCEEDED"),
+            Reason(REASON_SHED, 503, "RESOURCE_EXHAUSTED"),
+            Reason(REASON_EVICTED, 503, "RESOURCE_EXHAUSTED"),
+            Reason(REASON_HEADER_TIMEOUT, 408, None),
+            Reason(REASON_BAD_REQUEST, 400, None),
+            Reason(REASON_HEAD_TOO_LARGE, 431, None),
+        )
+    }
+)
 
 
 class QueueFull(queue.Full):
@@ -52,7 +95,7 @@ class QueueFull(queue.Full):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):  # keep reason across pickling (process pools, logging)
+    def __reduce__(self) -> tuple[type[QueueFull], tuple[str, str]]:  # keep reason across pickling (process pools, logging)
         return (type(self), (self.reason, str(self)))
 
 
@@ -70,7 +113,7 @@ class DeadlineExceeded(TimeoutError):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[DeadlineExceeded], tuple[str, str]]:
         return (type(self), (self.reason, str(self)))
 
 
@@ -87,7 +130,7 @@ class DownstreamOverloaded(Exception):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[DownstreamOverloaded], tuple[str, str]]:
         return (type(self), (self.reason, str(self)))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from flask import Flask, g, request
-from prazo.bindings.flask import init_app
+from prazo.bindings.integrations.flask import init_app
 
 _STEP_S = 0.01
 _MAX_WORK_MS = 10_000

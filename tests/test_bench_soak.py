@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from prazo.bench.cli import build_parser, main
 from prazo.bench.soak import HANG_GRACE_S, SoakObservation, SoakSettings, check_soak, rss_kib, settings_from
+from prazo.bindings.cli import build_parser, main
 from prazo.core import IMPLEMENTATION
 
 _SOAK_SECONDS = 5
@@ -141,7 +141,7 @@ def test_a_short_soak_through_the_cli_is_balanced_and_exits_0() -> None:
     # the Python twin under PRAZO_NO_EXTENSIONS=1 (the pool and waitress
     # always follow that pick, so one run per process).
     command = [
-        sys.executable, "-c", "import sys; from prazo.bench.cli import main; sys.exit(main())",
+        sys.executable, "-c", "import sys; from prazo.bindings.cli import main; sys.exit(main())",
         "bench", "soak", "--seconds", str(_SOAK_SECONDS), "--seed", "7", "--json",
     ]  # fmt: skip
     # The soak's own hang watchdog ends it HANG_GRACE_S after the load; this bound is the backstop.

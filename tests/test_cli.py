@@ -15,10 +15,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
+import prazo.core
 import pytest
 from _helpers import JOIN_TIMEOUT_S, TWIN_NAMES, QueueClass, load_twin
-from prazo.bench import cli
+from prazo.bench import cli as bench_cli
 from prazo.bench.core import (
     DEPTHS,
     GROUP_DEPTH,
@@ -65,6 +67,7 @@ from prazo.bench.wsgi import (
     run_wsgi_bench,
     serve_requests,
 )
+from prazo.bindings import cli
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import IMPLEMENTATION, NS_PER_MS, Deadline
 
@@ -157,7 +160,7 @@ def test_demo_alone_runs_the_default_demo(monkeypatch: pytest.MonkeyPatch) -> No
         seen.append(args.command)
         return 7
 
-    monkeypatch.setattr(cli, "DEFAULT_DEMO", fake_demo)
+    monkeypatch.setattr(bench_cli, "DEFAULT_DEMO", fake_demo)
     assert cli.main(["demo"]) == 7
     assert seen == ["demo"]
 
@@ -231,8 +234,8 @@ def test_forcing_a_missing_c_twin_fails_clearly(
     err = capsys.readouterr().err
     assert "prazo: error: the c twin cannot be loaded" in err
     assert "make build" in err and "--impl py" in err
-    with pytest.raises(cli.TwinUnavailable):
-        cli.select_twins("c")
+    with pytest.raises(bench_cli.TwinUnavailable):
+        bench_cli.select_twins("c")
 
 
 @pytest.mark.parametrize(
@@ -297,10 +300,10 @@ def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm")
-    assert cli.make_paint(Terminal())("ok", "ok") == "\033[32mok\033[0m"
-    assert cli.make_paint(io.StringIO())("ok", "ok") == "ok"
+    assert bench_cli.make_paint(Terminal())("ok", "ok") == "\033[32mok\033[0m"
+    assert bench_cli.make_paint(io.StringIO())("ok", "ok") == "ok"
     monkeypatch.setenv("NO_COLOR", "1")
-    assert cli.make_paint(Terminal())("ok", "ok") == "ok"
+    assert bench_cli.make_paint(Terminal())("ok", "ok") == "ok"
     coloured = render_seed_result(synthetic_result([0.0]), lambda text, role: f"<{role}>{text}")
     assert "<ok>done" in coloured and "<bold>summary" in coloured
 
@@ -358,7 +361,7 @@ def test_bench_core_command_prints_the_table(capsys: pytest.CaptureFixture[str])
 
 
 def test_bench_alone_runs_the_default_bench(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "DEFAULT_BENCH", lambda args, out: 5)
+    monkeypatch.setattr(bench_cli, "DEFAULT_BENCH", lambda args, out: 5)
     assert cli.main(["bench"]) == 5
 
 
@@ -541,7 +544,7 @@ def test_bench_alone_runs_core_wsgi_and_pool_with_quick(monkeypatch: pytest.Monk
             ran.append((name, getattr(args, "quick", False)))
             return 0
 
-        monkeypatch.setattr(cli, f"_run_bench_{name}", fake)
+        monkeypatch.setattr(bench_cli, f"_run_bench_{name}", fake)
     assert cli.main(["bench", "--quick"]) == 0
     assert cli.main(["bench"]) == 0
     assert ran == [("core", True), ("wsgi", True), ("pool", True), ("core", False), ("wsgi", False), ("pool", False)]
@@ -584,9 +587,30 @@ def test_serve_command_is_wired() -> None:
 def test_a_missing_optional_server_names_the_extra_to_install(argv: list[str], missing: str, extra: str) -> None:
     # As on a machine where prazo was installed without extras: the package cannot be imported.
     script = (
-        f"import sys\nsys.modules[{missing!r}] = None\nfrom prazo.bench.cli import main\nsys.exit(main({argv!r}))\n"
+        f"import sys\nsys.modules[{missing!r}] = None\nfrom prazo.bindings.cli import main\nsys.exit(main({argv!r}))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, done.stderr
     assert f"needs {missing!r}: pip install 'prazo[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_version_has_one_source_the_project_table() -> None:
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text("utf-8")
+    version = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
+    assert version and prazo.core.__version__ == version.group(1)
+
+
+def test_serve_and_version_never_import_the_measuring_code() -> None:
+    code = (
+        "import sys\n"
+        "from prazo.bindings import cli\n"
+        "cli.build_parser(measuring=False).parse_args(['serve', 'examples.slow_app:app'])\n"
+        "try:\n"
+        "    cli.main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(name for name in sys.modules if name.startswith('prazo.bench')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import io
 
 import pytest
-from prazo.bench.cli import main
 from prazo.bench.demo_cascade import CascadeParams, CascadeResult, WorkRecord, render_comparison, run_cascade
+from prazo.bindings.cli import main
 
 SMALL = CascadeParams(clients=8, budget_ms=300, concurrency=1, queue=6, work_ms=100, margin_ms=20, retry_ms=1000)
 

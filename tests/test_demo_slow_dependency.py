@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from _required import require
-from prazo.bench.cli import main
 from prazo.bench.demo_slow_dependency import (
     ENDPOINTS,
     MIX,
@@ -43,6 +42,7 @@ from prazo.bench.demo_slow_dependency import (
     render_report,
 )
 from prazo.bench.loadgen import build_parser, build_schedule
+from prazo.bindings.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import requests
 from _helpers import JOIN_TIMEOUT_S, spawn, wait_until
 from _required import require
 from prazo.bindings.dependency import Dependency, DependencyUnavailable
-from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER
+from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER_NAME
 from prazo.bindings.wsgi import AdmissionMiddleware
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -84,11 +84,11 @@ def test_a_refused_dependency_call_is_a_503_with_its_reason(serve: Callable[[WSG
     try:
         timed_out = client.get("/recs/1")
         assert timed_out.status_code == 503
-        assert timed_out.headers[REASON_HEADER] == "dependency-timeout"
+        assert timed_out.headers[REASON_HEADER_NAME] == "dependency-timeout"
         assert "Retry-After" in timed_out.headers
         full = client.get("/recs/2")  # the timed-out call still holds the only place
         assert full.status_code == 503
-        assert full.headers[REASON_HEADER] == "bulkhead-full"
+        assert full.headers[REASON_HEADER_NAME] == "bulkhead-full"
     finally:
         release.set()
     assert dep.wait_idle(JOIN_TIMEOUT_S)
@@ -103,7 +103,7 @@ def test_the_callers_budget_running_out_is_a_504(serve: Callable[[WSGIApp], Clie
     try:
         response = client.get("/recs/1", headers={BUDGET_HEADER: "100"})
         assert response.status_code == 504
-        assert response.headers[REASON_HEADER] == "deadline-exceeded"
+        assert response.headers[REASON_HEADER_NAME] == "deadline-exceeded"
     finally:
         release.set()
 
@@ -144,7 +144,7 @@ def test_a_full_bulkhead_fails_only_its_own_requests(serve: Callable[[WSGIApp], 
         wait_until(lambda: dep.stats()["in_flight"] == 2, "the bulkhead to fill")
         for n in range(5):
             refused = client.get(f"/recs/x{n}")
-            assert refused.status_code == 503 and refused.headers[REASON_HEADER] == "bulkhead-full"
+            assert refused.status_code == 503 and refused.headers[REASON_HEADER_NAME] == "bulkhead-full"
             assert client.get("/healthz").status_code == 200
     finally:
         release.set()

@@ -121,7 +121,7 @@ def test_a_slow_sqlite_query_ends_at_the_deadline_with_504_and_the_connection_st
 @pytest.mark.parametrize("exc", [DeadlineExceeded("deadline-exceeded"), DownstreamOverloaded(), QueueFull()])
 def test_a_refusal_raised_by_a_view_is_answered_as_prazo_answers_it(client: Any, exc: BaseException) -> None:
     from django.test import RequestFactory
-    from prazo.bindings.django import DeadlineMiddleware
+    from prazo.bindings.integrations.django import DeadlineMiddleware
 
     def view(request: Any) -> Any:
         raise exc
@@ -137,7 +137,7 @@ def test_a_refusal_raised_by_a_view_is_answered_as_prazo_answers_it(client: Any,
 
 
 def test_statement_deadline_rejects_what_is_not_a_deadline() -> None:
-    from prazo.bindings.django import StatementDeadline
+    from prazo.bindings.integrations.django import StatementDeadline
 
     with pytest.raises(TypeError, match="deadline"):
         StatementDeadline(250)  # type: ignore[arg-type]
@@ -260,7 +260,7 @@ def test_bad_settings_fail_at_startup_naming_them(
     client: Any, setting: str, value: object, error: type[Exception], names: str
 ) -> None:
     from django.test import override_settings
-    from prazo.bindings.django import DeadlineMiddleware
+    from prazo.bindings.integrations.django import DeadlineMiddleware
 
     with override_settings(**{setting: value}), pytest.raises(error, match=f"PRAZO_.*{names}"):
         DeadlineMiddleware(lambda request: None)  # type: ignore[arg-type,return-value]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 from prazo.bindings.clients.requests import DeadlineSession
-from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER, parse_budget_ms
+from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER_NAME, parse_budget_ms
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import NS_PER_MS, REASON_NO_BUDGET_FOR_DOWNSTREAM
 from werkzeug.serving import WSGIRequestHandler, make_server
@@ -159,7 +159,7 @@ def test_a_hop_with_no_budget_left_does_not_call_and_the_client_gets_504(serve: 
     a_url = serve(forwarding_hop(a, b_url, work_ms=100))
     response = requests.get(a_url, headers={BUDGET_HEADER: "60"}, timeout=CLIENT_TIMEOUT_S)
     assert response.status_code == 504
-    assert response.headers[REASON_HEADER] == REASON_NO_BUDGET_FOR_DOWNSTREAM
+    assert response.headers[REASON_HEADER_NAME] == REASON_NO_BUDGET_FOR_DOWNSTREAM
     assert a.calls == 1
     assert b.calls == 0, "B must receive no request at all"
 

@@ -26,7 +26,7 @@ from prazo.core import DeadlineExceeded, DownstreamOverloaded, QueueFull, curren
 
 flask = require("flask")
 
-from prazo.bindings.flask import init_app, rejection_flask_response
+from prazo.bindings.integrations.flask import init_app, rejection_flask_response
 
 DEFAULT_BUDGET_MS = 1000
 

@@ -19,13 +19,15 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prazo.bindings.grpc import (
-    REASON_METADATA_KEY,
-    AdmissionExecutor,
+from prazo.bindings.integrations.grpc.client import (
     DeadlineClientInterceptor,
     DeadlineExceededRpcError,
-    DeadlineServerInterceptor,
     DownstreamOverloadedRpcError,
+)
+from prazo.bindings.integrations.grpc.metadata import REASON_METADATA_KEY
+from prazo.bindings.integrations.grpc.server import (
+    AdmissionExecutor,
+    DeadlineServerInterceptor,
     RpcBudgetPolicy,
     admission_server,
     metadata_budget,
@@ -37,6 +39,7 @@ from prazo.core import (
     REASON_EXPIRED_IN_QUEUE,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     REASON_QUEUE_FULL,
+    REASON_SHUTTING_DOWN,
     Deadline,
     DeadlineExceeded,
     DownstreamOverloaded,
@@ -342,7 +345,7 @@ def test_shutdown_cancelling_answers_queued_rpcs_unavailable(serve: Callable[...
     served.pool.shutdown(wait=False, cancel_futures=True)
     error = queued.exception(WAIT_S)
     assert error is not None and error.code() is grpc.StatusCode.UNAVAILABLE
-    assert _reason(error) == "shutdown"
+    assert _reason(error) == REASON_SHUTTING_DOWN
     served.rec.gate.set()
     assert first.result(WAIT_S) == b"released"
 
@@ -354,7 +357,7 @@ def test_without_the_interceptor_a_refusal_runs_over_capacity_and_is_logged(
     served = serve(executor=AdmissionExecutor(pool), interceptors=None)
     first = served.method("Block").future(b"x", timeout=WAIT_S)
     assert served.rec.entered.wait(WAIT_S)
-    with caplog.at_level(logging.ERROR, logger="prazo.bindings.grpc"):
+    with caplog.at_level(logging.ERROR, logger="prazo.bindings.integrations.grpc"):
         assert served.method("Echo")(b"over", timeout=WAIT_S) == b"over"
     assert "DeadlineServerInterceptor" in caplog.text
     served.rec.gate.set()
@@ -577,7 +580,7 @@ def test_refusal_after_shutdown_without_wait_is_logged_not_raised(
     served = serve(executor=executor, interceptors=[DeadlineServerInterceptor()])
     first = served.method("Block").future(b"x", timeout=WAIT_S)
     assert served.rec.entered.wait(WAIT_S)
-    with caplog.at_level(logging.WARNING, logger="prazo.bindings.grpc"):
+    with caplog.at_level(logging.WARNING, logger="prazo.bindings.integrations.grpc"):
         late = served.method("Echo").future(b"late", timeout=1.0, metadata=(("x-request-budget-ms", "200"),))
         assert _wait_until(lambda: pool.stats()["queued"] == 1)
         executor.shutdown(wait=False)
@@ -597,5 +600,5 @@ def test_pool_shut_down_under_a_running_server_answers_unavailable(serve: Callab
         with pytest.raises(grpc.RpcError) as caught:
             served.method("Echo")(b"x", timeout=WAIT_S)
         assert caught.value.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-        assert _reason(caught.value) == "shutdown"
+        assert _reason(caught.value) == REASON_SHUTTING_DOWN
     assert served.rec.calls == 0

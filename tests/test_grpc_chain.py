@@ -24,8 +24,9 @@ import pytest
 import requests
 from prazo.bindings.clients.requests import DeadlineSession
 from prazo.bindings.clients.urllib import deadline_urlopen
-from prazo.bindings.grpc import DeadlineClientInterceptor, admission_server
-from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER
+from prazo.bindings.headers import BUDGET_ENVIRON_KEY, BUDGET_HEADER, REASON_HEADER_NAME
+from prazo.bindings.integrations.grpc.client import DeadlineClientInterceptor
+from prazo.bindings.integrations.grpc.server import admission_server
 from prazo.bindings.pool import AdmissionPool
 from prazo.bindings.servers.werkzeug import make_server
 from prazo.core import REASON_NO_BUDGET_FOR_DOWNSTREAM, current_deadline
@@ -161,7 +162,7 @@ def test_no_budget_left_stops_before_c_with_504(http_server: Any, grpc_hop: Any,
     assert response.status_code == 504
     assert hops.c == []
     if hops.b:
-        assert response.headers[REASON_HEADER] in ("deadline-exceeded", REASON_NO_BUDGET_FOR_DOWNSTREAM)
+        assert response.headers[REASON_HEADER_NAME] in ("deadline-exceeded", REASON_NO_BUDGET_FOR_DOWNSTREAM)
 
 
 @pytest.mark.parametrize("client", ["requests", "urllib"])

@@ -8,7 +8,14 @@ keep these rules (docs/design.md, "Layout"):
 
 1. **The arrows point down** (bench -> bindings -> core): nothing in
    ``prazo.core`` imports ``prazo.bindings`` or ``prazo.bench``, and nothing in
-   ``prazo.bindings`` imports ``prazo.bench``.
+   ``prazo.bindings`` imports ``prazo.bench``, with one exception: the
+   ``prazo`` command (``prazo.bindings.cli``) imports ``prazo.bench.cli`` in a
+   function body, when the command line asks for a demo or a benchmark, never
+   at module level.
+   Inside ``prazo.bindings`` the integrations (``prazo.bindings.integrations``,
+   the modules named after a library they plug into) may import the
+   primitives and the plumbing (``prazo.bindings.plumbing``); nothing else in
+   ``prazo.bindings`` or ``prazo.core`` imports an integration.
 2. **No private name crosses a module boundary.** A *private* name starts with
    one underscore (dunders such as ``__version__`` are not private).
    ``from M import _x`` where ``M._x`` is not a module is always refused: make
@@ -29,6 +36,10 @@ keep these rules (docs/design.md, "Layout"):
    bodies are left out, they run after every module is loaded.
    ``from P import n`` counts as an import of ``P`` and, when ``P.n`` is a
    module, of ``P.n``.
+
+4. **Nothing reaches out of the package**: no module builds a path from its
+   own file up into ``tests/`` or ``examples/`` (a wheel has neither); what
+   the bench needs ships in it, or its caller passes it in.
 
 Run it alone with ``pytest tests/test_layout.py``.
 """
@@ -161,6 +172,15 @@ def _imported_modules(found: Import) -> list[str]:
     return [module for module in modules if module == "prazo" or module.startswith("prazo.")]
 
 
+INTEGRATIONS = "prazo.bindings.integrations"
+# (importer, imported): an upward import allowed in a function body only.
+LAZY_UPWARD = {("prazo.bindings.cli", "prazo.bench.cli")}
+
+
+def _within(dotted: str, package: str) -> bool:
+    return dotted == package or dotted.startswith(package + ".")
+
+
 def arrow_violations(imports: list[Import]) -> list[str]:
     forbidden = {"prazo.core": ("prazo.bindings", "prazo.bench"), "prazo.bindings": ("prazo.bench",)}
     problems = []
@@ -169,8 +189,11 @@ def arrow_violations(imports: list[Import]) -> list[str]:
         for module in _imported_modules(found):
             dotted = module if found.name is None else f"{module}.{found.name}"
             for above in forbidden.get(layer, ()):
-                if dotted == above or dotted.startswith(above + "."):
+                lazy = not found.module_level and (found.importer, module) in LAZY_UPWARD
+                if _within(dotted, above) and not lazy:
                     problems.append(f"{found} (arrow {layer} -> {above} points up)")
+            if layer != "prazo.bench" and _within(dotted, INTEGRATIONS) and not _within(found.importer, INTEGRATIONS):
+                problems.append(f"{found} (only an integration or the bench imports an integration)")
     return problems
 
 
@@ -270,12 +293,33 @@ def test_no_import_cycles() -> None:
     [
         ([Import("prazo.core.deadline", "prazo.bindings.wsgi", "X", 1, True)], arrow_violations),
         ([Import("prazo.bindings.pool", "prazo.bench", "cli", 1, False)], arrow_violations),
+        ([Import("prazo.bindings.cli", "prazo.bench.cli", "add_commands", 1, True)], arrow_violations),
+        ([Import("prazo.bindings.wsgi", "prazo.bindings.integrations.flask", "init_app", 1, False)], arrow_violations),
+        ([Import("prazo.bindings.plumbing.frameworks", "prazo.bindings.integrations", "django", 1, True)], arrow_violations),
+        ([Import("prazo.core", "prazo.bindings.integrations.grpc.server", None, 1, False)], arrow_violations),
         ([Import("prazo.bindings.pool", "prazo.core.deadline", "_now", 1, True)], private_violations),
         ([Import("prazo.bindings.wsgi", "prazo.core._queue_py", "AdmissionQueue", 1, True)], private_violations),
     ],
 )
 def test_the_rules_catch_what_they_forbid(imports: list[Import], rule: object) -> None:
     assert callable(rule) and rule(imports)
+
+
+# A path that climbs from the module's own file out of the package's folders.
+_REACHING_OUT = re.compile(r"__file__\)[^\n]*(\.parent\.parent|parents\[[1-9]\])")
+
+
+def test_no_module_reaches_into_the_tests_or_the_examples() -> None:
+    # What the package needs ships in it: a wheel has no tests/ or examples/ beside it.
+    reaching = [f"{name}: {match.group(0)}" for name, path in MODULES.items()
+                for match in _REACHING_OUT.finditer(path.read_text("utf-8"))]  # fmt: skip
+    assert reaching == []
+
+
+def test_the_command_reaches_the_bench_lazily_and_integrations_reach_down() -> None:
+    assert arrow_violations([Import("prazo.bindings.cli", "prazo.bench.cli", "add_commands", 1, False)]) == []
+    assert arrow_violations([Import("prazo.bindings.integrations.flask", "prazo.bindings.wsgi", "X", 1, True)]) == []
+    assert arrow_violations([Import("prazo.bench.servers", "prazo.bindings.integrations.django", "X", 1, True)]) == []
 
 
 def test_a_package_may_import_its_own_twin_and_a_cimport_reads_a_pxd() -> None:

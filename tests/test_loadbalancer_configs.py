@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _services import free_port, haproxy_binary, nginx_binary
-from prazo.bench.loadbalancers import (
+from _services import (
     LOADBALANCER_EXAMPLES,
     SHIPPED_HAPROXY_CONFIG,
     SHIPPED_NGINX_CONFIG,
-    haproxy_environment,
-    nginx_config_for,
+    free_port,
+    haproxy_binary,
+    nginx_binary,
 )
+from prazo.bench.loadbalancers import haproxy_environment, nginx_config_for
 from prazo.bindings.headers import ENVOY_TIMEOUT_HEADER
 from prazo.bindings.proxy_headers import REQUEST_START_HEADER, parse_request_start_ns
 from prazo.bindings.servers.settings import DEFAULT_MAX_BUDGET_MS
@@ -51,7 +52,7 @@ def test_haproxy_retries_503_never_504() -> None:
 
 def test_nginx_accepts_the_shipped_config(tmp_path: Path) -> None:
     binary = nginx_binary()
-    config = nginx_config_for(free_port(), ["127.0.0.1:8001", "127.0.0.1:8002"], tmp_path)
+    config = nginx_config_for(free_port(), ["127.0.0.1:8001", "127.0.0.1:8002"], tmp_path, SHIPPED_NGINX_CONFIG)
     check = subprocess.run(
         [binary, "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(config)],
         capture_output=True,

@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, TESTS_DIR
-from _services import free_port, haproxy_binary, nginx_binary
+from _services import SHIPPED_HAPROXY_CONFIG, SHIPPED_NGINX_CONFIG, free_port, haproxy_binary, nginx_binary
 from prazo.bench.loadbalancers import HAProxyProcess, LoadBalancerProcess, NginxProcess
 from prazo.bindings.proxy_headers import parse_request_start_ns
 from prazo.bindings.servers import waitress as prazo_waitress
@@ -240,7 +240,11 @@ def backends(max_queue: int) -> Iterator[tuple[Backend, Backend]]:
 
 def start_haproxy(backends: tuple[Backend, Backend], maxconn: int) -> HAProxyProcess:
     return HAProxyProcess.start(
-        free_port(), [f"127.0.0.1:{b.port}" for b in backends], maxconn=maxconn, binary=haproxy_binary()
+        free_port(),
+        [f"127.0.0.1:{b.port}" for b in backends],
+        maxconn=maxconn,
+        config=SHIPPED_HAPROXY_CONFIG,
+        binary=haproxy_binary(),
     )
 
 
@@ -259,7 +263,8 @@ def lb(
         proxy = start_haproxy(backends, maxconn=10)
     else:
         binary = nginx_binary()
-        proxy = NginxProcess.start(free_port(), [f"127.0.0.1:{b.port}" for b in backends], workdir, binary=binary)
+        backend_addresses = [f"127.0.0.1:{b.port}" for b in backends]
+        proxy = NginxProcess.start(free_port(), backend_addresses, workdir, config=SHIPPED_NGINX_CONFIG, binary=binary)
     try:
         yield proxy
     finally:
@@ -439,7 +444,11 @@ def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(serv
     try:
         (_, port_a), (_, port_b) = started
         proxy = HAProxyProcess.start(
-            free_port(), [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"], maxconn=10, binary=haproxy_binary()
+            free_port(),
+            [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"],
+            maxconn=10,
+            config=SHIPPED_HAPROXY_CONFIG,
+            binary=haproxy_binary(),
         )
         seen = call_then_settle(proxy.port, "/budget-header", {BUDGET_HEADER: "5000"})
         assert seen.status == 200 and seen.fields["header"] == "5000"

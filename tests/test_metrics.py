@@ -1,4 +1,4 @@
-"""Prometheus metrics (``prazo.bindings.metrics``): what a scrape shows after driving real objects.
+"""Prometheus metrics (``prazo.bindings.integrations.prometheus``): what a scrape shows after driving real objects.
 
 Every test scrapes through ``prometheus_client`` itself (``generate_latest``,
 or ``make_wsgi_app`` over a real socket) and parses the text back with
@@ -25,9 +25,9 @@ from wsgiref.util import setup_testing_defaults
 import pytest
 import yaml
 from _helpers import FakeClock, QueueClass, wait_until
-from prazo.bindings import metrics
 from prazo.bindings.dependency import Breaker, Dependency, DependencyUnavailable
-from prazo.bindings.metrics import BUCKETS_S, METRIC_NAMES, PrazoCollector, mount_metrics, register
+from prazo.bindings.integrations import prometheus
+from prazo.bindings.integrations.prometheus import BUCKETS_S, METRIC_NAMES, PrazoCollector, mount_metrics, register
 from prazo.bindings.pool import AdmissionPool
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, extension_wanted
@@ -232,7 +232,7 @@ def test_middleware_counters_and_latency_histograms(fast_path: bool, registry: C
 
     # Every admitted request is in both histograms, the app that raised too.
     duration = buckets(samples, "prazo_request_duration_seconds", queue="api")
-    assert list(duration) == [*(metrics.floatToGoString(bound) for bound in BUCKETS_S), "+Inf"]
+    assert list(duration) == [*(prometheus.floatToGoString(bound) for bound in BUCKETS_S), "+Inf"]
     assert duration["+Inf"] == admitted == value(samples, "prazo_request_duration_seconds_count", queue="api")
     # The two slow requests slept 120 ms: never in the 100 ms bucket or below.
     assert duration["0.1"] <= admitted - 2
@@ -723,7 +723,7 @@ def test_metrics_answer_while_every_slot_is_busy_and_the_queue_is_full(
 def test_metrics_app_serves_openmetrics_too(served: Any, impl: QueueClass, registry: CollectorRegistry) -> None:
     q = impl(1, 0)
     register(jobs=q, registry=registry)
-    port = served(metrics.metrics_app(registry))
+    port = served(prometheus.metrics_app(registry))
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
     try:
         conn.request("GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -772,7 +772,7 @@ def test_without_prometheus_client_the_import_error_names_the_extra() -> None:
         sys.meta_path.insert(0, Block())
         import prazo.core, prazo.bindings.wsgi, prazo.bindings.pool  # none of them needs it
         try:
-            import prazo.bindings.metrics
+            import prazo.bindings.integrations.prometheus
         except ImportError as exc:
             print(exc)
         else:

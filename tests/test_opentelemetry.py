@@ -1,4 +1,4 @@
-"""OpenTelemetry (``prazo.bindings.opentelemetry``): what the SDK's in-memory exporter and reader receive.
+"""OpenTelemetry (``prazo.bindings.integrations.opentelemetry``): what the SDK's in-memory exporter and reader receive.
 
 Spans come from a real SDK ``TracerProvider`` with an ``InMemorySpanExporter``
 (not the global provider: the current span is whatever the context holds, so
@@ -29,11 +29,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prazo.bindings import opentelemetry as prazo_otel
 from prazo.bindings import wsgi
 from prazo.bindings.dependency import Dependency
-from prazo.bindings.metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS
-from prazo.bindings.metrics import PrazoCollector
+from prazo.bindings.integrations import opentelemetry as prazo_otel
+from prazo.bindings.integrations.prometheus import PrazoCollector
+from prazo.bindings.plumbing.metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS
 from prazo.bindings.servers.dispatcher import AdmissionDispatcher, Ticket
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import Deadline, extension_wanted
@@ -635,7 +635,7 @@ BLOCKED = textwrap.dedent(
         assert mw.stats()["completed"] == 1
     assert not any(name.split(".")[0] == "opentelemetry" for name in sys.modules)
     try:
-        import prazo.bindings.opentelemetry
+        import prazo.bindings.integrations.opentelemetry
     except ImportError as exc:
         assert "pip install 'prazo[otel]'" in str(exc), exc
         print("ok")

@@ -19,7 +19,7 @@ import pytest
 from _required import require
 from hypothesis import given
 from hypothesis import strategies as st
-from prazo.bindings.psycopg import run_bounded, statement_limit_ms
+from prazo.bindings.integrations.psycopg import run_bounded, statement_limit_ms
 from prazo.core import (
     REASON_DEADLINE_EXCEEDED,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,

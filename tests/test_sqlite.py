@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prazo.bindings.integrations.sqlite import deadline_guard, execute_until
 from prazo.bindings.pool import AdmissionPool
-from prazo.bindings.sqlite import deadline_guard, execute_until
 from prazo.core import REASON_DEADLINE_EXCEEDED, Deadline, DeadlineExceeded, deadline_scope
 
 # Counting to a billion takes minutes; every test that runs it expects to be

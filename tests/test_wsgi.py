@@ -24,7 +24,7 @@ from prazo.bindings.headers import (
     BUDGET_HEADER,
     ENVOY_TIMEOUT_ENVIRON_KEY,
     GRPC_TIMEOUT_ENVIRON_KEY,
-    REASON_HEADER,
+    REASON_HEADER_NAME,
     BudgetPolicy,
 )
 from prazo.bindings.wsgi import (
@@ -263,7 +263,7 @@ def test_an_outer_deadline_bounds_the_wait_in_line(fast_path):
 
 def assert_refusal(server, body, status, reason, *, retry_after=None):
     assert server.status == status
-    assert server.header[REASON_HEADER] == reason
+    assert server.header[REASON_HEADER_NAME] == reason
     assert server.header["Content-Length"] == str(len(body))
     assert server.header["Content-Type"].startswith("text/plain")
     assert reason in body.decode()
@@ -718,7 +718,7 @@ def test_random_headers_never_500_and_never_beyond_policy(extra, fast_path):
     if server.status == "200 OK":
         assert probe.environ[DEADLINE_KEY].ns <= time.monotonic_ns() + 400 * NS_PER_MS
     else:
-        assert server.header[REASON_HEADER] == "expired-on-arrival"
+        assert server.header[REASON_HEADER_NAME] == "expired-on-arrival"
         assert probe.calls == 0
     assert middleware.stats()["in_flight"] == 0
 
@@ -799,7 +799,7 @@ def test_rejection_response(exc, status, reason):
     status_line, headers, body = rejection_response(exc, retry_after_s=9)
     headers = dict(headers)
     assert status_line == status
-    assert headers[REASON_HEADER] == reason
+    assert headers[REASON_HEADER_NAME] == reason
     assert headers["Content-Length"] == str(len(body))
     assert headers["Cache-Control"] == "no-store"
     assert body == f"{status}: {reason}\n".encode()

@@ -28,7 +28,7 @@ from prazo.bindings.headers import (
     BUDGET_HEADER,
     ENVOY_TIMEOUT_ENVIRON_KEY,
     GRPC_TIMEOUT_ENVIRON_KEY,
-    REASON_HEADER,
+    REASON_HEADER_NAME,
 )
 from prazo.bindings.wsgi import BUDGET_SOURCE_KEY, DEADLINE_KEY, QUEUE_WAIT_MS_KEY, AdmissionMiddleware, ListBody
 from prazo.core import (
@@ -293,7 +293,7 @@ def test_a_budget_header_means_the_same_on_both_paths(value):
             # A budget of a few ms may run out before admission on a loaded
             # machine; a 504 is right only once the budget has really passed.
             assert after - before >= budget_ns
-            assert server.header.get(REASON_HEADER) == "expired-on-arrival"
+            assert server.header.get(REASON_HEADER_NAME) == "expired-on-arrival"
         outcomes.append((budget_ns, environ[BUDGET_SOURCE_KEY]))
     # Both paths read the header the same way; the outcome follows from the
     # budget and the clock, checked for each path above.
@@ -461,7 +461,7 @@ def test_an_integer_budget_header_sets_the_deadline_and_its_source(fast_path):
         assert probe.deadline_in_call is probe.environ[DEADLINE_KEY]
         assert probe.environ[BUDGET_SOURCE_KEY] == BUDGET_HEADER
     server, _ = call(middleware, make_environ(**{BUDGET_ENVIRON_KEY: "0"}))
-    assert (server.status, server.header[REASON_HEADER]) == ("504 Gateway Timeout", "expired-on-arrival")
+    assert (server.status, server.header[REASON_HEADER_NAME]) == ("504 Gateway Timeout", "expired-on-arrival")
     assert probe.calls == 3
 
 

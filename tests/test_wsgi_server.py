@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _required import require
-from prazo.bindings.headers import BUDGET_HEADER, GRPC_TIMEOUT_HEADER, REASON_HEADER
+from prazo.bindings.headers import BUDGET_HEADER, GRPC_TIMEOUT_HEADER, REASON_HEADER_NAME
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 
 serving = require("werkzeug.serving")
@@ -102,7 +102,7 @@ def test_burst_is_bounded_by_concurrency_plus_queue(serve):
     for status, headers, body in results:
         if status == 503:
             assert headers["Retry-After"] == "2"
-            assert headers[REASON_HEADER] == "queue-full"
+            assert headers[REASON_HEADER_NAME] == "queue-full"
             assert headers["Content-Length"] == str(len(body))
             assert body == b"503 Service Unavailable: queue-full\n"
     # The app ran exactly for the admitted ones.
@@ -129,7 +129,7 @@ def test_short_budget_behind_a_long_request_expires_in_queue(serve):
         assert long_request.result()[0] == 200
 
     assert status == 504
-    assert headers[REASON_HEADER] == "expired-in-queue"
+    assert headers[REASON_HEADER_NAME] == "expired-in-queue"
     assert "Retry-After" not in headers
     assert body == b"504 Gateway Timeout: expired-in-queue\n"
     assert waited >= 0.04
@@ -175,5 +175,5 @@ def test_malformed_budget_headers_never_500_nor_extend(serve):
     # A valid "no time left" is a 504 without running the app.
     runs = len(app.paths)
     status, headers, _ = get(port, "/", [(BUDGET_HEADER, "0")])
-    assert (status, headers[REASON_HEADER]) == (504, "expired-on-arrival")
+    assert (status, headers[REASON_HEADER_NAME]) == (504, "expired-on-arrival")
     assert len(app.paths) == runs

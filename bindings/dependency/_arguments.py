@@ -5,18 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from numbers import Real
-from typing import Any
 
+from prazo.core.arguments import checked_count
 from prazo.core.deadline import NS_PER_SECOND
 
 
 def check_count(value: object, name: str, minimum: int = 1) -> int:
     """An int (never a bool) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    return checked_count(value, name, minimum)
 
 
 def check_real(value: object, name: str) -> float:
@@ -65,7 +61,7 @@ def check_clock(clock: object) -> Callable[[], int] | None:
     return clock
 
 
-def check_elapsed_ns(value: Any, name: str) -> int:
+def check_elapsed_ns(value: object, name: str) -> int:
     """A measured duration in integer nanoseconds, never negative."""
     if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -56,7 +56,11 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from prazo.core import (
     NS_PER_MS,
     NS_PER_SECOND,
+    REASON_BREAKER_OPEN,
+    REASON_BULKHEAD_FULL,
     REASON_DEADLINE_EXCEEDED,
+    REASON_DEPENDENCY_TIMEOUT,
+    REASON_DEPENDENCY_UNAVAILABLE,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
     Deadline,
     DeadlineExceeded,
@@ -66,6 +70,7 @@ from prazo.core import (
     deadline_context,
 )
 
+from ._arguments import check_count
 from .breaker import Breaker
 from .hedging import HedgeBudget, HedgePolicy
 from .last_known_good import LastKnownGood
@@ -87,11 +92,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-REASON_BULKHEAD_FULL = "bulkhead-full"
-REASON_BREAKER_OPEN = "breaker-open"
-REASON_DEPENDENCY_TIMEOUT = "dependency-timeout"
-REASON_DEPENDENCY_UNAVAILABLE = "dependency-unavailable"
 
 OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
 
@@ -228,14 +228,6 @@ class _Tally:
         self.outcome = "error"
 
 
-def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 def _check_seconds(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number of seconds, not {type(value).__name__}")
@@ -305,7 +297,7 @@ class Dependency:
         if not name:
             raise ValueError("name must not be empty")
         self._name = name
-        self._max = _check_count(max_concurrent, "max_concurrent")
+        self._max = check_count(max_concurrent, "max_concurrent")
         if isinstance(timeout_ms, AdaptiveTimeout):
             self._adaptive: AdaptiveTimeout | None = timeout_ms
             self._fixed_timeout_ns = 0
@@ -334,7 +326,7 @@ class Dependency:
             self._endpoints: tuple[Any, ...] | None = tuple(endpoints)
         else:
             self._endpoints = None
-        lkg_entries = _check_count(lkg_entries, "lkg_entries")
+        lkg_entries = check_count(lkg_entries, "lkg_entries")
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a callable returning monotonic nanoseconds, not {type(clock).__name__}")
         # With a clock of its own the dependency passes its readings on; without

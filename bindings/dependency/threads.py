@@ -202,7 +202,7 @@ class BoundedThreads:
                 # The thread survives it: a task may already be queued for it.
                 threading.excepthook(
                     threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread()))
-                )  # type: ignore[call-arg,arg-type]
+                )
                 del exc
             finally:
                 place.release()

@@ -41,8 +41,8 @@ from prazo.core import (
 )
 
 from ..headers import BudgetPolicy, IncomingBudget
+from ..plumbing.reaper import DeadlineReaper
 from ..policies import CriticalClassifier
-from ..reaper import DeadlineReaper
 from ..wsgi import (
     BUDGET_SOURCE_KEY,
     OUTCOME_REFUSED,

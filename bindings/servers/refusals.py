@@ -13,7 +13,9 @@ from __future__ import annotations
 import socket
 import ssl
 
-from ..headers import REASON_HEADER
+from prazo.core import REASON_BAD_REQUEST, REASON_HEAD_TOO_LARGE, REASON_HEADER_TIMEOUT
+
+from ..headers import REASON_HEADER_NAME
 from ..wsgi import rejection_response
 from .settings import checked_count
 from .sockets import SocketWatcher, WatchedSocket, hard_close, send_all
@@ -33,12 +35,6 @@ __all__ = [
     "send_rejection_bytes",
     "status_answer",
 ]
-
-# X-Prazo-Reason of the 408 answering a head not complete within the header timeout.
-REASON_HEADER_TIMEOUT = "header-timeout"
-# ... of the 400 answering a malformed or ambiguous head, and the 431 of one too large.
-REASON_BAD_REQUEST = "bad-request"
-REASON_HEAD_TOO_LARGE = "head-too-large"
 
 # Polite close: after a refusal the write side is shut and the client's bytes
 # are read and dropped for up to DEFAULT_LINGER_S or DEFAULT_MAX_DRAIN_BYTES,
@@ -72,7 +68,7 @@ def status_answer(status: str, reason: str, *, keep_alive: bool = False) -> byte
         ("Content-Type", "text/plain; charset=utf-8"),
         ("Content-Length", str(len(body))),
         ("Cache-Control", "no-store"),
-        (REASON_HEADER, reason),
+        (REASON_HEADER_NAME, reason),
     ]
     return _response_bytes(status, headers, body, keep_alive)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prazo.core import IMPLEMENTATION
+from prazo.core.arguments import checked_count, env_flag
 
 from ..headers import BudgetPolicy
 from ..policies import (
@@ -117,17 +118,6 @@ DEFAULT_MAX_BUDGET_MS = 30000.0
 # slow-loris client keeps open for free.
 DEFAULT_HEADER_TIMEOUT_MS = 5000.0
 
-_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-_FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
-
-
-def checked_count(value: object, name: str, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``; TypeError / ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _env_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
@@ -173,18 +163,6 @@ def _env_codel_ms(env: Mapping[str, str], name: str, order: str | None) -> float
         _log.warning("%s=%s ignored: it only applies with order 'adaptive' (--order adaptive)", name, env[name])
         return None
     return value
-
-
-def _env_bool(environ: Mapping[str, str], name: str) -> bool | None:
-    raw = environ.get(name)
-    if raw is None:
-        return None
-    word = raw.strip().lower()
-    if word in _TRUE_WORDS:
-        return True
-    if word in _FALSE_WORDS:
-        return False
-    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {raw!r}")
 
 
 def _env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
@@ -403,13 +381,13 @@ def resolve_settings(
     if max_budget_ms is None:
         max_budget_ms = _env_ms(env, ENV_MAX_BUDGET_MS)
     if trust_request_start is None:
-        trust_request_start = _env_bool(env, ENV_TRUST_REQUEST_START)
+        trust_request_start = env_flag(env, ENV_TRUST_REQUEST_START)
     if max_upstream_ms is None:
         max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
     if header_timeout_ms is None:
         header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
     if yield_when_full is None:
-        yield_when_full = _env_bool(env, ENV_YIELD_WHEN_FULL)
+        yield_when_full = env_flag(env, ENV_YIELD_WHEN_FULL)
     if order is None:
         order = _env_choice(env, ENV_ORDER, ORDERS)
     if codel_target_ms is None:

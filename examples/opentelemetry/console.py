@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
-from prazo.bindings import opentelemetry as prazo_otel
+from prazo.bindings.integrations import opentelemetry as prazo_otel
 from prazo.bindings.wsgi import AdmissionMiddleware
 
 # The usual OTel SDK set-up: spans and metrics printed on stdout.

@@ -21,7 +21,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 MIDDLEWARE = [
     # First: its deadline covers the whole stack, and its refusals are what every other middleware sees.
-    "prazo.bindings.django.DeadlineMiddleware",
+    "prazo.bindings.integrations.django.DeadlineMiddleware",
     "django.middleware.common.CommonMiddleware",
 ]
 # Used only when no prazo layer set the deadline (e.g. `manage.py runserver`).

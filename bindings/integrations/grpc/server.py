@@ -1,6 +1,6 @@
-"""gRPC (grpcio, sync API): deadlines and admission on the server, budgets on the client.
+"""gRPC (grpcio, sync API), the server side: deadlines and admission.
 
-Server side, three pieces that work together::
+Three pieces that work together::
 
     pool = AdmissionPool(max_workers=8, max_queue=32)
     server = admission_server(pool)            # grpc.server(AdmissionExecutor(pool), interceptors=[...])
@@ -28,15 +28,6 @@ Server side, three pieces that work together::
   from a pool worker, so they need no slot.
 * ``admission_server(pool, ...)`` builds the ``grpc.Server`` with both.
 
-Client side, ``DeadlineClientInterceptor`` (``grpc.intercept_channel``) sets
-each call's ``timeout`` to the current budget minus the margin (the smaller
-of that and the caller's own timeout, see ``prazo.bindings.outgoing``),
-refuses to call when nothing is left (``DeadlineExceeded``,
-``no-budget-for-downstream``), and turns ``RESOURCE_EXHAUSTED`` /
-``UNAVAILABLE`` into ``DownstreamOverloaded`` and ``DEADLINE_EXCEEDED`` into
-``DeadlineExceeded`` — both also ``grpc.RpcError``, with ``code()`` and
-``details()`` of the original. Outside any deadline scope it changes nothing.
-
 How the executor learns the RPC's deadline before the handler runs: grpc
 (1.6x and later) runs interceptors in the RPC's own ``contextvars.Context``
 and submits ``that_context.run`` to the executor, so the interceptor leaves a
@@ -57,12 +48,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import grpc
+from prazo.bindings.headers import MAX_WIRE_MS, BudgetPolicy, IncomingBudget, budget_from_headers, checked_ms
+from prazo.bindings.pool import AdmissionPool
 from prazo.core import (
     NS_PER_MS,
     REASON_EXPIRED_IN_QUEUE,
+    REASON_SHUTTING_DOWN,
+    REASONS,
     Deadline,
     DeadlineExceeded,
     DownstreamOverloaded,
@@ -71,29 +66,12 @@ from prazo.core import (
     deadline_scope,
 )
 
-from .headers import (
-    BUDGET_HEADER,
-    ENVOY_TIMEOUT_HEADER,
-    GRPC_TIMEOUT_HEADER,
-    MAX_WIRE_MS,
-    REASON_HEADER,
-    BudgetPolicy,
-    IncomingBudget,
-    budget_from_headers,
-    checked_ms,
-    format_budget_ms,
-)
-from .outgoing import DEFAULT_MARGIN_MS, downstream_timed_out, outgoing_budget, validate_margin_ms
-from .pool import AdmissionPool
+from .metadata import REASON_METADATA_KEY, budget_fields
 
 __all__ = [
     "REASON_METADATA_KEY",
-    "REASON_SHUTDOWN",
     "AdmissionExecutor",
-    "DeadlineClientInterceptor",
-    "DeadlineExceededRpcError",
     "DeadlineServerInterceptor",
-    "DownstreamOverloadedRpcError",
     "RpcBudgetPolicy",
     "admission_server",
     "metadata_budget",
@@ -103,40 +81,16 @@ T = TypeVar("T")
 
 _LOGGER = logging.getLogger(__name__)
 
-# gRPC metadata keys are lower case; the reason of a refusal rides in the trailers.
-REASON_METADATA_KEY = REASON_HEADER.lower()
-
-# Budget fields a gRPC peer may put in the metadata (grpc-timeout itself is
-# consumed by grpc and arrives as the call's deadline).
-_BUDGET_KEYS = frozenset(name.lower() for name in (BUDGET_HEADER, GRPC_TIMEOUT_HEADER, ENVOY_TIMEOUT_HEADER))
-_BUDGET_KEY = BUDGET_HEADER.lower()
 _NO_BUDGET = IncomingBudget(None, 0, None)
-# The reason of an RPC refused because the pool is shut down (answered UNAVAILABLE).
-REASON_SHUTDOWN = "shutdown"
 # grpc reports "no deadline" as a remaining time of about 9.2e18 s; anything
 # beyond what a budget can hold is that.
 _NO_DEADLINE_S = MAX_WIRE_MS / 1000.0
 _INT64_MAX = 2**63 - 1
-# What a client reads as a 503 ("overloaded, retry elsewhere"), never as a 504.
-_OVERLOADED_CODES = frozenset((grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
-
-
-def _budget_fields(metadata: Sequence[tuple[str, Any]] | None) -> dict[str, str] | None:
-    """The budget fields of gRPC metadata as HTTP headers, or None when there are none.
-
-    A field sent twice is joined as an HTTP server joins it, so the header
-    rules then take its smallest valid element.
-    """
-    values: dict[str, list[str]] = {}
-    for key, value in metadata or ():
-        if isinstance(key, str) and key.lower() in _BUDGET_KEYS:
-            values.setdefault(key.lower(), []).append(str(value))
-    return {key: ", ".join(parts) for key, parts in values.items()} or None
 
 
 def metadata_budget(metadata: Sequence[tuple[str, Any]] | None) -> IncomingBudget:
     """The budget in gRPC metadata, judged by the HTTP rules (smallest valid value wins)."""
-    fields = _budget_fields(metadata)
+    fields = budget_fields(metadata)
     return _NO_BUDGET if fields is None else budget_from_headers(fields)
 
 
@@ -206,6 +160,10 @@ _ticket: contextvars.ContextVar[_Ticket | None] = contextvars.ContextVar("prazo.
 
 
 def _status_for(exc: BaseException) -> grpc.StatusCode:
+    """The registry's gRPC status of ``exc``'s reason; by its class for a reason of the application's own."""
+    known = REASONS.get(getattr(exc, "reason", None) or "")
+    if known is not None and known.grpc_code is not None:
+        return grpc.StatusCode[known.grpc_code]
     if isinstance(exc, DeadlineExceeded):
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(exc, QueueFull):
@@ -369,7 +327,7 @@ def _grpc_remaining_s(args: tuple[Any, ...]) -> float | None:
 
 def _shutting_down() -> DownstreamOverloaded:
     """The refusal of an RPC the pool will not run because it is shut down: ``UNAVAILABLE``."""
-    return DownstreamOverloaded(REASON_SHUTDOWN, "the server is shutting down")
+    return DownstreamOverloaded(REASON_SHUTTING_DOWN, "the server is shutting down")
 
 
 class _Submission:
@@ -522,250 +480,3 @@ def admission_server(
         interceptors=[interceptor, *interceptors],
         **server_kwargs,
     )
-
-
-# -- client side ---------------------------------------------------------------------------
-
-
-class _RpcErrorView:
-    """``grpc.RpcError``'s accessors, answered by the original error on ``.rpc_error``."""
-
-    rpc_error: grpc.RpcError
-
-    def code(self) -> Any:
-        return self.rpc_error.code()  # type: ignore[attr-defined]
-
-    def details(self) -> Any:
-        return self.rpc_error.details()  # type: ignore[attr-defined]
-
-    def initial_metadata(self) -> Any:
-        return self.rpc_error.initial_metadata()  # type: ignore[attr-defined]
-
-    def trailing_metadata(self) -> Any:
-        return self.rpc_error.trailing_metadata()  # type: ignore[attr-defined]
-
-
-class DownstreamOverloadedRpcError(_RpcErrorView, DownstreamOverloaded, grpc.RpcError):
-    """The server answered ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE``: a 503 (retry elsewhere).
-
-    Also a ``grpc.RpcError``: ``code()``, ``details()`` and the metadata are
-    the original's, which is on ``.rpc_error``.
-    """
-
-    def __init__(self, rpc_error: grpc.RpcError, method: str) -> None:
-        super().__init__(message=f"{method} answered {_code_name(rpc_error)}: {_details(rpc_error)}")
-        self.rpc_error = rpc_error
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        # The RPC error (a live call) does not pickle; the reason does.
-        return (DownstreamOverloaded, (self.reason, str(self)))
-
-
-class DeadlineExceededRpcError(_RpcErrorView, DeadlineExceeded, grpc.RpcError):
-    """The server answered ``DEADLINE_EXCEEDED`` (or the call's timeout ran out): a 504.
-
-    Also a ``grpc.RpcError``, like ``DownstreamOverloadedRpcError``.
-    """
-
-    def __init__(self, rpc_error: grpc.RpcError, method: str) -> None:
-        base = downstream_timed_out(method)
-        super().__init__(base.reason, str(base))
-        self.rpc_error = rpc_error
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (DeadlineExceeded, (self.reason, str(self)))
-
-
-def _code_name(rpc_error: grpc.RpcError) -> str:
-    code = getattr(rpc_error, "code", None)
-    status = code() if callable(code) else None
-    return getattr(status, "name", str(status))
-
-
-def _details(rpc_error: grpc.RpcError) -> str:
-    details = getattr(rpc_error, "details", None)
-    return str(details() if callable(details) else "")
-
-
-def _mapped(exc: BaseException, method: str) -> BaseException:
-    """The prazo error for an RPC error, or ``exc`` itself."""
-    if not isinstance(exc, grpc.RpcError) or isinstance(exc, (DownstreamOverloaded, DeadlineExceeded)):
-        return exc
-    code = getattr(exc, "code", None)
-    status = code() if callable(code) else None
-    if status in _OVERLOADED_CODES:
-        return DownstreamOverloadedRpcError(exc, method)
-    if status is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return DeadlineExceededRpcError(exc, method)
-    return exc
-
-
-class _CallDetails(
-    NamedTuple(
-        "_CallDetails",
-        [
-            ("method", str),
-            ("timeout", float | None),
-            ("metadata", Any),
-            ("credentials", Any),
-            ("wait_for_ready", Any),
-            ("compression", Any),
-        ],
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
-
-
-class _MappedCall(grpc.Call, grpc.Future):
-    """A call (unary response) whose RPC errors come out as prazo errors."""
-
-    def __init__(self, call: Any, method: str) -> None:
-        self._call = call
-        self._method = method
-
-    def result(self, timeout: float | None = None) -> Any:
-        try:
-            return self._call.result(timeout)
-        except grpc.RpcError as exc:
-            mapped = _mapped(exc, self._method)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-
-    def exception(self, timeout: float | None = None) -> Any:
-        exc = self._call.exception(timeout)
-        return exc if exc is None else _mapped(exc, self._method)
-
-    def traceback(self, timeout: float | None = None) -> Any:
-        return self._call.traceback(timeout)
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self._call.add_done_callback(lambda _call: fn(self))
-
-    def cancel(self) -> bool:
-        return bool(self._call.cancel())
-
-    def cancelled(self) -> bool:
-        return bool(self._call.cancelled())
-
-    def running(self) -> bool:
-        return bool(self._call.running())
-
-    def done(self) -> bool:
-        return bool(self._call.done())
-
-    def is_active(self) -> bool:
-        return bool(self._call.is_active())
-
-    def time_remaining(self) -> Any:
-        return self._call.time_remaining()
-
-    def add_callback(self, callback: Callable[[], None]) -> Any:
-        return self._call.add_callback(callback)
-
-    def initial_metadata(self) -> Any:
-        return self._call.initial_metadata()
-
-    def trailing_metadata(self) -> Any:
-        return self._call.trailing_metadata()
-
-    def code(self) -> Any:
-        return self._call.code()
-
-    def details(self) -> Any:
-        return self._call.details()
-
-    def __getattr__(self, name: str) -> Any:
-        # debug_error_string() and whatever else a grpc release adds.
-        return getattr(self._call, name)
-
-
-class _MappedStream(_MappedCall):
-    """A streamed response whose RPC errors come out of iteration as prazo errors."""
-
-    def __iter__(self) -> _MappedStream:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._call)
-        except grpc.RpcError as exc:
-            mapped = _mapped(exc, self._method)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-
-
-class DeadlineClientInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """A client interceptor passing the remaining budget as each call's gRPC deadline.
-
-    Under a ``deadline_scope`` every call (all four kinds):
-
-    * gets ``timeout`` = remaining − ``margin_ms``, or the caller's own
-      ``timeout`` when that is smaller, and the same budget (whole ms, rounded
-      down) in the metadata ``x-request-budget-ms``, because grpc rounds the
-      wire ``grpc-timeout`` up; budget fields the caller put in the metadata
-      can shorten it, never lengthen it, and are replaced;
-    * is not made when nothing is left: ``DeadlineExceeded``
-      (``no-budget-for-downstream``), raised by the call — by iterating it
-      for a streamed response, as grpc reports interceptor errors there;
-    * fails with ``DownstreamOverloadedRpcError`` (a ``DownstreamOverloaded``)
-      on ``RESOURCE_EXHAUSTED``/``UNAVAILABLE`` and ``DeadlineExceededRpcError``
-      (a ``DeadlineExceeded``) on ``DEADLINE_EXCEEDED``, both ``grpc.RpcError``.
-
-    ::
-
-        channel = grpc.intercept_channel(grpc.insecure_channel(target), DeadlineClientInterceptor())
-        with deadline_scope(Deadline.after(2.0)):
-            reply = channel.unary_unary("/pkg.Service/Method")(request)
-
-    Outside any deadline scope calls are left exactly as they are.
-    """
-
-    def __init__(self, *, margin_ms: float = DEFAULT_MARGIN_MS) -> None:
-        self.margin_ms = validate_margin_ms(margin_ms)
-
-    def _budgeted(self, details: grpc.ClientCallDetails) -> _CallDetails | None:
-        metadata = details.metadata
-        budget = outgoing_budget(self.margin_ms, headers=_budget_fields(metadata))
-        if budget is None:
-            return None
-        kept = [(key, value) for key, value in metadata or () if key.lower() not in _BUDGET_KEYS]
-        # The budget also goes in the metadata, in whole ms rounded down: grpc
-        # rounds the wire grpc-timeout *up* (to 10 ms from 1 s on) and a
-        # receiver's gRPC deadline came out up to ~10 ms later than the
-        # caller's; a prazo server takes the smaller of the two.
-        timeout_s = budget.cap(details.timeout)
-        kept.append((_BUDGET_KEY, format_budget_ms(timeout_s * 1000.0)))
-        return _CallDetails(
-            details.method,
-            timeout_s,
-            kept,
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
-
-    def _intercept(self, continuation: Any, client_call_details: Any, request: Any, mapped: type[_MappedCall]) -> Any:
-        details = self._budgeted(client_call_details)
-        if details is None:
-            return continuation(client_call_details, request)
-        return mapped(continuation(details, request), details.method)
-
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request, _MappedCall)
-
-    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request_iterator, _MappedCall)
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request, _MappedStream)
-
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request_iterator, _MappedStream)

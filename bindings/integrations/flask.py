@@ -8,7 +8,7 @@ budget (``DeadlineExceeded``) or met an overloaded dependency
 deadline::
 
     from flask import Flask, g
-    from prazo.bindings.flask import init_app
+    from prazo.bindings.integrations.flask import init_app
 
     app = Flask(__name__)
     init_app(app)                      # default_budget_ms=, max_budget_ms=, retry_after_s=
@@ -20,7 +20,7 @@ deadline::
 
 Effects, per request: the deadline is the one prazo's WSGI layer or server
 set (``environ["prazo.deadline"]``), else the budget headers read with
-``default_budget_ms``/``max_budget_ms`` (``prazo.bindings.frameworks``); it
+``default_budget_ms``/``max_budget_ms`` (``prazo.bindings.plumbing.frameworks``); it
 is ``g.prazo_deadline`` and the current deadline while Flask handles the
 request; a request whose deadline already passed is answered 504
 ``expired-on-arrival`` without running Flask at all; a view raising
@@ -40,11 +40,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flask import Flask, Response, g, request
+from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.plumbing.frameworks import expired_on_arrival, request_deadline_of
+from prazo.bindings.wsgi import DEADLINE_KEY, Environ, StartResponse, WSGIApp, rejection_response, send_rejection
 from prazo.core import DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
-
-from .frameworks import expired_on_arrival, request_deadline_of
-from .headers import BudgetPolicy
-from .wsgi import DEADLINE_KEY, Environ, StartResponse, WSGIApp, rejection_response, send_rejection
 
 __all__ = ["G_DEADLINE", "DeadlineWSGI", "init_app", "rejection_flask_response"]
 

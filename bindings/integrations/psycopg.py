@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prazo.bindings.outgoing import DEFAULT_MARGIN_MS, validate_margin_ms
 from prazo.core import (
     REASON_DEADLINE_EXCEEDED,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
@@ -61,8 +62,6 @@ from prazo.core import (
     current_deadline,
     deadline_scope,
 )
-
-from .outgoing import DEFAULT_MARGIN_MS, validate_margin_ms
 
 __all__ = ["DEFAULT_MARGIN_MS", "QUERY_CANCELED_SQLSTATE", "run_bounded", "statement_limit_ms"]
 

@@ -6,7 +6,7 @@ prazo imports this module, so a service without OpenTelemetry never loads it.
 
 Turn it on once, at start-up, next to the rest of the service's OTel set-up::
 
-    from prazo.bindings import opentelemetry as prazo_otel
+    from prazo.bindings.integrations import opentelemetry as prazo_otel
 
     prazo_otel.instrument()                                       # spans: every admission point
     prazo_otel.register_metrics(api=middleware, jobs=pool)        # metrics: read at collection time
@@ -57,8 +57,8 @@ OpenTelemetry. Explicit is also how OTel instrumentations work
 ``None`` check per request (measured in ``bench/test_bench_opentelemetry.py``).
 
 Metrics. ``PrazoMetrics`` registers, on a ``Meter``, one observable
-instrument per counter and gauge of ``prazo.bindings.metric_table`` (the table
-``prazo.bindings.metrics`` exports to Prometheus): their callbacks read each
+instrument per counter and gauge of ``prazo.bindings.plumbing.metric_table`` (the table
+``prazo.bindings.integrations.prometheus`` exports to Prometheus): their callbacks read each
 registered object's ``stats()`` when the SDK collects, so the request path
 pays nothing. The latency histograms are not exported (the OTel API has no
 observable histogram). Names: ``prazo_queue_offered`` becomes
@@ -81,14 +81,12 @@ try:
     from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
-        f"prazo.bindings.opentelemetry needs opentelemetry-api ({exc}): pip install 'prazo[otel]'"
+        f"prazo.bindings.integrations.opentelemetry needs opentelemetry-api ({exc}): pip install 'prazo[otel]'"
     ) from exc
 
-from prazo.core import NS_PER_SECOND
-
-from .dependency import Dependency
-from .metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS, MetricSources
-from .wsgi import (
+from prazo.bindings.dependency import Dependency
+from prazo.bindings.plumbing.metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS, MetricSources
+from prazo.bindings.wsgi import (
     BUDGET_SOURCE_KEY,
     OUTCOME_ADMITTED,
     QUEUE_WAIT_MS_KEY,
@@ -98,6 +96,7 @@ from .wsgi import (
     set_admission_observer,
     status_and_reason,
 )
+from prazo.core import NS_PER_SECOND
 
 __all__ = [
     "ADMISSION_KEY",
@@ -142,7 +141,7 @@ HTTP_STATUS_CODE = "http.response.status_code"
 #: for ``request_hook``: ``(outcome, arrival_ns, deadline_ns, queue_wait_ns)``.
 ADMISSION_KEY = "prazo.otel.admission"
 
-#: The attribute each label of ``prazo.bindings.metric_table`` becomes.
+#: The attribute each label of ``prazo.bindings.plumbing.metric_table`` becomes.
 ATTRIBUTE_FOR_LABEL: dict[str, str] = {
     "queue": "prazo.queue.name",
     "dependency": "prazo.dependency.name",
@@ -337,7 +336,7 @@ def is_instrumented() -> bool:
 
 
 def instrument_name(family: str) -> tuple[str, str]:
-    """The OTel instrument name and unit of a metric family of ``prazo.bindings.metric_table``.
+    """The OTel instrument name and unit of a metric family of ``prazo.bindings.plumbing.metric_table``.
 
     >>> instrument_name("prazo_queue_offered")
     ('prazo.queue.offered', '')
@@ -367,8 +366,8 @@ class PrazoMetrics(MetricSources):
     Effects: creates, on ``meter`` (default: the ``prazo`` meter of
     ``meter_provider``, or of the global provider), one observable counter
     per counter and one observable gauge per gauge of
-    ``prazo.bindings.metric_table`` — histograms excepted. Register objects
-    with ``add_*`` (weak references, as ``prazo.bindings.metrics.PrazoCollector``);
+    ``prazo.bindings.plumbing.metric_table`` — histograms excepted. Register objects
+    with ``add_*`` (weak references, as ``prazo.bindings.integrations.prometheus.PrazoCollector``);
     at each collection every callback reads the live objects' ``stats()``.
     Nothing runs on the request path.
 

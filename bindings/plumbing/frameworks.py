@@ -15,10 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.wsgi import DEADLINE_KEY, request_deadline
 from prazo.core import REASON_EXPIRED_ON_ARRIVAL, Deadline, DeadlineExceeded, current_deadline
-
-from .headers import BudgetPolicy
-from .wsgi import DEADLINE_KEY, request_deadline
 
 __all__ = ["expired_on_arrival", "request_deadline_of"]
 

@@ -5,11 +5,11 @@ in prazo imports this module, and the core never imports ``prometheus_client``.
 
 Register what the service has, once, at start-up::
 
-    from prazo.bindings import metrics
+    from prazo.bindings.integrations import prometheus
 
-    collector = metrics.register(api=middleware, thumbnails=pool)   # into prometheus_client's REGISTRY
+    collector = prometheus.register(api=middleware, thumbnails=pool)   # into prometheus_client's REGISTRY
     collector.add_dependency(recommendations)                        # a Dependency names itself
-    app = metrics.mount_metrics(middleware)                          # /metrics beside, not behind, admission
+    app = prometheus.mount_metrics(middleware)                          # /metrics beside, not behind, admission
 
 ``PrazoCollector`` is a ``prometheus_client`` custom collector: every scrape
 reads each registered object's ``stats()`` (one consistent snapshot per object,
@@ -36,12 +36,10 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.utils import floatToGoString
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(f"prazo.bindings.metrics needs prometheus_client ({exc}): pip install 'prazo[metrics]'") from exc
+    raise ImportError(f"prazo.bindings.integrations.prometheus needs prometheus_client ({exc}): pip install 'prazo[metrics]'") from exc
 
-from prazo.core import NS_PER_SECOND
-
-from .dependency import Dependency
-from .metric_table import (
+from prazo.bindings.dependency import Dependency
+from prazo.bindings.plumbing.metric_table import (
     COUNTER,
     GAUGE,
     HISTOGRAM_ATTRIBUTES,
@@ -52,7 +50,8 @@ from .metric_table import (
     queue_samples,
     stats_or_none,
 )
-from .wsgi import Environ, StartResponse, WSGIApp
+from prazo.bindings.wsgi import Environ, StartResponse, WSGIApp
+from prazo.core import NS_PER_SECOND
 
 __all__ = [
     "BUCKETS_S",
@@ -70,7 +69,8 @@ __all__ = [
 #: aggregate across instances.
 BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BOUNDS_NS = tuple(round(bound * NS_PER_SECOND) for bound in BUCKETS_S)
-_LE_LABELS = tuple(floatToGoString(bound) for bound in BUCKETS_S)
+# prometheus_client leaves floatToGoString unannotated; it returns the text of a bucket bound.
+_LE_LABELS = tuple(str(floatToGoString(bound)) for bound in BUCKETS_S)  # type: ignore[no-untyped-call]
 
 
 def _new_family(name: str) -> Metric:

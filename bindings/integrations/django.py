@@ -3,7 +3,7 @@
 Put the middleware first in ``settings.MIDDLEWARE``::
 
     MIDDLEWARE = [
-        "prazo.bindings.django.DeadlineMiddleware",
+        "prazo.bindings.integrations.django.DeadlineMiddleware",
         # ... Django's own middleware ...
     ]
     PRAZO_DEFAULT_BUDGET_MS = 1000    # when no prazo layer set a deadline and no budget header came
@@ -17,7 +17,7 @@ Effects, per request:
 
 * the deadline is the one prazo's WSGI layer or server set
   (``request.META["prazo.deadline"]``), else the budget headers read with the
-  settings above (``prazo.bindings.frameworks.request_deadline_of``); it is
+  settings above (``prazo.bindings.plumbing.frameworks.request_deadline_of``); it is
   the current deadline (``prazo.core.current_deadline()``) while the view
   runs, so outgoing calls (``prazo.bindings.clients``) pass the remaining
   budget on;
@@ -25,9 +25,9 @@ Effects, per request:
   ``expired-on-arrival``, and the view never runs;
 * every statement sent on any of Django's database connections during the
   request is bounded by the deadline (``connection.execute_wrapper``):
-  PostgreSQL through ``prazo.bindings.psycopg.run_bounded`` (the backend is
+  PostgreSQL through ``prazo.bindings.integrations.psycopg.run_bounded`` (the backend is
   cancelled at the deadline; no statement is sent without budget left),
-  SQLite through ``prazo.bindings.sqlite.deadline_guard`` (its progress
+  SQLite through ``prazo.bindings.integrations.sqlite.deadline_guard`` (its progress
   handler stays installed until the request ends, so rows fetched after
   ``execute`` returned are bounded too); other backends get no statement
   sent once the deadline has passed;
@@ -52,13 +52,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
+from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.plumbing.frameworks import expired_on_arrival, request_deadline_of
+from prazo.bindings.wsgi import rejection_response
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, QueueFull, deadline_scope
 
-from .frameworks import expired_on_arrival, request_deadline_of
-from .headers import BudgetPolicy
 from .psycopg import run_bounded
 from .sqlite import deadline_guard
-from .wsgi import rejection_response
 
 __all__ = [
     "SETTING_DEFAULT_BUDGET_MS",
@@ -182,7 +182,7 @@ class DeadlineMiddleware:
 
     ::
 
-        MIDDLEWARE = ["prazo.bindings.django.DeadlineMiddleware", ...]
+        MIDDLEWARE = ["prazo.bindings.integrations.django.DeadlineMiddleware", ...]
 
         def report(request):
             request.META["prazo.deadline"].remaining_ms()   # also current_deadline()

@@ -1,7 +1,7 @@
 """What prazo's metrics are and how each is read from ``stats()``, for any exporter.
 
-One table, two exporters: ``prazo.bindings.metrics`` (Prometheus, through
-``prometheus_client``) and ``prazo.bindings.opentelemetry`` (OTel observable
+One table, two exporters: ``prazo.bindings.integrations.prometheus`` (Prometheus, through
+``prometheus_client``) and ``prazo.bindings.integrations.opentelemetry`` (OTel observable
 instruments) both read it, so a metric is named, described and computed in
 one place. Nothing here imports an exporter's library.
 
@@ -23,9 +23,8 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from prazo.bindings.dependency import Dependency
 from prazo.core import NS_PER_SECOND
-
-from .dependency import Dependency
 
 __all__ = [
     "COUNTER",
@@ -43,7 +42,7 @@ __all__ = [
     "stats_owner",
 ]
 
-_log = logging.getLogger("prazo.bindings.metrics")
+_log = logging.getLogger("prazo.bindings.integrations.prometheus")
 
 #: ``(kind, label names, description)`` of one metric family.
 MetricSpec = tuple[str, tuple[str, ...], str]
