@@ -28,7 +28,7 @@ build: $(STAMP)
 services:
 	bash .ci/ensure-services
 
-# -ra lists every skip with its reason; under CI=true a skip that tests/_required.py
+# -ra lists every skip with its reason; under CI=true a skip that tests/support/_required.py
 # does not allow fails the run (tests/conftest.py).
 test: build services
 	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
@@ -37,10 +37,10 @@ test: build services
 # (HYPOTHESIS_PROFILE=deep, tests/conftest.py): the queue's policy mixes and
 # lockstep state machine, and the outcome properties that drive real threads.
 # CI runs it too; DEEP_TESTS picks others.
-DEEP_TESTS ?= tests/test_queue_statemachine.py tests/test_queue_policies_admission.py \
-	tests/test_queue_policies_dequeue.py tests/test_queue_policies_combined.py tests/test_queue_concurrent.py \
-	tests/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/test_dependency_breaker.py \
-	tests/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
+DEEP_TESTS ?= tests/core/test_queue_statemachine.py tests/core/test_queue_policies_admission.py \
+	tests/core/test_queue_policies_dequeue.py tests/core/test_queue_policies_combined.py tests/core/test_queue_concurrent.py \
+	tests/pool/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/dependency/test_dependency_breaker.py \
+	tests/servers/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
 test-deep: build
 	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider $(DEEP_TESTS) $(PYTEST_ARGS)
 
@@ -81,13 +81,13 @@ ASAN_DIR := build/asan
 # scenario at 300 ms per request) do not hold at ASan's speed on a loaded machine, and
 # the queue and middleware code they run is covered here already. The front door's are
 # in: its engine is C of its own, and its timings are generous enough for ASan.
-ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_queue_policies_dequeue.py \
-	tests/test_queue_policies_admission.py tests/test_queue_policies_combined.py \
-	tests/test_queue_waiters.py tests/test_queue_stats_gc.py tests/test_queue_concurrent.py \
-	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py tests/test_future_condition.py \
-	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
-	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py tests/test_frontdoor_policies.py \
-	tests/test_frontdoor_request_start.py
+ASAN_TESTS := tests/core/test_queue_semantics.py tests/core/test_queue_statemachine.py tests/core/test_queue_threads.py tests/core/test_queue_policies_dequeue.py \
+	tests/core/test_queue_policies_admission.py tests/core/test_queue_policies_combined.py \
+	tests/core/test_queue_waiters.py tests/core/test_queue_stats_gc.py tests/core/test_queue_concurrent.py \
+	tests/core/test_seed_scenario.py tests/bindings/test_wsgi_fast_path.py tests/bindings/test_wsgi.py tests/pool/test_pool.py tests/pool/test_future_condition.py \
+	tests/pool/test_executor_contract.py tests/bindings/test_wsgi_server.py tests/servers/test_server_dispatcher.py \
+	tests/core/test_histogram.py tests/servers/test_frontdoor_parsing.py tests/servers/test_frontdoor.py tests/servers/test_frontdoor_policies.py \
+	tests/servers/test_frontdoor_request_start.py
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)

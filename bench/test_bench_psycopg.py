@@ -61,7 +61,7 @@ def server_dsn() -> Iterator[str]:
         yield given
         return
     # The test suite's server helper (initdb + pg_ctl on a free port); bench/ is not a test package.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     from _services import start_postgres
 
     server = start_postgres()

@@ -1,7 +1,7 @@
 """The pure-Python latency histogram: the readable specification of ``_histogram_c.pyx``.
 
 Both twins have the same API, the same bucket layout and give the same
-answers for the same inputs (``tests/test_histogram.py`` drives them in
+answers for the same inputs (``tests/core/test_histogram.py`` drives them in
 lockstep). Read this file to learn what the C twin does.
 
 Buckets (log-linear, like HdrHistogram)

@@ -122,7 +122,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _unjustified_skips:
-        terminalreporter.section("skips CI does not allow (tests/_required.py ALLOWED_SKIPS)", red=True)
+        terminalreporter.section("skips CI does not allow (tests/support/_required.py ALLOWED_SKIPS)", red=True)
         for line in _unjustified_skips:
             terminalreporter.line(line)
 

@@ -1,7 +1,7 @@
 """The front door's C parsers agree with ``prazo.bindings.headers`` and ``proxy_headers``; no head makes it answer 500.
 
-The budget cases are ``tests/test_headers.py``'s own, the ``X-Request-Start``
-cases ``tests/test_server_proxy_headers.py``'s, run against the C parsers;
+The budget cases are ``tests/bindings/test_headers.py``'s own, the ``X-Request-Start``
+cases ``tests/servers/test_server_proxy_headers.py``'s, run against the C parsers;
 Hypothesis then compares the two on arbitrary values (the Python modules stay
 the one definition of the formats). Raw heads go to
 the C head parser directly and, for a sample, to a live server.

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.serving import make_server
 from werkzeug.test import Client
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ALERTS = ROOT / "examples" / "prometheus" / "alerts.yml"
 MS = 1_000_000
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-CORPUS = Path(__file__).parent / "fuzz" / "corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "corpus"
 SEEDS = sorted(path for path in CORPUS.glob("*/*") if path.is_file())
 
 

@@ -7,7 +7,7 @@ them would: gRPC on loopback, PostgreSQL on the session's own cluster through
 its test client, and Django's ``StatementDeadline`` block runs in
 ``manage.py shell`` of the example project, where the README runs it. The
 ``prazo serve`` shell recipes of Django and Flask use a fixed port; the same
-commands on a free port are ``tests/test_django.py`` and ``tests/test_flask.py``.
+commands on a free port are ``tests/integrations/django/test_django.py`` and ``tests/integrations/flask/test_flask.py``.
 The load-balancer configs and the OpenTelemetry example are files the README
 copies (``test_readme_configs.py``) and their own tests run.
 """
@@ -24,7 +24,7 @@ from _readme import fenced_blocks, section
 from _required import require
 from _services import PostgresServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> list[str]:

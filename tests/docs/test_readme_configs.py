@@ -2,7 +2,7 @@
 
 The load-balancer configs (``examples/loadbalancers/``) are what the tests
 run (HAProxy, nginx) or check (Envoy), and the OpenTelemetry example is run by
-``tests/test_opentelemetry.py``; the README shows them in full so they can be
+``tests/integrations/opentelemetry/test_opentelemetry.py``; the README shows them in full so they can be
 copied. A copy edited on one side only would be a recipe nobody tested, so
 each README section must hold exactly one fenced block that starts like the
 file, and that block must be the file.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _readme import fenced_blocks, section
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (shipped file, the README section that shows it, the block's info string)
 COPIES = [

@@ -380,7 +380,8 @@ def test_signals_interrupting_a_waiting_main_thread_never_deadlock_or_lose_a_slo
     # "Interrupts"); in CI it deadlocked once in a few hundred runs.
     load_twin("c")  # fails when the C twin is missing (skips only under PRAZO_NO_EXTENSIONS=1)
     twin = "c"
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # The subprocess imports _helpers: put tests/support on its path.
+    tests_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
     try:
         done = subprocess.run(
@@ -450,7 +451,8 @@ def test_a_signal_pending_when_the_queue_is_called_is_raised_before_anything_is_
     impl: QueueClass, call: str
 ) -> None:
     twin = impl.__module__.rsplit("_", 1)[-1]
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    # The subprocess imports _helpers: put tests/support on its path.
+    tests_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-c", PENDING_SIGNAL, twin, call],

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _helpers import wait_until
-from _server_harness import Burst, RunningServer, request, start_gunicorn, statuses
+from _server_harness import TESTS_DIR, Burst, RunningServer, request, start_gunicorn, statuses
 from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bench.multiprocess import HOST_PATH
@@ -98,7 +98,7 @@ def test_yield_when_full_is_on_by_default_and_read_from_the_environment(monkeypa
 def test_serve_refuses_no_yield_when_full_for_a_single_process_server(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(Path(__file__).parent)
+    monkeypatch.chdir(TESTS_DIR)
     assert main_serve(["_server_harness:app", "--server", "waitress", "--no-yield-when-full"]) == 2
     assert "--no-yield-when-full is for --server gunicorn only" in capsys.readouterr().err
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from _required import require
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 TEXT = README.read_text(encoding="utf-8")
 START = TEXT.index("### Slow dependencies: `Dependency`")
 # The breaker's and last-known-good's own examples follow (#### subsections);
-# tests/test_dependency_breaker_docs.py runs those, from the README.
+# tests/dependency/test_dependency_breaker_docs.py runs those, from the README.
 END = TEXT.find("#### Circuit breaker", START)
 SECTION = TEXT[START : END if END != -1 else TEXT.index("### Servers: admission at the server's own queue")]
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", SECTION, re.MULTILINE | re.DOTALL)

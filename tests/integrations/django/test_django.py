@@ -32,7 +32,7 @@ from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, QueueFu
 
 require("django")
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent / "examples" / "django_project"
+PROJECT_DIR = Path(__file__).resolve().parents[3] / "examples" / "django_project"
 DEFAULT_BUDGET_MS = 1000  # the example's PRAZO_DEFAULT_BUDGET_MS
 ARRIVALS, THREADS, MAX_QUEUE, WORK_MS = 40, 4, 20, 300
 REFUSED_AT_ONCE = ARRIVALS - THREADS - MAX_QUEUE

@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+# The folder of the harness and the apps that subprocesses load by name
+# (``_server_harness:app``, ``_multiprocess_app:app``): tests/support, put on a
+# subprocess's PYTHONPATH or made its working directory.
 TESTS_DIR = Path(__file__).resolve().parent
 # gunicorn runs in another process, so its queue cannot be watched: a pause
 # far longer than a worker needs to finish a task after sending its answer.
@@ -419,7 +422,7 @@ def start_gunicorn(
     extra_env: dict[str, str] | None = None,
     policies: dict[str, Any] | None = None,
 ) -> RunningServer:
-    """``gunicorn -w workers`` with prazo's worker serving ``app_spec`` (a module in tests/), started and probed."""
+    """``gunicorn -w workers`` with prazo's worker serving ``app_spec`` (a module in tests/support/), started and probed."""
     env = dict(os.environ)
     for name, value in (policies or {}).items():
         env["PRAZO_" + name.upper()] = ",".join(value) if isinstance(value, (list, tuple)) else str(value)

@@ -30,7 +30,7 @@ keep these rules (docs/design.md, "Layout"):
    ``from P import n`` counts as an import of ``P`` and, when ``P.n`` is a
    module, of ``P.n``.
 
-Run it alone with ``pytest tests/test_layout.py``.
+Run it alone with ``pytest tests/repo/test_layout.py``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_OF_FOLDER = {"core": "prazo.core", "bindings": "prazo.bindings", "bench": "prazo.bench"}
 
 # An import statement in Cython source, which the ast module cannot parse as
