@@ -62,9 +62,9 @@ check: build
 	$(VENV)/bin/ruff check core bindings tests bench
 	$(VENV)/bin/mypy
 
-# The core suite and the binding tests that run the compiled paths (the
-# middleware's compiled path, the pool, the server dispatcher, the middleware on
-# a real server, their subprocesses) against both extensions built with
+# The tests marked `compiled` (the core suite and the binding tests that run the
+# compiled paths: the middleware's compiled path, the pool, the server dispatcher,
+# the middleware on a real server, the front door, their subprocesses) against both extensions built with
 # AddressSanitizer + UBSan (-O0 -g3), in build/asan so the normal build is left
 # alone. build/asan holds a whole prazo tree and comes first on PYTHONPATH; the
 # first command proves the sanitized modules are the ones imported.
@@ -77,17 +77,15 @@ check: build
 # sends Python objects through malloc too, so ASan sees a freed object that an
 # extension goes on using (pymalloc's arenas would hide it).
 ASAN_DIR := build/asan
-# The server embeddings' suites are left out: their real-time assertions (a seed
-# scenario at 300 ms per request) do not hold at ASan's speed on a loaded machine, and
-# the queue and middleware code they run is covered here already. The front door's are
-# in: its engine is C of its own, and its timings are generous enough for ASan.
-ASAN_TESTS := tests/core/test_queue_semantics.py tests/core/test_queue_statemachine.py tests/core/test_queue_threads.py tests/core/test_queue_policies_dequeue.py \
-	tests/core/test_queue_policies_admission.py tests/core/test_queue_policies_combined.py \
-	tests/core/test_queue_waiters.py tests/core/test_queue_stats_gc.py tests/core/test_queue_concurrent.py \
-	tests/core/test_seed_scenario.py tests/bindings/test_wsgi_fast_path.py tests/bindings/test_wsgi.py tests/pool/test_pool.py tests/pool/test_future_condition.py \
-	tests/pool/test_executor_contract.py tests/bindings/test_wsgi_server.py tests/servers/test_server_dispatcher.py \
-	tests/core/test_histogram.py tests/servers/test_frontdoor_parsing.py tests/servers/test_frontdoor.py tests/servers/test_frontdoor_policies.py \
-	tests/servers/test_frontdoor_request_start.py
+# The tests are those marked `compiled` (pyproject.toml) in the folders whose subject is
+# prazo's own code; tests/integrations and tests/bench stay out: they import third-party
+# extensions (grpcio, psycopg) that have no business under a preloaded ASan, and their
+# compiled paths are the ones run here already. The server embeddings' suites carry no
+# marker: their real-time assertions (a seed scenario at 300 ms per request) do not hold
+# at ASan's speed on a loaded machine, and the queue and middleware code they run is
+# covered here already. The front door's are in: its engine is C of its own, and its
+# timings are generous enough for ASan.
+ASAN_TESTS := tests/core tests/bindings tests/pool tests/servers
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)
@@ -99,7 +97,7 @@ sanitize: $(STAMP)
 	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
 		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p; \
 		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__)"
-	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys $(ASAN_TESTS) $(PYTEST_ARGS)
+	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
 # without extras in a fresh virtualenv and tested there (see .ci/dist_check.py).

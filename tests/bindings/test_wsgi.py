@@ -51,6 +51,9 @@ from prazo.core import (
     extension_wanted,
 )
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 # -- the two paths ----------------------------------------------------------------
 
 

@@ -42,6 +42,9 @@ from prazo.core import (
 from prazo.core._queue_py import AdmissionQueue as PythonTwinQueue
 from test_wsgi import Probe, Server, call, fast_path, make_environ
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 # Re-exported: the fixture of test_wsgi.py, so every test below that takes it runs on both paths.
 __all__ = ["fast_path"]
 

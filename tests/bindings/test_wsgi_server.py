@@ -12,6 +12,9 @@ from _required import require
 from prazo.bindings.headers import BUDGET_HEADER, GRPC_TIMEOUT_HEADER, REASON_HEADER
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 serving = require("werkzeug.serving")
 
 WAIT_S = 10  # generous bound for anything that should happen "soon" on a loaded machine

@@ -33,6 +33,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.core import NS_PER_SECOND, HistogramTwin
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 US = 1_000
 MS = 1_000_000
 SECOND = NS_PER_SECOND

@@ -80,6 +80,9 @@ from hypothesis import strategies as st
 from prazo.core import NS_PER_MS, Deadline, DeadlineExceeded, QueueFull, ShutDown
 from prazo.core._queue_py import NO_DEADLINE_NS
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 # When a start is known: a gate body through slot() has the exact instant
 # (Slot.started_ns). After acquire() or get() only a bound is known, and the
 # upper one (a clock read after the call returns) can lag by a GIL switch —

@@ -36,6 +36,9 @@ from prazo.core import (
 from prazo.core._policy_py import VEGAS_WINDOW, Vegas, priority_may_start
 from prazo.core._queue_py import AdmissionQueue
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 # -- a simulated service on the fake clock ---------------------------------------------
 
 ServiceModel = Callable[[int], float]

@@ -19,6 +19,9 @@ from prazo.core import (
     QueueFull,
 )
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 
 def test_a_critical_arrival_into_a_full_standing_line_sheds_before_it_evicts(
     impl: QueueClass, clock: FakeClock

@@ -44,6 +44,9 @@ from prazo.core._policy_py import (
     effective_deadline_ns,
 )
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 
 def feed(q: Any, clock: FakeClock, service_ms: float, count: int = 1) -> None:
     """``count`` gate slots, each held for ``service_ms`` on the fake clock and released with its start."""

@@ -39,6 +39,9 @@ from prazo.core import (
 )
 from prazo.core._queue_py import AdmissionQueue
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 FACES = ("gate", "work")
 ORDERS = ("fifo", "lifo")
 

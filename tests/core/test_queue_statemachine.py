@@ -69,6 +69,9 @@ from prazo.core._histogram_py import bucket_bounds, bucket_index
 from prazo.core._policy_py import Vegas
 from prazo.core._queue_py import NO_DEADLINE_NS, AdmissionQueue
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 # What a step answered: ("returned", value) or ("raised", exception name, reason).
 Outcome = tuple[Any, ...]
 

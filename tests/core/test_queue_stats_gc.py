@@ -36,6 +36,9 @@ import pytest
 from _helpers import COUNTER_NAMES, JOIN_TIMEOUT_S, QueueClass, assert_conservation, unaccounted
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 NOT_INITIALISED = "not initialised"
 SUBPROCESS_TIMEOUT_S = 60.0
 

@@ -34,6 +34,9 @@ import pytest
 from _helpers import JOIN_TIMEOUT_S, ConcurrencyMeter, QueueClass, assert_conservation, spawn
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 MAX_CONCURRENCY = 4
 MAX_QUEUE = 16
 GATE_THREADS = 32

@@ -46,6 +46,9 @@ from _helpers import (
     wait_until,
 )
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 INT64_MAX = 2**63 - 1
 
 # More expired items than the C twin once reported in one stack batch (16).

@@ -20,6 +20,9 @@ import prazo.bindings.pool as pool_module
 import pytest
 from prazo.bindings.pool import AdmissionPool
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 Factory = Callable[..., Executor]
 
 WAIT_S = 10.0  # an upper bound for things that happen "soon"; never a speed assertion

@@ -16,6 +16,9 @@ import pytest
 from _helpers import CheckedThread
 from _required import require_compiled
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 _pool_c = require_compiled("prazo.bindings._pool_c")
 FutureCondition = _pool_c.FutureCondition
 

@@ -32,6 +32,9 @@ from prazo.core import (
     deadline_scope,
 )
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 WAIT_S = 10.0  # an upper bound for things that happen "soon"; never a speed assertion
 
 

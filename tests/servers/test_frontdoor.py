@@ -25,7 +25,8 @@ from _helpers import CheckedThread, wait_until
 from _server_harness import CLIENT_TIMEOUT_S, TEST_DEFAULT_BUDGET_MS, Burst, Trickler, app, request, statuses
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 
-pytestmark = pytest.mark.slow
+# slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 
 @pytest.fixture

@@ -39,6 +39,9 @@ from prazo.bindings.proxy_headers import (
 )
 from prazo.bindings.servers.frontdoor import compiled_engine, create_server
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 engine = compiled_engine()
 PAIRS = [
     (parse_budget_ms, engine.parse_budget_ms),

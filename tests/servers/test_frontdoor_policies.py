@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 from prazo.bindings.servers.settings import ServerSettings
 
-pytestmark = pytest.mark.slow
+# slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 
 class Recorder:

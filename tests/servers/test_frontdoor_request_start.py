@@ -20,7 +20,8 @@ from _server_harness import CLIENT_TIMEOUT_S
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 from prazo.bindings.servers.settings import resolve_settings
 
-pytestmark = pytest.mark.slow
+# slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 PROXY = "127.0.0.1"
 OTHER_PEER = "127.0.0.3"

@@ -22,6 +22,9 @@ from prazo.bindings.servers.settings import ServerSettings
 from prazo.bindings.wsgi import MiddlewareCounters
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown
 
+# Its subject is a compiled path: `make sanitize` runs it (`-m compiled`).
+pytestmark = pytest.mark.compiled
+
 
 class Recorder:
     """A dispatcher's two callbacks: ``serve`` may block on a gate; both record what they saw."""
