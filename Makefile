@@ -58,8 +58,12 @@ demo: build
 bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
 
+# The same checks as .pre-commit-config.yaml, without pre-commit: lint, format, spelling
+# (settings in pyproject.toml), then the types.
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench
+	$(VENV)/bin/ruff format --check core bindings tests bench
+	$(VENV)/bin/codespell
 	$(VENV)/bin/mypy
 
 # The tests marked `compiled` (the core suite and the binding tests that run the

@@ -175,7 +175,7 @@ def _impl_options() -> argparse.ArgumentParser:
 def _add_command_with_topics(commands: _Commands, name: str, help: str, default: Callable[[], Handler]) -> _Commands:
     """``prazo <name>`` with sub-commands (topics); without one it runs ``default()``."""
     command = commands.add_parser(name, parents=[_impl_options()], help=help, description=help.capitalize() + ".")
-    command.set_defaults(handler=lambda args, out: default()(args, out))
+    command.set_defaults(handler=lambda args, out: default()(args, out))  # noqa: PLW0108 - default() imports lazily, at run time
     return command.add_subparsers(dest="topic", metavar="TOPIC")
 
 

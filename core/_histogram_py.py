@@ -145,7 +145,7 @@ def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: fl
         return None
     rank = min(max(math.ceil(q * total), 1), total)
     seen = 0
-    for index, count in enumerate(counts):
+    for index, count in enumerate(counts):  # noqa: B007 - the bucket where the loop stopped is used below
         seen += count
         if seen >= rank:
             break

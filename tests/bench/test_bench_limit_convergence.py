@@ -21,7 +21,9 @@ def test_a_short_io_run_traces_the_limit_within_its_bounds() -> None:
 def test_the_command_writes_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require("matplotlib")
     target = tmp_path / "limit.png"
-    assert limit_convergence.main(["--seconds", "0.3", "--clients", "3", "--workloads", "io", "--plot", str(target)]) == 0
+    assert (
+        limit_convergence.main(["--seconds", "0.3", "--clients", "3", "--workloads", "io", "--plot", str(target)]) == 0
+    )
     assert target.stat().st_size > 0
     assert "io: settled limit median" in capsys.readouterr().out
 

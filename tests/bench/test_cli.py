@@ -520,7 +520,10 @@ def test_pool_bench_settings_name_the_bad_argument() -> None:
 def test_bench_pool_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "pool", "--tasks", "100", "--batches", "1", "--workers", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"AdmissionPool on the {IMPLEMENTATION} twin · 2 workers · batches of 100 no-op tasks · 1 batches, speed-ups of medians" in out
+    assert (
+        f"AdmissionPool on the {IMPLEMENTATION} twin · 2 workers · batches of 100 no-op tasks · 1 batches, speed-ups of medians"
+        in out
+    )
     assert "targets" in out
 
 

@@ -347,10 +347,7 @@ def test_shut_down_queue_answers_503(fast_path):
 )
 @pytest.mark.parametrize("where", ["call", "first-chunk"])
 def test_app_refusals_keep_their_status(exc, status, reason, retry_after, counter, where, fast_path):
-    if where == "call":
-        probe = Probe(fail_in_call=exc)
-    else:
-        probe = Probe(chunks=[b"never"], fail_at_chunk=0, fail_exc=exc)
+    probe = Probe(fail_in_call=exc) if where == "call" else Probe(chunks=[b"never"], fail_at_chunk=0, fail_exc=exc)
     app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0)
     server, body = call(app)
     assert_refusal(server, body, status, reason, retry_after=retry_after)
@@ -766,7 +763,7 @@ def test_properties_and_repr(fast_path):
 
 def test_stats_has_queue_and_middleware_counters(fast_path):
     stats = AdmissionMiddleware(Probe(), fast_path=fast_path, max_concurrency=1, max_queue=0).stats()
-    for key in MiddlewareCounters.NAMES + ("offered", "started", "completed", "rejected_full", "expired", "in_flight"):
+    for key in (*MiddlewareCounters.NAMES, "offered", "started", "completed", "rejected_full", "expired", "in_flight"):
         assert stats[key] == 0
 
 

@@ -863,7 +863,9 @@ def test_critical_arrivals_reserved_slots_and_the_vegas_limit_with_real_threads(
         for index in range(attempts):
             critical = thread_rng.random() < 0.25
             try:
-                q.put((thread_seed, index, critical), Deadline.after_ms(thread_rng.uniform(0.5, 20.0)), critical=critical)
+                q.put(
+                    (thread_seed, index, critical), Deadline.after_ms(thread_rng.uniform(0.5, 20.0)), critical=critical
+                )
                 outcome = "queued"
             except (QueueFull, DeadlineExceeded) as exc:
                 outcome = outcome_name(exc)

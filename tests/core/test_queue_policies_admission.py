@@ -115,9 +115,7 @@ def test_vegas_tracks_a_capacity_drop(impl: QueueClass, clock: FakeClock) -> Non
 
 
 @pytest.mark.parametrize("service", [cpu_bound, io_bound], ids=["cpu", "io"])
-def test_the_twins_move_the_limit_identically(
-    twin_pair: tuple[QueueClass, QueueClass], service: ServiceModel
-) -> None:
+def test_the_twins_move_the_limit_identically(twin_pair: tuple[QueueClass, QueueClass], service: ServiceModel) -> None:
     runs = [simulate(twin(32, 0, limit="vegas", min_concurrency=2), FakeClock(), service, 2000) for twin in twin_pair]
     assert runs[0] == runs[1]
     assert min(runs[0]) >= 2
@@ -303,9 +301,7 @@ def test_normal_arrivals_borrow_reserved_slots_while_the_critical_class_is_idle(
     assert_conservation(q.stats())
 
 
-def test_a_critical_arrival_into_a_full_line_evicts_the_newest_normal_item(
-    impl: QueueClass, clock: FakeClock
-) -> None:
+def test_a_critical_arrival_into_a_full_line_evicts_the_newest_normal_item(impl: QueueClass, clock: FakeClock) -> None:
     dropped: list[tuple[Any, BaseException]] = []
     expired: list[Any] = []
     q = impl(1, 2, on_dropped=lambda item, error: dropped.append((item, error)))

@@ -99,9 +99,7 @@ def test_an_evicted_item_is_reported_with_a_503(impl: QueueClass, clock: FakeClo
     assert isinstance(seen[0][1], QueueFull)
 
 
-def test_one_service_sample_feeds_the_learned_estimate_and_the_vegas_limit(
-    impl: QueueClass, clock: FakeClock
-) -> None:
+def test_one_service_sample_feeds_the_learned_estimate_and_the_vegas_limit(impl: QueueClass, clock: FakeClock) -> None:
     q = impl(16, 16, expected_service_ms="p50", limit="vegas")
     assert (q.limit, q.expected_service_ns) == (4, 0)
     # Flat 20 ms service at full demand: the estimate learns 20 ms and Vegas,

@@ -467,7 +467,9 @@ def test_stats_count_every_outcome_once(impl: QueueClass, clock: FakeClock) -> N
     q.task_done(now_ns=clock.ns)
     stats = q.stats()
     assert_conservation(stats)
-    assert {key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit", "evicted", "critical_started"}} == {
+    assert {
+        key: stats[key] for key in STATS_KEYS - {"max_concurrency", "max_queue", "limit", "evicted", "critical_started"}
+    } == {
         "offered": 6,
         "started": 3,
         "completed": 3,

@@ -198,7 +198,7 @@ def test_callback_exceptions_are_logged_and_the_first_interrupt_is_raised_after_
             raise Interrupt(item.name)
 
     q = queue_with_expired_line(impl, clock, mixed)
-    with caplog.at_level(logging.ERROR, logger="prazo"), pytest.raises(Interrupt, match="^dies-1$"):
+    with caplog.at_level(logging.ERROR, logger="prazo"), pytest.raises(Interrupt, match=r"^dies-1$"):
         q.task_done(now_ns=clock.ns)
     assert reported == [f"dies-{i}" for i in range(MANY)]
     assert len(caplog.records) == len(range(0, MANY, 3))
@@ -219,7 +219,7 @@ def test_a_gate_release_that_raises_from_a_callback_still_hands_the_slot_on(impl
         q.put(Item(f"dies-{i}"), clock.deadline_in(5), now_ns=clock.ns)
     q.put(Item("live"), None, now_ns=clock.ns)
     clock.advance(5)
-    with pytest.raises(Interrupt, match="^dies-0$"):
+    with pytest.raises(Interrupt, match=r"^dies-0$"):
         q.release(now_ns=clock.ns)
     assert q.get(block=False, now_ns=clock.ns).name == "live"
     q.task_done(now_ns=clock.ns)
@@ -280,7 +280,6 @@ def test_an_interrupted_gate_waiter_leaves_the_line_cancelled(impl: QueueClass) 
     assert_counters(q, cancelled=1, queued=0, in_flight=1)
     q.release()
     assert_counters(q, in_flight=0)
-
 
 
 def test_a_slot_is_never_granted_before_its_waiter_arrived(impl: QueueClass) -> None:

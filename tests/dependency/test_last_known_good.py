@@ -238,7 +238,9 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 def test_store_state_machine() -> None:
-    run_state_machine_as_test(StoreMachine, settings=settings(max_examples=examples(200), stateful_step_count=50, deadline=None))
+    run_state_machine_as_test(
+        StoreMachine, settings=settings(max_examples=examples(200), stateful_step_count=50, deadline=None)
+    )
 
 
 # -- real threads -----------------------------------------------------------------------

@@ -302,7 +302,7 @@ def test_shutdown_cancel_futures_cancels_what_has_not_started(make: Factory) -> 
 
 def test_submit_after_shutdown_raises_runtime_error(executor: Executor) -> None:
     executor.shutdown()
-    with pytest.raises(RuntimeError, match="^cannot schedule new futures after shutdown$"):
+    with pytest.raises(RuntimeError, match=r"^cannot schedule new futures after shutdown$"):
         executor.submit(int)
 
 

@@ -144,9 +144,13 @@ def test_deadline_agrees_with_the_policy(fields: list[tuple[int, str]], arrival_
 
 # ------------------------------------------------ X-Request-Start / X-Queue-Start
 
+
 @pytest.mark.parametrize(
     "case_test",
-    [stamp_cases.test_parse_request_start_table, stamp_cases.test_stamps_outside_2000_to_2100_are_rejected_in_every_unit],
+    [
+        stamp_cases.test_parse_request_start_table,
+        stamp_cases.test_stamps_outside_2000_to_2100_are_rejected_in_every_unit,
+    ],
 )
 def test_the_stamp_cases_of_test_server_proxy_headers(case_test: Any) -> None:
     for value, expected in _param_values(case_test):

@@ -204,9 +204,7 @@ def test_a_future_stamp_never_extends_the_deadline(served: Any) -> None:
     status, body, _ = call(server.port, {BUDGET: "2000", "X-Request-Start": stamp(-60.0)})
     assert status == 200 and int(body) <= 2000
     # The earliest valid stamp of both headers counts, however far the other is in the future.
-    status, body, _ = call(
-        server.port, {BUDGET: "10000", "X-Request-Start": stamp(-60.0), "X-Queue-Start": stamp(3.0)}
-    )
+    status, body, _ = call(server.port, {BUDGET: "10000", "X-Request-Start": stamp(-60.0), "X-Queue-Start": stamp(3.0)})
     assert status == 200 and int(body) <= 7000 + 50
 
 

@@ -75,7 +75,9 @@ def test_serve_starts_with_codel_variables_meant_for_another_service(
     command = [*_SERVE, "_server_harness:app", "--server", kind, "--port", "0", "--threads", "1"]
     env = {**os.environ, "PRAZO_CODEL_TARGET_MS": "7", "PRAZO_CODEL_INTERVAL_MS": "250"}
     env.pop("PRAZO_ORDER", None)
-    process = subprocess.Popen(command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     processes.append(process)
     assert process.stdout is not None and process.stderr is not None
     line = process.stdout.readline()

@@ -103,16 +103,38 @@ def start_postgres() -> PostgresServer:
     port = free_port()
     try:
         subprocess.run(
-            [*run_as, str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-             "--no-sync"],
+            [
+                *run_as,
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
             capture_output=True,
             check=True,
             timeout=_START_TIMEOUT_S,
         )
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=100"
         subprocess.run(
-            [*run_as, str(bin_dir / "pg_ctl"), "-D", str(data_dir), "-l", str(root / "server.log"), "-o", options,
-             "-w", "-t", str(int(_START_TIMEOUT_S)), "start"],
+            [
+                *run_as,
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data_dir),
+                "-l",
+                str(root / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(int(_START_TIMEOUT_S)),
+                "start",
+            ],
             capture_output=True,
             check=True,
             timeout=_START_TIMEOUT_S + 10,

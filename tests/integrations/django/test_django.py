@@ -194,7 +194,9 @@ def seed_burst(port: int, budget_ms: int) -> list[Any]:
 def assert_two_second_seed(port: int, budget_ms: int = 2000) -> None:
     before = served_hits(port)
     outcomes = seed_burst(port, budget_ms)
-    assert statuses(outcomes) == {200: THREADS + MAX_QUEUE, 503: REFUSED_AT_ONCE}, [(o.status, o.reason) for o in outcomes]
+    assert statuses(outcomes) == {200: THREADS + MAX_QUEUE, 503: REFUSED_AT_ONCE}, [
+        (o.status, o.reason) for o in outcomes
+    ]
     assert {outcome.reason for outcome in outcomes if outcome.status == 503} == {"queue-full"}
     # Every admitted request ran its view once; no refused one ever did.
     assert served_hits(port) - before == THREADS + MAX_QUEUE

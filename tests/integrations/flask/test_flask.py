@@ -137,7 +137,7 @@ def test_rejection_flask_response_is_rejection_response() -> None:
 
 
 def test_init_app_rejects_what_is_not_flask() -> None:
-    with pytest.raises(TypeError, match="app must be a flask.Flask"):
+    with pytest.raises(TypeError, match=r"app must be a flask\.Flask"):
         init_app(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="default_budget_ms"):
         init_app(flask.Flask("x"), default_budget_ms=float("nan"))

@@ -68,7 +68,7 @@ class Recorder:
         deadline = current_deadline()
         with self.lock:
             self.budgets.append(None if deadline is None else deadline.remaining_ms())
-            self.metadata.append({key: value for key, value in context.invocation_metadata()})
+            self.metadata.append(dict(context.invocation_metadata()))
 
     @property
     def calls(self) -> int:

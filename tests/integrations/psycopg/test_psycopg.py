@@ -194,7 +194,9 @@ def test_an_explicit_deadline_bounds_the_call_without_a_current_one(conn: Any) -
 
 
 @pytest.mark.parametrize("explicit_first", [True, False], ids=["explicit-earlier", "current-earlier"])
-def test_the_earlier_of_explicit_and_current_deadline_wins_and_is_current_inside(conn: Any, explicit_first: bool) -> None:
+def test_the_earlier_of_explicit_and_current_deadline_wins_and_is_current_inside(
+    conn: Any, explicit_first: bool
+) -> None:
     """An explicit deadline can shorten the current one, never extend it."""
     short, long = Deadline.after(0.2), Deadline.after(60.0)
     explicit, current = (short, long) if explicit_first else (long, short)
@@ -345,7 +347,7 @@ def test_the_limit_never_exceeds_the_remaining_budget(left_ns: int, margin_ms: f
     limit = statement_limit_ms(deadline, margin_ms, now_ns=NOW)
     assert limit is not None
     # Whole milliseconds, at least 1 (0 would switch statement_timeout off), never past the budget.
-    assert 1 <= limit and limit * 1_000_000 <= budget_ns < (limit + 1) * 1_000_000
+    assert limit >= 1 and limit * 1_000_000 <= budget_ns < (limit + 1) * 1_000_000
 
 
 @given(outer_ns=ns, explicit_ns=ns, margin_ms=margins)
@@ -445,7 +447,6 @@ def test_a_query_canceled_without_prazos_cancel_passes_unchanged() -> None:
 
     with pytest.raises(FakeQueryCanceled):
         run_bounded(FakeConnection(), statement, Deadline.after(10.0))
-
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
