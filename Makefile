@@ -39,16 +39,17 @@ TEST_WORKERS ?= 2
 test: build services
 	$(PY) -m pytest tests -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The properties where the invariants live, at ten times their examples
+# The properties where the invariants live, at DEEP_FACTOR times their examples
 # (HYPOTHESIS_PROFILE=deep, tests/conftest.py): the queue's policy mixes and
 # lockstep state machine, and the outcome properties that drive real threads.
-# CI runs it too; DEEP_TESTS picks others.
+# CI runs it with a smaller factor to bound its time; DEEP_TESTS picks others.
+DEEP_FACTOR ?= 10
 DEEP_TESTS ?= tests/core/test_queue_statemachine.py tests/core/test_queue_policies_admission.py \
 	tests/core/test_queue_policies_dequeue.py tests/core/test_queue_policies_combined.py tests/core/test_queue_concurrent.py \
 	tests/pool/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/dependency/test_dependency_breaker.py \
 	tests/servers/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
 test-deep: build
-	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -p no:cacheprovider $(DEEP_TESTS) $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=deep PRAZO_DEEP_FACTOR=$(DEEP_FACTOR) $(PY) -m pytest -q -p no:cacheprovider $(DEEP_TESTS) $(PYTEST_ARGS)
 
 # The flake hunt: the real-time tests STRESS_RUNS times, each round in a fresh
 # pytest with a CPU hog on the other core; prints each test's failure count and
@@ -116,15 +117,24 @@ dist-check: $(STAMP)
 	$(PY) .ci/dist_check.py build/dist-check
 
 # Fuzzing (tests/fuzz, atheris from the optional extra `fuzz`). `make fuzz` runs
-# each target FUZZ_SECONDS; `make fuzz-ci` runs them all within a minute. Any
+# each target FUZZ_SECONDS; `make fuzz-ci` runs them all in about a minute. Any
 # crash fails the run; its input lands in $(FUZZ_DIR)/crashes, the full log in
 # $(FUZZ_DIR)/TARGET.log. Inputs found on the way go to $(FUZZ_DIR)/corpus (kept
 # between runs): the committed seeds in tests/fuzz/corpus are only read.
+# The front door's C engine has a libFuzzer harness of its own (tests/fuzz/c):
+# atheris only sees the Python around it, and the engine is C that parses what
+# any client sends. It is built with clang (gcc has no libFuzzer; .ci/ensure-clang
+# installs it on a fresh machine) with ASan + UBSan, and runs FUZZ_C_SECONDS /
+# FUZZ_CI_C_SECONDS over its own seeds (framing cases) in tests/fuzz/c/corpus.
 FUZZ_TARGETS    := headers proxy_headers server_head middleware
 FUZZ_SECONDS    ?= 60
 FUZZ_CI_SECONDS ?= 11
+FUZZ_C_SECONDS    ?= 300
+FUZZ_CI_C_SECONDS ?= 15
 FUZZ_DIR        := build/fuzz
 FUZZ_STAMP      := $(VENV)/.prazo-fuzz-installed
+FUZZ_C          := $(FUZZ_DIR)/frontdoor-c
+PICO_DIR        := bindings/vendor/picohttpparser
 
 .PHONY: fuzz fuzz-ci
 
@@ -132,10 +142,22 @@ $(FUZZ_STAMP): $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[$(EXTRAS),fuzz]"
 	touch $@
 
+# -O1 -g: fast enough for millions of inputs, and a report names the line.
+# -fno-sanitize-recover: a UBSan finding stops the run like an ASan one.
+# -D_GNU_SOURCE: the engine uses accept4 (Python.h defines it for the extension).
+$(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c bindings/servers/prazo_frontdoor.h core/prazo_policy.h $(PICO_DIR)/picohttpparser.c
+	bash .ci/ensure-clang
+	@mkdir -p $(FUZZ_DIR)
+	clang -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Wall -Wextra \
+		-Wno-unused-function -Ibindings/servers -Icore -I$(PICO_DIR) tests/fuzz/c/fuzz_frontdoor.c \
+		$(PICO_DIR)/picohttpparser.c -lm -lpthread -o $@
+
 fuzz: FUZZ_TIME = $(FUZZ_SECONDS)
+fuzz: FUZZ_C_TIME = $(FUZZ_C_SECONDS)
 fuzz-ci: FUZZ_TIME = $(FUZZ_CI_SECONDS)
-fuzz fuzz-ci: $(FUZZ_STAMP) build
-	@mkdir -p $(FUZZ_DIR)/crashes
+fuzz-ci: FUZZ_C_TIME = $(FUZZ_CI_C_SECONDS)
+fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
+	@mkdir -p $(FUZZ_DIR)/crashes $(FUZZ_DIR)/corpus/frontdoor-c
 	@failed=""; for target in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_DIR)/corpus/$$target; \
 		PYTHONPATH=tests $(PY) -m fuzz $$target -max_total_time=$(FUZZ_TIME) -timeout=10 -print_final_stats=1 \
@@ -144,6 +166,10 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build
 			|| { failed="$$failed $$target"; tail -n 40 $(FUZZ_DIR)/$$target.log; }; \
 		echo "fuzz $$target: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$target.log) execs (time limit $(FUZZ_TIME) s)"; \
 	done; \
+	$(FUZZ_C) -max_total_time=$(FUZZ_C_TIME) -timeout=10 -print_final_stats=1 -dict=tests/fuzz/c/frontdoor.dict \
+		-artifact_prefix=$(FUZZ_DIR)/crashes/frontdoor-c- $(FUZZ_DIR)/corpus/frontdoor-c tests/fuzz/c/corpus \
+		> $(FUZZ_DIR)/frontdoor-c.log 2>&1 || { failed="$$failed frontdoor-c"; tail -n 40 $(FUZZ_DIR)/frontdoor-c.log; }; \
+	echo "fuzz frontdoor-c: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/frontdoor-c.log) execs (time limit $(FUZZ_C_TIME) s)"; \
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:

@@ -27,8 +27,10 @@ from hypothesis import settings as hypothesis_settings
 from prazo.core import HistogramTwin
 
 # HYPOTHESIS_PROFILE=deep (``make test-deep``) multiplies every property's
-# examples by ten: the tests size their runs with ``_helpers.examples(n)``.
-hypothesis_settings.register_profile("deep", max_examples=1000, deadline=None)
+# examples by PRAZO_DEEP_FACTOR (default ten): the tests size their runs with
+# ``_helpers.examples(n)``, which reads the profile's max_examples / 100.
+_DEEP_FACTOR = int(os.environ.get("PRAZO_DEEP_FACTOR", "10"))
+hypothesis_settings.register_profile("deep", max_examples=100 * _DEEP_FACTOR, deadline=None)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 if TYPE_CHECKING:

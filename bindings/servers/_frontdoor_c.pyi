@@ -27,9 +27,11 @@ def engine_networks(
 ) -> list[tuple[int, bytes, int]] | None: ...
 def address_trusted(networks: Iterable[tuple[int, bytes, int]] | None, packed: bytes) -> bool: ...
 def check_head(data: bytes) -> str: ...
+def split_requests(data: bytes, max_head: int = 65536) -> tuple[list[tuple[int, bytes, bytes, bytes, bool]], str]: ...
 
 class Connection:
     finished: bool
+    body_failure: str | None
     method: bytes
     target: bytes
     minor_version: int
@@ -47,6 +49,8 @@ class Connection:
     chunked: bool
     arrival_from_kernel: bool
     def read_body(self, size: int) -> bytes: ...
+    def discard_body(self) -> bool: ...
+    def body_arrived(self) -> bool: ...
     def write(self, data: bytes | bytearray | memoryview) -> None: ...
     def finish(self, keep_alive: bool) -> None: ...
 
@@ -63,10 +67,13 @@ class Engine:
         max_budget_ms: float,
         header_timeout_ms: float,
         io_timeout_ms: float,
+        write_grace_ms: float,
+        max_io_wait_ms: float,
         linger_ms: float,
         max_drain_bytes: int,
         max_head: int,
         answers: dict[str, tuple[bytes, bytes | None]],
+        max_lingering: int = 512,
         order: str = "fifo",
         codel_target_ns: int = 5000000,
         codel_interval_ns: int = 100000000,

@@ -4,7 +4,7 @@
 # GIL; the calls below release the GIL around every wait and every socket call.
 from libc.stdint cimport int64_t
 from libc.string cimport memset, memcpy
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
@@ -46,6 +46,17 @@ cdef extern from "prazo_frontdoor.h" nogil:
         FD_ORDER_FIFO
         FD_ORDER_LIFO
         FD_ORDER_ADAPTIVE
+        FD_BODY_LOST
+        FD_BODY_MALFORMED
+        FD_BODY_TIMEOUT
+        FD_HEAD_PARTIAL
+        FD_HEAD_COMPLETE
+        FD_HEAD_BAD
+        FD_HEAD_TOO_LARGE
+        FD_CK_ERROR
+
+    struct fd_chunked:
+        int state
 
     struct fd_net:
         int family
@@ -59,8 +70,11 @@ cdef extern from "prazo_frontdoor.h" nogil:
         double max_budget_ms
         int64_t header_timeout_ns
         int64_t io_timeout_ns
+        int64_t write_grace_ns
+        int64_t max_io_wait_ns
         int64_t linger_ns
         int64_t max_drain_bytes
+        int64_t max_lingering
         size_t max_head
         int order
         int64_t codel_target_ns
@@ -83,7 +97,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
 
     struct fd_conn:
         int fd
-        size_t len
+        size_t len, cap, pos
         char *buf
         size_t head_len
         const char *method
@@ -96,6 +110,9 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t content_length
         int chunked
         int client_keep_alive
+        int expect_continue
+        fd_chunked decoder
+        char *cbuf
         int64_t arrival_ns
         int64_t deadline_ns
         int64_t queued_ns
@@ -104,6 +121,8 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int budget_source
         int budget_invalid
         int arrival_from_kernel
+        int body_done
+        int body_error
         sockaddr_storage peer
 
     struct fd_stats:
@@ -116,6 +135,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
 
     struct fd_server:
         int draining
+        fd_config cfg
 
     fd_server *fd_server_new(const fd_config *cfg, const int *listen_fds, int n_listen)
     int fd_server_start(fd_server *srv)
@@ -125,10 +145,14 @@ cdef extern from "prazo_frontdoor.h" nogil:
     int fd_server_free(fd_server *srv)
     void fd_server_stats(fd_server *srv, fd_stats *s)
     fd_conn *fd_server_next(fd_server *srv, int block, int *empty)
-    ssize_t fd_conn_try_write(fd_conn *c, const char *p, size_t n)
+    ssize_t fd_conn_try_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
     int fd_conn_body_buffered(const fd_conn *c)
     int fd_conn_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
     ssize_t fd_conn_read_body(fd_server *srv, fd_conn *c, char *dst, size_t n)
+    int fd_conn_discard_body(fd_server *srv, fd_conn *c)
+    int fd_conn_body_arrived(const fd_conn *c)
+    void fd_conn_release(fd_server *srv, fd_conn *c)
+    void fd_conn_hand_back(fd_server *srv, fd_conn *c, int keep)
     void fd_conn_finish(fd_server *srv, fd_conn *c, int keep)
     int64_t fd_now_ns()
     int fd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
@@ -143,6 +167,9 @@ cdef extern from "prazo_frontdoor.h" nogil:
     int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
     int fd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
     int fd_parse_head(fd_conn *c, size_t last_len)
+    int fd_judge_head(fd_conn *c, size_t max_head, size_t last_len)
+    void fd_conn_start_body(fd_conn *c)
+    void fd_conn_reset_for_next(fd_conn *c, size_t consumed)
 
 
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
@@ -320,6 +347,71 @@ def check_head(bytes data):
     return "complete" if r == 1 else ("partial" if r == 0 else "bad")
 
 
+def split_requests(bytes data, Py_ssize_t max_head=65536):
+    """How the engine frames ``data`` arriving on one connection: ``(requests, outcome)``.
+
+    ``requests`` holds ``(end, method, target, body, keep_alive)`` for each
+    request read whole, ``end`` the offset just past it. ``outcome``: ``"end"``
+    (the bytes ended with a request), ``"closed"`` (a request that closes the
+    connection came first), ``"partial"`` (a head or body not finished),
+    ``"bad"`` (400), ``"too-large"`` (431) or ``"bad-body"`` (a broken chunked
+    body). The engine's own path, without a socket: ``fd_judge_head``, the
+    worker's ``fd_conn_read_body`` over the bytes already received, and the
+    put-back of what follows a body as the next head (``fd_conn_reset_for_next``).
+    """
+    cdef fd_server *srv = <fd_server *>calloc(1, sizeof(fd_server))
+    cdef fd_conn *c = <fd_conn *>calloc(1, sizeof(fd_conn))
+    cdef char *scratch = <char *>malloc(16384)
+    cdef size_t total = len(data)
+    cdef ssize_t n
+    cdef int verdict
+    if srv == NULL or c == NULL or scratch == NULL:
+        free(srv)
+        free(c)
+        free(scratch)
+        raise MemoryError()
+    c.fd = -1   # no socket: a read beyond the received bytes fails at once
+    requests = []
+    outcome = "end"
+    try:
+        c.buf = <char *>malloc(total if total else 1)
+        if c.buf == NULL:
+            raise MemoryError()
+        memcpy(c.buf, PyBytes_AS_STRING(data), total)
+        c.len = c.cap = total
+        while c.len:
+            verdict = fd_judge_head(c, max_head, 0)
+            if verdict != FD_HEAD_COMPLETE:
+                outcome = {FD_HEAD_PARTIAL: "partial", FD_HEAD_BAD: "bad"}.get(verdict, "too-large")
+                break
+            method = PyBytes_FromStringAndSize(c.method, c.method_len)
+            target = PyBytes_FromStringAndSize(c.path, c.path_len)
+            keep = bool(c.client_keep_alive)
+            fd_conn_start_body(c)
+            c.expect_continue = 0   # no socket to write 100 Continue to
+            body = []
+            n = 1
+            while n > 0:
+                n = fd_conn_read_body(srv, c, scratch, 16384)
+                if n > 0:
+                    body.append(scratch[:n])
+            if n < 0:
+                outcome = "bad-body" if c.chunked and c.decoder.state == FD_CK_ERROR else "partial"
+                break
+            fd_conn_reset_for_next(c, c.pos)
+            requests.append((total - c.len, method, target, b"".join(body), keep))
+            if not keep:
+                outcome = "closed"
+                break
+    finally:
+        free(c.buf)
+        free(c.cbuf)
+        free(c)
+        free(srv)
+        free(scratch)
+    return requests, outcome
+
+
 # ----------------------------------------------------------------- the engine
 
 cdef class Engine:
@@ -335,8 +427,9 @@ cdef class Engine:
     cdef readonly int threads
 
     def __cinit__(self, listen_fds, *, int threads, int max_queue, double default_budget_ms, double max_budget_ms,
-                  double header_timeout_ms, double io_timeout_ms, double linger_ms, long long max_drain_bytes,
-                  Py_ssize_t max_head, dict answers, str order="fifo", int64_t codel_target_ns=5000000,
+                  double header_timeout_ms, double io_timeout_ms, double write_grace_ms, double max_io_wait_ms,
+                  double linger_ms, long long max_drain_bytes,
+                  Py_ssize_t max_head, dict answers, Py_ssize_t max_lingering=512, str order="fifo", int64_t codel_target_ns=5000000,
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
                   bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
@@ -355,6 +448,10 @@ cdef class Engine:
             raise ValueError("reserved must be in [0, threads)")
         if max_upstream_ns < 0:
             raise ValueError("max_upstream_ns must be >= 0")
+        if not (0 < io_timeout_ms <= 1e12 and 0 <= write_grace_ms <= 1e12 and 0 < max_io_wait_ms <= 1e12):
+            raise ValueError("io_timeout_ms and max_io_wait_ms must be in (0, 1e12], write_grace_ms in [0, 1e12]")
+        if max_lingering < 1:
+            raise ValueError("max_lingering must be >= 1")
         cdef list path_list = [bytes(path) for path in critical_paths]
         if any(not path or b"\0" in path for path in path_list):
             raise ValueError("a critical path is a non-empty path without NUL bytes")
@@ -382,8 +479,11 @@ cdef class Engine:
         cfg.max_budget_ms = max_budget_ms
         cfg.header_timeout_ns = <int64_t>(header_timeout_ms * 1e6)
         cfg.io_timeout_ns = <int64_t>(io_timeout_ms * 1e6)
+        cfg.write_grace_ns = <int64_t>(write_grace_ms * 1e6)
+        cfg.max_io_wait_ns = <int64_t>(max_io_wait_ms * 1e6)
         cfg.linger_ns = <int64_t>(linger_ms * 1e6)
         cfg.max_drain_bytes = max_drain_bytes
+        cfg.max_lingering = max_lingering
         cfg.max_head = max_head
         missing = set(ANSWERS) - set(answers)
         if missing:
@@ -488,12 +588,19 @@ cdef class Connection:
 
     The head is copied into Python objects at once (``method``, ``target``,
     ``headers``, ...); ``read_body`` and ``write`` release the GIL while they
-    wait on the socket.
+    wait on the socket. An app may misuse ``wsgi.input`` from a thread of its
+    own, even after it returned: one read and one write may be inside the
+    engine at a time (another raises ``RuntimeError``), and a connection
+    finished meanwhile is handed back only when the last of them returns, so
+    the engine never frees what a call still uses.
     """
 
     cdef fd_conn *c
     cdef Engine engine
+    cdef bint reading
+    cdef bint writing
     cdef readonly bint finished
+    cdef readonly object body_failure
     cdef readonly bytes method
     cdef readonly bytes target
     cdef readonly int minor_version
@@ -537,10 +644,24 @@ cdef class Connection:
         self.chunked = c.chunked
         self.arrival_from_kernel = c.arrival_from_kernel
 
+    cdef void _after_call(self):
+        """A call that ran without the GIL returned: a finish() that came meanwhile hands the connection back now."""
+        if self.finished and self.c != NULL and not self.reading and not self.writing:
+            fd_conn_hand_back(self.engine.srv, self.c, 0)
+            self.c = NULL
+
     def read_body(self, Py_ssize_t size):
-        """Up to ``size`` bytes of the decoded body (``b""`` at its end); ``OSError`` on a broken or stalled body."""
+        """Up to ``size`` bytes of the decoded body (``b""`` at its end).
+
+        ``OSError`` when the body failed; ``body_failure`` then says why:
+        ``"lost"`` (the client closed or reset), ``"malformed"`` (a broken
+        chunked encoding) or ``"timeout"`` (it stalled, or the request's
+        deadline came first).
+        """
         if self.finished:
             raise ValueError("the connection is finished")
+        if self.reading:
+            raise RuntimeError("another thread is reading this request body")
         if size <= 0:
             return b""
         cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
@@ -549,18 +670,56 @@ cdef class Connection:
         if fd_conn_body_buffered(self.c):
             n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
         else:
+            self.reading = True
             with nogil:
                 n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
+            self.reading = False
         if n < 0:
-            raise OSError("the request body broke off or stalled")
+            self.body_failure = _BODY_FAILURES.get(self.c.body_error, "lost")
+        self._after_call()
+        if n < 0:
+            raise OSError(f"the request body failed ({self.body_failure})")
         if n == size:
             return out
         return out[:n]
 
-    def write(self, data):
-        """Send all of ``data``; ``OSError`` when the client is gone or stalls past the I/O timeout."""
+    def discard_body(self):
+        """Drop what the app left of the body from what has already arrived, never waiting; True when it is all read.
+
+        For when the app is done: only then may the connection carry the next
+        request. False while another thread is reading the body.
+        """
         if self.finished:
             raise ValueError("the connection is finished")
+        if self.reading:
+            return False
+        if self.c.body_done or self.c.body_error:
+            return fd_conn_discard_body(self.engine.srv, self.c) == 1
+        cdef int done
+        self.reading = True
+        with nogil:
+            done = fd_conn_discard_body(self.engine.srv, self.c)
+        self.reading = False
+        self._after_call()
+        return done == 1
+
+    def body_arrived(self):
+        """True when the rest of the body has arrived, so ``discard_body()`` will need no wait.
+
+        While the app may still read the body (its response streams), this is
+        what a response head can promise keep-alive on. False while another
+        thread is reading the body, and for a chunked body not read to its end.
+        """
+        if self.finished:
+            raise ValueError("the connection is finished")
+        return not self.reading and fd_conn_body_arrived(self.c) == 1
+
+    def write(self, data):
+        """Send all of ``data``; ``OSError`` when the client is gone, stalls, or takes longer than the write bound."""
+        if self.finished:
+            raise ValueError("the connection is finished")
+        if self.writing:
+            raise RuntimeError("another thread is writing this response")
         cdef const unsigned char[:] view = memoryview(data).cast("B") if len(data) else None
         if view is None:
             return
@@ -568,24 +727,38 @@ cdef class Connection:
         cdef size_t n = view.shape[0]
         cdef int rc = 0
         # Most responses fit the socket buffer: no reason to give the GIL away for them.
-        cdef ssize_t sent = fd_conn_try_write(self.c, p, n)
+        cdef ssize_t sent = fd_conn_try_write(self.engine.srv, self.c, p, n)
         if sent < 0:
             rc = -1
         elif <size_t>sent < n:
+            self.writing = True
             with nogil:
                 rc = fd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
+            self.writing = False
+            self._after_call()
         if rc != 0:
-            raise OSError("the client is gone or stopped reading")
+            raise OSError("the client is gone, stopped reading or reads too slowly")
 
     def finish(self, bint keep_alive):
-        """Give the worker's place back (once) and the connection to the I/O thread: next head, or a polite close."""
+        """Give the worker's place back (once) and the connection to the I/O thread: next head, or a polite close.
+
+        While another thread is still inside ``read_body`` or ``write``, only
+        the place is given back now; the connection follows (closed politely)
+        when that call returns.
+        """
         if self.finished:
             return
         self.finished = True
         # O(1) under the engine's mutex, never a wait: the GIL is kept.
+        if self.reading or self.writing:
+            fd_conn_release(self.engine.srv, self.c)
+            return
         fd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
         self.c = NULL
 
     def __dealloc__(self):
         if not self.finished and self.c != NULL:
             fd_conn_finish(self.engine.srv, self.c, 0)
+
+
+_BODY_FAILURES = {FD_BODY_LOST: "lost", FD_BODY_MALFORMED: "malformed", FD_BODY_TIMEOUT: "timeout"}

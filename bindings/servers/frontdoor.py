@@ -27,10 +27,15 @@ connection, run the app inside ``deadline_scope`` with a PEP 3333 environ
 ``prazo.queue_wait_ms``, ``prazo.budget_source``, ``prazo.server_stats``),
 write the response themselves (chunked when HTTP/1.1 and no Content-Length),
 and hand a kept-alive connection back to the C thread, so its next request is
-triaged too. Shutdown: the listening socket closes (new connections are
-refused), admitted requests — running and waiting — finish within the
-timeout, a request arriving on an open connection meanwhile gets ``503
-shutting-down``, and what still waits at the end gets ``503 shutting-down``.
+triaged too. Every wait on the client is bounded: a body read by the request's
+deadline (``wsgi.input`` raises ``RequestBodyError``; 408 or 400 if the app
+lets it out), a response write by the deadline, or the response's start if
+later, plus ``write_grace_ms``, all of a request's waits together by
+``max_io_wait_ms``, and each by ``io_timeout_ms`` without progress.
+Shutdown: the listening socket closes (new connections are refused),
+admitted requests — running and waiting — finish within the timeout, a
+request arriving on an open connection meanwhile gets ``503 shutting-down``,
+and what still waits at the end gets ``503 shutting-down``.
 Linux only (epoll); TLS is not supported (terminate it in front). With
 ``trust_request_start`` the C thread also reads ``X-Request-Start`` /
 ``X-Queue-Start`` (the formats and rules of ``prazo.bindings.proxy_headers``)
@@ -39,7 +44,7 @@ that proxy (at most ``max_upstream_ms``) off its deadline as it parses the
 head: a budget used up in the proxy is answered ``504 expired-on-arrival``
 by the C thread, and the line expires and orders by the corrected deadline.
 
-The queue policies of ``AdmissionQueue`` (POLICIES.md) run in the same C
+The queue policies of ``AdmissionQueue`` (docs/design.md) run in the same C
 thread and in the workers' pickup, with the same semantics and reasons:
 ``expected_service_ms`` (a fixed number of ms, or ``"p50"``/``"p90"``/
 ``"p95"``/``"p99"`` learned from the engine's own service times) answers a
@@ -59,6 +64,7 @@ waiter out (``503 evicted-by-critical``) rather than be refused::
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import sys
 import threading
@@ -93,6 +99,7 @@ from .refusals import (
     BAD_REQUEST_ANSWER,
     DEFAULT_LINGER_S,
     DEFAULT_MAX_DRAIN_BYTES,
+    DEFAULT_MAX_LINGERING,
     HEAD_TOO_LARGE_ANSWER,
     HEADER_TIMEOUT_ANSWER,
     REASON_BAD_REQUEST,
@@ -105,8 +112,11 @@ from .settings import ServerSettings, checked_count, resolve_settings
 
 __all__ = [
     "DEFAULT_IO_TIMEOUT_MS",
+    "DEFAULT_MAX_IO_WAIT_MS",
+    "DEFAULT_WRITE_GRACE_MS",
     "POLICY_DEFAULTS",
     "FrontDoorServer",
+    "RequestBodyError",
     "canned_answers",
     "compiled_engine",
     "create_server",
@@ -117,11 +127,43 @@ _log = logging.getLogger("prazo.servers.frontdoor")
 # A worker's body read or response write that makes no progress this long fails
 # (the client stalled); the worker is then free again.
 DEFAULT_IO_TIMEOUT_MS = 30000.0
+# A body read never waits past the request's deadline. A response write may wait
+# this much longer (from the deadline, or from when the response began if that
+# was later): an answer already computed is worth handing to a slow reader for
+# a while, not for as long as it keeps reading.
+DEFAULT_WRITE_GRACE_MS = 10000.0
+# All of one request's waits on its client (body reads and response writes)
+# together never exceed this, whatever its budget.
+DEFAULT_MAX_IO_WAIT_MS = 60000.0
 _READ_CHUNK = 65536
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                          "proxy-authenticate", "proxy-authorization"})  # fmt: skip
 _NO_BODY_STATUS = ("1", "204", "304")
 _INTERNAL_ERROR = status_answer("500 Internal Server Error", "internal-error")
+_BODY_TIMEOUT = status_answer("408 Request Timeout", "body-timeout")
+# What the app's start_response may hand over, or it is a 500 (RFC 9110/9112):
+# a status is three digits, a space and a reason of HTAB, SP, VCHAR or obs-text;
+# a header name is a token; a value holds no control character but HTAB. A CR
+# or LF anywhere would end the line early and let the app's (or its client's)
+# text become headers of its own.
+_STATUS = re.compile(r"[0-9]{3} [\t\x20-\x7e\x80-\xff]*")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+
+
+class RequestBodyError(OSError):
+    """What ``wsgi.input`` raises when the request body failed; ``failure`` says how.
+
+    ``"malformed"``: a broken chunked encoding; ``"lost"``: the client closed
+    or reset before the body ended; ``"timeout"``: the body stalled for the
+    I/O timeout, or the request's deadline came before it ended. If the app
+    lets it out before its response began, the server answers 400
+    (``bad-request``) or, for ``"timeout"``, 408 (``body-timeout``), and closes.
+    """
+
+    def __init__(self, failure: str) -> None:
+        super().__init__(f"the request body failed: {failure}")
+        self.failure = failure
 
 
 def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
@@ -214,10 +256,17 @@ class _BodyInput:
         self._buffer = b""
         self._eof = False
 
+    def _read_body(self, size: int) -> bytes:
+        try:
+            data: bytes = self._conn.read_body(size)
+        except OSError as exc:
+            raise RequestBodyError(self._conn.body_failure) from exc
+        return data
+
     def _fill(self, wanted: int) -> bool:
         if self._eof:
             return False
-        data = self._conn.read_body(max(wanted, _READ_CHUNK))
+        data = self._read_body(max(wanted, _READ_CHUNK))
         if not data:
             self._eof = True
             return False
@@ -228,7 +277,7 @@ class _BodyInput:
         if size is None or size < 0:
             parts = [self._buffer]
             while not self._eof:
-                data = self._conn.read_body(_READ_CHUNK)
+                data = self._read_body(_READ_CHUNK)
                 if not data:
                     self._eof = True
                 parts.append(data)
@@ -300,13 +349,15 @@ class _Response:
                 exc_info = None
         elif self.status is not None:
             raise AssertionError("start_response was already called")
-        if not isinstance(status, str) or len(status) < 4 or not status[:3].isdigit() or status[3] != " ":
-            raise ValueError(f"bad status {status!r}")
+        if not isinstance(status, str) or not _STATUS.fullmatch(status):
+            raise ValueError(f"bad status {status!r}: three digits, a space, a reason without control characters")
         for name, value in headers:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("header names and values must be str")
-            if any(ch in name or ch in value for ch in "\r\n\0"):
-                raise ValueError(f"line break in header {name!r}")
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"bad header name {name!r}: a token, without spaces, colons or control characters")
+            if not _FIELD_VALUE.fullmatch(value):
+                raise ValueError(f"bad value of header {name!r}: a control character or a line break")
         self.status = status
         self.headers = list(headers)
         return self.write
@@ -328,10 +379,9 @@ class _Response:
                 lines[1] = f"{name}: {value}"
                 continue
             if lower == "content-length":
-                try:
-                    self.length = int(value)
-                except ValueError:
-                    self.keep_alive = False
+                if not (value.strip().isascii() and value.strip().isdigit()):
+                    raise ValueError(f"bad Content-Length {value!r}")
+                self.length = int(value)
             lines.append(f"{name}: {value}")
         if self.length is None and not no_body:
             if whole_body is not None:
@@ -342,6 +392,14 @@ class _Response:
                 lines.append("Transfer-Encoding: chunked")
             else:
                 self.keep_alive = False
+        elif self.length is not None and whole_body is not None and whole_body != self.length and not no_body:
+            # finish_body sends at most length bytes: a longer body is cut, a shorter one ends the connection.
+            self.keep_alive = False
+        # Keep-alive only if the request body is read, or can be once the app is
+        # done (all of it has arrived): otherwise where the next request starts is unknown.
+        # A streamed response's app may still read the body, so it is not dropped yet.
+        if self.keep_alive and not (self.conn.discard_body() if whole_body is not None else self.conn.body_arrived()):
+            self.keep_alive = False
         lines.append("Connection: keep-alive" if self.keep_alive else "Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -360,6 +418,10 @@ class _Response:
             if self.chunked:
                 out += b"%x\r\n" % len(data) + bytes(data) + b"\r\n"
             else:
+                if self.length is not None and len(data) > self.length - self.sent:
+                    # Bytes beyond the declared length would be read as the next response.
+                    data = data[: self.length - self.sent]
+                    self.keep_alive = False
                 out += bytes(data)
             self.sent += len(data)
         self.conn.write(out)
@@ -370,8 +432,9 @@ class _Response:
             out = self._head(len(last) if last else 0)
             self.sent_headers = True
             if last and not self.head_only:
-                out += last
-                self.sent += len(last)
+                body = last if self.length is None else last[: self.length]
+                out += body
+                self.sent += len(body)
             self.conn.write(out)
             return
         if last:
@@ -401,6 +464,8 @@ class FrontDoorServer:
         settings: ServerSettings,
         backlog: int = 2048,
         io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
+        write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
+        max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
         shutdown_timeout: float = 5.0,
         policies: dict[str, Any] | None = None,
     ) -> None:
@@ -446,8 +511,11 @@ class FrontDoorServer:
             max_budget_ms=settings.max_budget_ms,
             header_timeout_ms=settings.header_timeout_ms,
             io_timeout_ms=io_timeout_ms,
+            write_grace_ms=write_grace_ms,
+            max_io_wait_ms=max_io_wait_ms,
             linger_ms=DEFAULT_LINGER_S * 1000.0,
             max_drain_bytes=DEFAULT_MAX_DRAIN_BYTES,
+            max_lingering=DEFAULT_MAX_LINGERING,
             max_head=MAX_HEAD_BYTES,
             answers=canned_answers(),
             # The front-proxy correction is the engine's: it needs the peer and
@@ -605,25 +673,41 @@ class FrontDoorServer:
                 arrival_ns=conn.arrival_ns,
             )
         except Exception:  # noqa: BLE001 - any app error is a 500, as in every WSGI server
-            self._app_errors += 1
-            _log.exception("front door: the app raised")
-            conn.write(_INTERNAL_ERROR)
+            self._answer_error(conn, response, "the app raised")
             return False
         try:
             self._write_body(response, result)
-        except OSError:
+        except OSError as exc:
+            if isinstance(exc, RequestBodyError):
+                self._answer_error(conn, response, "the response body raised")
             return False
         except Exception:  # noqa: BLE001 - the body raised: 500 if nothing was sent, else the connection closes
-            self._app_errors += 1
-            _log.exception("front door: the response body raised")
-            if not response.sent_headers:
-                conn.write(_INTERNAL_ERROR)
+            self._answer_error(conn, response, "the response body raised")
             return False
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-        return response.keep_alive
+        # The app is done: what it left of the body goes now (it has arrived, or keep_alive is False already).
+        return response.keep_alive and bool(conn.discard_body())
+
+    def _answer_error(self, conn: Any, response: _Response, what: str) -> None:
+        """The app (or its body) raised: answer if no response began; the connection then closes.
+
+        After a failed request body the client is answered 408 or 400, whatever
+        the app made of the failure: the request was at fault, not the app.
+        """
+        failure = conn.body_failure
+        if failure is None:
+            self._app_errors += 1
+            _log.exception("front door: %s", what)
+        else:
+            _log.debug("front door: %s after the request body failed (%s)", what, failure, exc_info=True)
+        if not response.sent_headers:
+            if failure is None:
+                conn.write(_INTERNAL_ERROR)
+            else:
+                conn.write(_BODY_TIMEOUT if failure == "timeout" else BAD_REQUEST_ANSWER)
 
     @staticmethod
     def _write_body(response: _Response, result: Iterable[bytes]) -> None:
@@ -672,6 +756,8 @@ def create_server(
     settings: ServerSettings | None = None,
     backlog: int = 2048,
     io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
+    write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
+    max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
     shutdown_timeout: float = 5.0,
     order: str | None = None,
     codel_target_ms: float | None = None,
@@ -709,6 +795,8 @@ def create_server(
         settings=settings,
         backlog=backlog,
         io_timeout_ms=io_timeout_ms,
+        write_grace_ms=write_grace_ms,
+        max_io_wait_ms=max_io_wait_ms,
         shutdown_timeout=shutdown_timeout,
         policies=policies,
     )

@@ -8,7 +8,9 @@
  *   FD_READING  the I/O thread: in epoll, reading a head under the head timer
  *   FD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
  *               a worker takes it)
- *   FD_RUNNING  one worker, until fd_conn_finish() puts it on srv->returned
+ *   FD_RUNNING  one worker, until fd_conn_hand_back() puts it on srv->returned
+ *               (the Cython Connection hands it back only once no app thread
+ *               is still inside a body read or a write on it)
  *   FD_DRAINING the I/O thread: lingering close after a refusal
  * The listening sockets and the epoll/eventfd descriptors belong to the I/O
  * thread; a connection's descriptor to whoever owns the connection.
@@ -33,6 +35,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +63,10 @@ enum fd_answer {
 
 enum fd_state { FD_READING, FD_QUEUED, FD_RUNNING, FD_DRAINING, FD_CLOSED };
 
+/* Why a request body failed (fd_conn.body_error); 0 while it has not. */
+enum fd_body_error { FD_BODY_LOST = 1, FD_BODY_MALFORMED = 2, FD_BODY_TIMEOUT = 3 };
+#define FD_BODY_AGAIN (-2)   /* a read that may not wait found nothing yet */
+
 enum fd_order { FD_ORDER_FIFO = 0, FD_ORDER_LIFO = 1, FD_ORDER_ADAPTIVE = 2 };
 
 enum fd_source { FD_SRC_NONE = -1, FD_SRC_BUDGET = 0, FD_SRC_GRPC = 1, FD_SRC_ENVOY = 2 };
@@ -79,10 +86,17 @@ struct fd_config {
     double max_budget_ms;
     int64_t header_timeout_ns;
     int64_t io_timeout_ns;   /* a worker's body read or response write stalled this long fails */
+    /* A body read never waits past the request's deadline; a response write not
+     * past the deadline (or the moment the response began, if later) plus
+     * write_grace_ns; and all of one request's waits on its client together
+     * never exceed max_io_wait_ns, whatever the budget. */
+    int64_t write_grace_ns;
+    int64_t max_io_wait_ns;
     int64_t linger_ns;
     int64_t max_drain_bytes;
+    int64_t max_lingering;   /* >= 1: lingering closes at once; beyond, the oldest is closed outright */
     size_t max_head;
-    /* The queue policies (POLICIES.md section 1), the same options as AdmissionQueue's. */
+    /* The queue policies (docs/design.md, "Queue policies"), the same options as AdmissionQueue's. */
     int order;                        /* enum fd_order */
     int64_t codel_target_ns, codel_interval_ns;   /* order == FD_ORDER_ADAPTIVE */
     int64_t expected_service_ns;      /* > 0: a fixed expected service time (doomed-work skip) */
@@ -105,6 +119,39 @@ struct fd_config {
     /* [answer][keep]: keep = 1 for the keep-alive variant (only below FD_A_COUNT_KEEPABLE) */
     const char *answer[FD_A_COUNT][2];
     size_t answer_len[FD_A_COUNT][2];
+};
+
+/* Where a chunked body's decoder stands (fd_chunked_decode). */
+enum fd_chunk_state {
+    FD_CK_SIZE,            /* first hex digit of a chunk size */
+    FD_CK_SIZE_MORE,       /* more hex digits, ';', BWS or CR */
+    FD_CK_SIZE_BWS,        /* BWS after the size: only ';' may follow */
+    FD_CK_EXT_NAME_START,  /* BWS, then an extension's name */
+    FD_CK_EXT_NAME,
+    FD_CK_EXT_NAME_BWS,    /* BWS after a name: '=' or ';' */
+    FD_CK_EXT_VALUE_START, /* BWS, then a token or a quoted string */
+    FD_CK_EXT_TOKEN,
+    FD_CK_EXT_QUOTED,
+    FD_CK_EXT_QUOTED_PAIR, /* after a backslash in a quoted string */
+    FD_CK_EXT_VALUE_END,   /* after a value: BWS, ';' or CR */
+    FD_CK_EXT_VALUE_BWS,   /* BWS after a value: only ';' may follow */
+    FD_CK_SIZE_LF,
+    FD_CK_DATA,
+    FD_CK_DATA_CR,
+    FD_CK_DATA_LF,
+    FD_CK_TRAILER_LINE,    /* start of a trailer field line, or CR of the empty line that ends the body */
+    FD_CK_TRAILER_NAME,
+    FD_CK_TRAILER_VALUE,
+    FD_CK_TRAILER_LF,
+    FD_CK_END_LF,
+    FD_CK_DONE,
+    FD_CK_ERROR            /* sticky: a broken body stays broken, and can be told from a short one */
+};
+
+struct fd_chunked {
+    enum fd_chunk_state state;
+    uint64_t left;         /* chunk size while reading it; then the chunk's bytes still to come */
+    size_t meta;           /* bytes of the current chunk line (of all the trailers after the last chunk) */
 };
 
 struct fd_conn;
@@ -133,7 +180,8 @@ struct fd_conn {
     int64_t content_length;         /* -1: none */
     int chunked;
     int client_keep_alive;
-    int expect_continue;
+    /* Atomic: an app thread may read the body while the worker writes the response. */
+    atomic_int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
     int64_t upstream_ns;            /* taken off the deadline for a trusted proxy's X-Request-Start */
     int critical;                   /* of the critical class: waits in srv->crit, served first */
@@ -146,8 +194,10 @@ struct fd_conn {
     size_t pos;                     /* next unread byte of buf */
     int64_t body_left;              /* Content-Length bytes still to read */
     int body_done;
-    int body_error;
-    struct phr_chunked_decoder decoder;
+    int body_error;                 /* enum fd_body_error */
+    int64_t write_until;            /* 0 until the response begins: then its last moment to be written */
+    _Atomic int64_t io_waited_ns;   /* time spent waiting on the client, reads and writes together */
+    struct fd_chunked decoder;
     char *cbuf;                     /* chunked: decoded bytes not yet given out */
     size_t cbuf_pos, cbuf_len, cbuf_cap;
     struct sockaddr_storage peer;
@@ -189,6 +239,8 @@ struct fd_server {
     atomic_int listeners_closed;
     /* owned by the I/O thread */
     struct fd_list heads, lingering;
+    /* Closed while an epoll batch that may still name them was handled: freed at the next turn. */
+    struct fd_conn *graveyard;
     int64_t accept_paused_until;   /* out of descriptors: listeners out of epoll until then (0: not paused) */
     /* counters (written under mutex or by the I/O thread only; read via atomics) */
     _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
@@ -601,6 +653,222 @@ static int64_t fd_upstream_ns(const struct fd_config *cfg, const struct fd_conn 
     return fd_upstream_wait_ns(stamp, arrival_wall, cfg->max_upstream_ns);
 }
 
+/* --------------------------------------------------------- chunked bodies */
+/* RFC 9112 section 7.1, as strictly as llhttp's strict mode reads it, with
+ * nothing guessed: a chunk size is 1*HEXDIG that fits 64 bits; extensions
+ * follow the grammar (BWS ";" BWS token [BWS "=" BWS (token / quoted-string)]),
+ * so no BWS before the CRLF; every line ends in CRLF, never a bare LF; trailer
+ * lines are field lines (token ":" field value), so the bytes of a request
+ * line after "0\r\n" break the body instead of vanishing as a "trailer".
+ * The trailers are read and dropped (PEP 3333 has no place for them). */
+
+/* The non-data bytes a chunk line, or the trailer section, may take: the
+ * head's own limit, so a body cannot be made of endless metadata. */
+#define FD_MAX_CHUNK_META 65536
+
+static int fd_hex(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch |= 0x20;
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+static int fd_tchar(unsigned char ch)
+{
+    if ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z')
+        return 1;
+    if (ch >= '0' && ch <= '9')
+        return 1;
+    return ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
+/* field-vchar / obs-text / SP / HTAB: what a field value may hold. */
+static int fd_field_char(unsigned char ch)
+{
+    return ch == '\t' || (ch >= 0x20 && ch != 0x7f);
+}
+
+/* Decode the chunked bytes in buf[0..*bufsz) in place, the way
+ * phr_decode_chunked does: the data is moved to the front and *bufsz becomes
+ * its length. Returns -2 when the body goes on, -1 when it is broken, else the
+ * number of bytes after its end, which are moved to buf + *bufsz. */
+static ssize_t fd_chunked_decode(struct fd_chunked *d, char *buf, size_t *bufsz)
+{
+    size_t n = *bufsz, src = 0, dst = 0;
+    *bufsz = 0;
+    if (d->state == FD_CK_ERROR || d->state == FD_CK_DONE)
+        return -1;   /* nothing may be fed after the end */
+    while (src < n) {
+        if (d->state == FD_CK_DATA) {
+            size_t take = n - src;
+            if (take > d->left)
+                take = (size_t)d->left;
+            memmove(buf + dst, buf + src, take);
+            dst += take;
+            src += take;
+            d->left -= take;
+            if (d->left == 0)
+                d->state = FD_CK_DATA_CR;
+            continue;
+        }
+        unsigned char ch = (unsigned char)buf[src++];
+        int ws = ch == ' ' || ch == '\t';
+        if (++d->meta > FD_MAX_CHUNK_META)
+            goto broken;
+        switch (d->state) {
+        case FD_CK_SIZE:
+        case FD_CK_SIZE_MORE: {
+            int digit = fd_hex(ch);
+            if (digit >= 0) {
+                if (d->left > (UINT64_MAX >> 4))
+                    goto broken;   /* does not fit: never wrap into a small size */
+                d->left = d->left * 16 + (uint64_t)digit;
+                d->state = FD_CK_SIZE_MORE;
+            } else if (d->state == FD_CK_SIZE) {
+                goto broken;
+            } else if (ch == ';') {
+                d->state = FD_CK_EXT_NAME_START;
+            } else if (ws) {
+                d->state = FD_CK_SIZE_BWS;
+            } else if (ch == '\r') {
+                d->state = FD_CK_SIZE_LF;
+            } else {
+                goto broken;
+            }
+            break;
+        }
+        case FD_CK_SIZE_BWS:
+        case FD_CK_EXT_VALUE_BWS:
+            if (ch == ';')
+                d->state = FD_CK_EXT_NAME_START;
+            else if (!ws)
+                goto broken;
+            break;
+        case FD_CK_EXT_NAME_START:
+            if (fd_tchar(ch))
+                d->state = FD_CK_EXT_NAME;
+            else if (!ws)
+                goto broken;
+            break;
+        case FD_CK_EXT_NAME:
+            if (fd_tchar(ch))
+                break;
+            if (ws)
+                d->state = FD_CK_EXT_NAME_BWS;
+            else if (ch == '=')
+                d->state = FD_CK_EXT_VALUE_START;
+            else if (ch == ';')
+                d->state = FD_CK_EXT_NAME_START;
+            else if (ch == '\r')
+                d->state = FD_CK_SIZE_LF;
+            else
+                goto broken;
+            break;
+        case FD_CK_EXT_NAME_BWS:
+            if (ch == '=')
+                d->state = FD_CK_EXT_VALUE_START;
+            else if (ch == ';')
+                d->state = FD_CK_EXT_NAME_START;
+            else if (!ws)
+                goto broken;
+            break;
+        case FD_CK_EXT_VALUE_START:
+            if (fd_tchar(ch))
+                d->state = FD_CK_EXT_TOKEN;
+            else if (ch == '"')
+                d->state = FD_CK_EXT_QUOTED;
+            else if (!ws)
+                goto broken;
+            break;
+        case FD_CK_EXT_TOKEN:
+            if (fd_tchar(ch))
+                break;
+            /* fall through: the token ended */
+        case FD_CK_EXT_VALUE_END:
+            if (ws)
+                d->state = FD_CK_EXT_VALUE_BWS;
+            else if (ch == ';')
+                d->state = FD_CK_EXT_NAME_START;
+            else if (ch == '\r')
+                d->state = FD_CK_SIZE_LF;
+            else
+                goto broken;
+            break;
+        case FD_CK_EXT_QUOTED:
+            if (ch == '"')
+                d->state = FD_CK_EXT_VALUE_END;
+            else if (ch == '\\')
+                d->state = FD_CK_EXT_QUOTED_PAIR;
+            else if (!fd_field_char(ch))
+                goto broken;
+            break;
+        case FD_CK_EXT_QUOTED_PAIR:
+            if (!fd_field_char(ch))
+                goto broken;
+            d->state = FD_CK_EXT_QUOTED;
+            break;
+        case FD_CK_SIZE_LF:
+            if (ch != '\n')
+                goto broken;
+            d->state = d->left ? FD_CK_DATA : FD_CK_TRAILER_LINE;
+            break;
+        case FD_CK_DATA_CR:
+            if (ch != '\r')
+                goto broken;
+            d->state = FD_CK_DATA_LF;
+            break;
+        case FD_CK_DATA_LF:
+            if (ch != '\n')
+                goto broken;
+            d->state = FD_CK_SIZE;
+            d->meta = 0;
+            break;
+        case FD_CK_TRAILER_LINE:
+            if (ch == '\r')
+                d->state = FD_CK_END_LF;
+            else if (fd_tchar(ch))
+                d->state = FD_CK_TRAILER_NAME;
+            else
+                goto broken;   /* obs-fold, a bare LF, a request line's space... */
+            break;
+        case FD_CK_TRAILER_NAME:
+            if (ch == ':')
+                d->state = FD_CK_TRAILER_VALUE;
+            else if (!fd_tchar(ch))
+                goto broken;
+            break;
+        case FD_CK_TRAILER_VALUE:
+            if (ch == '\r')
+                d->state = FD_CK_TRAILER_LF;
+            else if (!fd_field_char(ch))
+                goto broken;
+            break;
+        case FD_CK_TRAILER_LF:
+            if (ch != '\n')
+                goto broken;
+            d->state = FD_CK_TRAILER_LINE;
+            break;
+        case FD_CK_END_LF: {
+            if (ch != '\n')
+                goto broken;
+            d->state = FD_CK_DONE;
+            size_t rest = n - src;
+            memmove(buf + dst, buf + src, rest);
+            *bufsz = dst;
+            return (ssize_t)rest;
+        }
+        default:
+            goto broken;
+        }
+    }
+    *bufsz = dst;
+    return -2;
+broken:
+    d->state = FD_CK_ERROR;
+    return -1;
+}
+
 /* ---------------------------------------------------------- head framing */
 
 static int fd_token_in(const char *v, size_t n, const char *token)
@@ -627,6 +895,50 @@ static int fd_name_is(const struct phr_header *h, const char *name)
     return h->name != NULL && h->name_len == strlen(name) && strncasecmp(h->name, name, h->name_len) == 0;
 }
 
+/* What picohttpparser lets through and RFC 9112 (read as llhttp's strict mode
+ * reads it) does not: every line ends in CRLF (a bare LF is where parsers
+ * disagree on where a line ends); the request line has single spaces,
+ * HTTP/1.0 or 1.1, and a target in origin-form, absolute-form (http/https) or
+ * "*" for OPTIONS, of visible ASCII only. CONNECT (a tunnel) and TRACE (it
+ * would echo the client's credentials back) are refused: the app behind a WSGI
+ * server can do neither safely. */
+static int fd_request_line_ok(const struct fd_conn *c)
+{
+    for (size_t i = 0; i < c->head_len; i++)
+        if (c->buf[i] == '\n' && (i == 0 || c->buf[i - 1] != '\r'))
+            return 0;
+    /* picohttpparser skips runs of spaces; its path pointer shows whether it did. */
+    if (c->path != c->method + c->method_len + 1 || c->path[c->path_len + 1] != 'H')
+        return 0;
+    if (c->minor_version > 1)
+        return 0;
+    if ((c->method_len == 7 && memcmp(c->method, "CONNECT", 7) == 0) ||
+        (c->method_len == 5 && memcmp(c->method, "TRACE", 5) == 0))
+        return 0;
+    for (size_t i = 0; i < c->path_len; i++)
+        if ((unsigned char)c->path[i] <= 0x20 || (unsigned char)c->path[i] >= 0x7f)
+            return 0;
+    if (c->path[0] == '/')
+        return 1;
+    if (c->path_len == 1 && c->path[0] == '*')
+        return c->method_len == 7 && memcmp(c->method, "OPTIONS", 7) == 0;
+    return (c->path_len > 7 && strncasecmp(c->path, "http://", 7) == 0) ||
+           (c->path_len > 8 && strncasecmp(c->path, "https://", 8) == 0);
+}
+
+/* A Host value is an authority's host and port (RFC 3986 reg-name, IP
+ * literal, ':' port) or empty: no spaces, no userinfo, no path. */
+static int fd_host_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        if (!(((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z') || (ch >= '0' && ch <= '9') ||
+              (ch != 0 && strchr("-._~%!$&'()*+,;=:[]", ch) != NULL)))
+            return 0;
+    }
+    return 1;
+}
+
 /* Parse the head in c->buf. Returns 1 complete, 0 incomplete, -1 malformed or ambiguous. */
 static int fd_parse_head(struct fd_conn *c, size_t last_len)
 {
@@ -641,7 +953,9 @@ static int fd_parse_head(struct fd_conn *c, size_t last_len)
     c->content_length = -1;
     c->chunked = 0;
     c->expect_continue = 0;
-    int seen_te = 0, connection_close = 0, connection_keep = 0;
+    if (!fd_request_line_ok(c))
+        return -1;
+    int seen_te = 0, connection_close = 0, connection_keep = 0, hosts = 0;
     for (size_t i = 0; i < c->num_headers; i++) {
         const struct phr_header *h = &c->headers[i];
         if (h->name == NULL || h->name_len == 0)
@@ -662,11 +976,17 @@ static int fd_parse_head(struct fd_conn *c, size_t last_len)
         } else if (fd_name_is(h, "connection")) {
             connection_close |= fd_token_in(h->value, h->value_len, "close");
             connection_keep |= fd_token_in(h->value, h->value_len, "keep-alive");
+        } else if (fd_name_is(h, "host")) {
+            /* RFC 9112 section 3.2: two Hosts, or one that is no authority, are a 400 (never joined). */
+            if (++hosts > 1 || !fd_host_ok(h->value, h->value_len))
+                return -1;
         } else if (fd_name_is(h, "expect")) {
             if (h->value_len == 12 && strncasecmp(h->value, "100-continue", 12) == 0)
                 c->expect_continue = 1;
         }
     }
+    if (hosts == 0 && c->minor_version >= 1)
+        return -1;   /* RFC 9112 section 3.2: an HTTP/1.1 request without Host is a 400 */
     if (seen_te) {
         if (c->content_length >= 0 || c->minor_version == 0)
             return -1;
@@ -682,6 +1002,33 @@ static int fd_parse_head(struct fd_conn *c, size_t last_len)
 static int fd_has_body(const struct fd_conn *c)
 {
     return c->chunked || c->content_length > 0;
+}
+
+enum fd_head_verdict { FD_HEAD_PARTIAL, FD_HEAD_COMPLETE, FD_HEAD_BAD, FD_HEAD_TOO_LARGE };
+
+/* How the head in c->buf is answered. The limit holds for the head however it
+ * arrived: a head finished by a later read is as large as one read at once. */
+static enum fd_head_verdict fd_judge_head(struct fd_conn *c, size_t max_head, size_t last_len)
+{
+    int r = fd_parse_head(c, last_len);
+    if (r == 1)
+        return c->head_len > max_head ? FD_HEAD_TOO_LARGE : FD_HEAD_COMPLETE;
+    if (r < 0)
+        return FD_HEAD_BAD;
+    return c->len >= max_head ? FD_HEAD_TOO_LARGE : FD_HEAD_PARTIAL;
+}
+
+/* A worker starts on c: its body is read from just after the head. */
+static void fd_conn_start_body(struct fd_conn *c)
+{
+    c->pos = c->head_len;
+    c->body_left = c->chunked ? 0 : (c->content_length > 0 ? c->content_length : 0);
+    c->body_done = !fd_has_body(c);
+    c->body_error = 0;
+    c->write_until = 0;
+    atomic_store_explicit(&c->io_waited_ns, 0, memory_order_relaxed);
+    memset(&c->decoder, 0, sizeof c->decoder);
+    c->cbuf_pos = c->cbuf_len = 0;
 }
 
 /* ----------------------------------------------------------- connections */
@@ -861,14 +1208,6 @@ static void fd_line_dropped_wake(struct fd_server *srv)
         pthread_cond_broadcast(&srv->ready);
 }
 
-static int fd_hex(unsigned char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    ch |= 0x20;
-    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-}
-
 /* 1 when the raw path, percent-decoded as urllib's unquote_to_bytes does it
  * (a '%' not followed by two hex digits stays as it is), is `want`. */
 static int fd_decoded_path_is(const char *raw, size_t n, const char *want, size_t want_len)
@@ -982,6 +1321,21 @@ static void fd_io_linger(struct fd_server *srv, struct fd_conn *c, int64_t now)
         c->state = FD_CLOSED;
         fd_conn_free(srv, c);
         return;
+    }
+    /* Each lingering socket is a descriptor and a buffer held for a client
+     * that was already answered: a flood of refused connections may not grow
+     * them without bound. The oldest has had the longest to read its answer.
+     * Its memory outlives this turn: an event for it may still wait in the
+     * batch being handled, and is skipped by its state. */
+    while (srv->lingering.count >= srv->cfg.max_lingering && srv->lingering.head) {
+        struct fd_conn *old = srv->lingering.head;
+        fd_list_remove(&srv->lingering, old);
+        close(old->fd);
+        old->fd = -1;
+        fd_count(&srv->open_connections, -1);
+        old->state = FD_CLOSED;
+        old->next = srv->graveyard;
+        srv->graveyard = old;
     }
     c->state = FD_DRAINING;
     c->drained = 0;
@@ -1120,24 +1474,23 @@ static void fd_io_admit(struct fd_server *srv, struct fd_conn *c, int64_t now)
  * admitted, answered or closed (the caller must not touch it again). */
 static int fd_io_try_head(struct fd_server *srv, struct fd_conn *c, int64_t now, size_t last_len)
 {
-    int r = fd_parse_head(c, last_len);
-    if (r == 1) {
+    switch (fd_judge_head(c, srv->cfg.max_head, last_len)) {
+    case FD_HEAD_COMPLETE:
         fd_io_admit(srv, c, now);
         return 0;
-    }
-    if (r < 0) {
+    case FD_HEAD_BAD:
         c->head_len = 0;
         fd_count(&srv->bad_requests, 1);
         fd_io_answer(srv, c, FD_A_BAD_REQUEST, now);
         return 0;
-    }
-    if (c->len >= srv->cfg.max_head) {
+    case FD_HEAD_TOO_LARGE:
         c->head_len = 0;
         fd_count(&srv->heads_too_large, 1);
         fd_io_answer(srv, c, FD_A_HEAD_TOO_LARGE, now);
         return 0;
+    default:
+        return 1;
     }
-    return 1;
 }
 
 /* Read what arrived; the first bytes of a head take the kernel's receive stamp. */
@@ -1345,6 +1698,11 @@ static void *fd_io_main(void *arg)
     struct epoll_event events[128];
     int drained_seen = 0;
     for (;;) {
+        while (srv->graveyard) {
+            struct fd_conn *c = srv->graveyard;
+            srv->graveyard = c->next;
+            fd_conn_free(srv, c);
+        }
         int64_t now = fd_now_ns();
         pthread_mutex_lock(&srv->mutex);
         int draining = srv->draining, stopping = srv->stopping;
@@ -1773,13 +2131,7 @@ static struct fd_conn *fd_server_next(struct fd_server *srv, int block, int *emp
                 return NULL;
             continue;
         }
-        c->pos = c->head_len;
-        c->body_left = c->chunked ? 0 : (c->content_length > 0 ? c->content_length : 0);
-        c->body_done = !fd_has_body(c);
-        c->body_error = 0;
-        memset(&c->decoder, 0, sizeof c->decoder);
-        c->decoder.consume_trailer = 1;
-        c->cbuf_pos = c->cbuf_len = 0;
+        fd_conn_start_body(c);
         return c;
     }
 }
@@ -1801,9 +2153,41 @@ static int fd_wait_fd(int fd, short events, int64_t until_ns)
     }
 }
 
-/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
-static ssize_t fd_conn_try_write(struct fd_conn *c, const char *p, size_t n)
+static int64_t fd_add_saturating(int64_t a, int64_t b)
 {
+    int64_t sum;
+    return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+
+/* Wait for the client until `until_ns`, within what is left of the request's
+ * whole allowance for waiting on it (cfg.max_io_wait_ns): without that cap a
+ * client trickling within a huge budget would keep the worker for all of it.
+ * 1 ready, 0 timed out or failed. */
+static int fd_conn_wait(struct fd_server *srv, struct fd_conn *c, short events, int64_t until_ns)
+{
+    int64_t start = fd_now_ns();
+    int64_t cap = fd_add_saturating(start, srv->cfg.max_io_wait_ns - fd_read_counter(&c->io_waited_ns));
+    int ready = fd_wait_fd(c->fd, events, until_ns < cap ? until_ns : cap);
+    fd_count(&c->io_waited_ns, fd_now_ns() - start);
+    return ready;
+}
+
+/* The response begins: from now on no 100 Continue may go (it would land in
+ * the response), and the whole response is due by its deadline, or by now if
+ * the answer was computed after it, plus the write grace. */
+static void fd_conn_response_begins(struct fd_server *srv, struct fd_conn *c)
+{
+    if (c->write_until)
+        return;
+    atomic_store(&c->expect_continue, 0);
+    int64_t now = fd_now_ns();
+    c->write_until = fd_add_saturating(now > c->deadline_ns ? now : c->deadline_ns, srv->cfg.write_grace_ns);
+}
+
+/* Send what the socket takes now without waiting: bytes sent, or -1 when the client is gone. */
+static ssize_t fd_conn_try_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+{
+    fd_conn_response_begins(srv, c);
     size_t done = 0;
     while (done < n) {
         ssize_t w = send(c->fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1830,29 +2214,41 @@ static int fd_conn_body_buffered(const struct fd_conn *c)
     return c->pos < c->len;
 }
 
-/* Write everything; 0 on success, -1 when the client is gone or stalled past io_timeout. */
-static int fd_conn_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+/* Send everything, never waiting past `until_ns` nor io_timeout without progress; 0 sent, -1 not. */
+static int fd_conn_send(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n, int64_t until_ns)
 {
-    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
     while (n) {
         ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
-            until = fd_now_ns() + srv->cfg.io_timeout_ns;
+            stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
             continue;
         }
         if (w < 0 && errno == EINTR)
             continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLOUT, until))
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+            fd_conn_wait(srv, c, POLLOUT, stalled < until_ns ? stalled : until_ns))
             continue;
         return -1;
     }
     return 0;
 }
 
-/* Raw bytes of the body: first what came with the head, then the socket. */
-static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+/* Write all of a response's bytes; 0 on success, -1 when the client is gone, stalled or too slow for the bounds. */
+static int fd_conn_write(struct fd_server *srv, struct fd_conn *c, const char *p, size_t n)
+{
+    fd_conn_response_begins(srv, c);
+    return fd_conn_send(srv, c, p, n, c->write_until);
+}
+
+/* Raw bytes of the body: first what came with the head, then the socket. A
+ * read that may wait does so until the request's deadline at most: a client
+ * trickling its body must not keep a worker beyond the time its answer is
+ * worth anything. Bytes, FD_BODY_AGAIN (only when !wait), or -1 with
+ * c->body_error set. */
+static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n, int wait)
 {
     if (c->pos < c->len) {
         size_t have = c->len - c->pos;
@@ -1862,31 +2258,43 @@ static ssize_t fd_conn_raw(struct fd_server *srv, struct fd_conn *c, char *dst, 
         c->pos += have;
         return (ssize_t)have;
     }
-    if (c->expect_continue) {
+    if (wait && atomic_exchange(&c->expect_continue, 0)) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        c->expect_continue = 0;
-        if (fd_conn_write(srv, c, cont, sizeof cont - 1) != 0)
+        if (fd_conn_send(srv, c, cont, sizeof cont - 1, c->deadline_ns) != 0) {
+            c->body_error = FD_BODY_LOST;
             return -1;
+        }
     }
-    int64_t until = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t stalled = fd_now_ns() + srv->cfg.io_timeout_ns;
+    int64_t until = stalled < c->deadline_ns ? stalled : c->deadline_ns;
     for (;;) {
         ssize_t r = recv(c->fd, dst, n, MSG_DONTWAIT);
         if (r > 0) {
             c->last_read_ns = fd_now_ns();
             return r;
         }
-        if (r == 0)
-            return -1;   /* the client closed before the body ended */
+        if (r == 0) {
+            c->body_error = FD_BODY_LOST;   /* the client closed before the body ended */
+            return -1;
+        }
         if (errno == EINTR)
             continue;
-        if ((errno == EAGAIN || errno == EWOULDBLOCK) && fd_wait_fd(c->fd, POLLIN, until))
-            continue;
-        return -1;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            c->body_error = FD_BODY_LOST;
+            return -1;
+        }
+        if (!wait)
+            return FD_BODY_AGAIN;
+        if (!fd_conn_wait(srv, c, POLLIN, until)) {
+            c->body_error = FD_BODY_TIMEOUT;
+            return -1;
+        }
     }
 }
 
-/* Up to n bytes of the decoded request body; 0 at its end, -1 on a broken or stalled body. */
-static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
+/* Up to n bytes of the decoded request body: bytes, 0 at its end, -1 on a
+ * failed body (c->body_error says why), FD_BODY_AGAIN when !wait and nothing is here. */
+static ssize_t fd_conn_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n, int wait)
 {
     if (c->body_error)
         return -1;
@@ -1897,11 +2305,9 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
             return 0;
         if ((int64_t)n > c->body_left)
             n = (size_t)c->body_left;
-        ssize_t r = fd_conn_raw(srv, c, dst, n);
-        if (r < 0) {
-            c->body_error = 1;
-            return -1;
-        }
+        ssize_t r = fd_conn_raw(srv, c, dst, n, wait);
+        if (r < 0)
+            return r;
         c->body_left -= r;
         if (c->body_left == 0)
             c->body_done = 1;
@@ -1913,20 +2319,18 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
         if (c->cbuf_cap == 0) {
             c->cbuf = malloc(FD_READ_CHUNK);
             if (!c->cbuf) {
-                c->body_error = 1;
+                c->body_error = FD_BODY_LOST;
                 return -1;
             }
             c->cbuf_cap = FD_READ_CHUNK;
         }
-        ssize_t r = fd_conn_raw(srv, c, c->cbuf, c->cbuf_cap);
-        if (r < 0) {
-            c->body_error = 1;
-            return -1;
-        }
+        ssize_t r = fd_conn_raw(srv, c, c->cbuf, c->cbuf_cap, wait);
+        if (r < 0)
+            return r;
         size_t size = (size_t)r;
-        ssize_t rest = phr_decode_chunked(&c->decoder, c->cbuf, &size);
+        ssize_t rest = fd_chunked_decode(&c->decoder, c->cbuf, &size);
         if (rest == -1) {
-            c->body_error = 1;
+            c->body_error = FD_BODY_MALFORMED;
             return -1;
         }
         c->cbuf_pos = 0;
@@ -1940,7 +2344,7 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
                 size_t need = (size_t)rest + tail;
                 char *nb = malloc(need > 0 ? need : 1);
                 if (!nb) {
-                    c->body_error = 1;
+                    c->body_error = FD_BODY_LOST;
                     return -1;
                 }
                 memcpy(nb, c->cbuf + keep_from, (size_t)rest);
@@ -1962,14 +2366,48 @@ static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char 
     return (ssize_t)have;
 }
 
-/* The worker is done with c: its place is freed exactly once here, and the
- * connection goes back for its next head (keep) or is closed politely. */
-static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
+/* Up to n bytes of the decoded request body; 0 at its end, -1 on a failed body (c->body_error says why). */
+static ssize_t fd_conn_read_body(struct fd_server *srv, struct fd_conn *c, char *dst, size_t n)
 {
-    if (keep && (!c->body_done || c->body_error || c->cbuf_pos != c->cbuf_len))
-        keep = 0;   /* the rest of an unread body would be taken for the next head */
-    if (keep)
-        fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
+    return fd_conn_body(srv, c, dst, n, 1);
+}
+
+/* The app is done: drop the rest of the body it left unread, from what has
+ * already arrived (never waiting, at most cfg.max_drain_bytes). 1 when the
+ * body is all read, so the connection may carry the next request, which
+ * starts right after it. */
+static int fd_conn_discard_body(struct fd_server *srv, struct fd_conn *c)
+{
+    char sink[FD_READ_CHUNK];
+    atomic_store(&c->expect_continue, 0);   /* the final response is next: asking for the body now is too late */
+    for (int64_t left = srv->cfg.max_drain_bytes; left > 0 && (!c->body_done || c->cbuf_pos < c->cbuf_len);) {
+        ssize_t r = fd_conn_body(srv, c, sink, sizeof sink, 0);
+        if (r <= 0)
+            break;
+        left -= r;
+    }
+    return c->body_done && !c->body_error && c->cbuf_pos == c->cbuf_len;
+}
+
+/* 1 when the rest of the body has arrived (in the buffers or the socket's), so
+ * that dropping it once the app is done needs no wait: while its response
+ * streams the app may still read it, so nothing is dropped yet. A chunked
+ * body's end cannot be seen without decoding it: 0 until it was read. */
+static int fd_conn_body_arrived(const struct fd_conn *c)
+{
+    if (c->body_error)
+        return 0;
+    if (c->body_done)
+        return 1;
+    int queued = 0;
+    if (c->chunked || ioctl(c->fd, FIONREAD, &queued) != 0)
+        return 0;
+    return (int64_t)(c->len - c->pos) + queued >= c->body_left;
+}
+
+/* The worker's place is given back (exactly once, here); the connection stays with the caller. */
+static void fd_conn_release(struct fd_server *srv, struct fd_conn *c)
+{
     int64_t now = fd_now_ns();
     pthread_mutex_lock(&srv->mutex);
     /* The service time (started -> finished) feeds the learned estimate and
@@ -1984,7 +2422,23 @@ static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
     if (fd_waiting(srv))
         pthread_cond_broadcast(&srv->ready);
     pthread_mutex_unlock(&srv->mutex);
+}
+
+/* The connection goes back to the I/O thread, for its next head (keep) or a polite close. */
+static void fd_conn_hand_back(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    if (keep && (!c->body_done || c->body_error || c->cbuf_pos != c->cbuf_len))
+        keep = 0;   /* the rest of an unread body would be taken for the next head */
+    if (keep)
+        fd_conn_reset_for_next(c, c->pos);   /* what follows the body is the next head */
     fd_return(srv, c, keep ? 1 : 0);
+}
+
+/* The worker is done with c: its place is freed and the connection handed back. */
+static void fd_conn_finish(struct fd_server *srv, struct fd_conn *c, int keep)
+{
+    fd_conn_release(srv, c);
+    fd_conn_hand_back(srv, c, keep);
 }
 
 /* An address as text and port, for REMOTE_ADDR / SERVER_NAME; 0 when not IP. */

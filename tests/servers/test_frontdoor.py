@@ -526,7 +526,7 @@ def test_a_thousand_pipelined_refusals_are_all_answered_in_order(start: Any) -> 
     server = start()
     count = 1000
     heads = b"GET /%d HTTP/1.1\r\nHost: x\r\nX-Request-Budget-Ms: 0\r\n\r\n"
-    data = b"".join(heads % i for i in range(count)) + b"GET /last HTTP/1.1\r\nConnection: close\r\n\r\n"
+    data = b"".join(heads % i for i in range(count)) + b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
         sender = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
         sender.start()

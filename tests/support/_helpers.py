@@ -8,10 +8,14 @@ bound (``JOIN_TIMEOUT_S``) so a hang fails instead of blocking the suite.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -33,6 +37,7 @@ __all__ = [
     "assert_conservation",
     "assert_counters",
     "examples",
+    "import_test_module",
     "load_histogram_twin",
     "load_twin",
     "reasons",
@@ -108,8 +113,28 @@ def _load(loader: Callable[[str], T], name: str) -> T:
         )
 
 
+def import_test_module(folder: str, name: str) -> ModuleType:
+    """The test module ``tests/<folder>/<name>.py``, for a file that reuses another's cases.
+
+    pytest puts a test file's own folder on ``sys.path`` as it collects it, so a
+    module of another folder is importable by name only once that folder was
+    collected: loaded by path, a file also runs alone (``pytest tests/x/test_y.py``).
+    It is registered under its plain name, the one pytest gives it, so a full run
+    imports it once.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / folder / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def examples(n: int) -> int:
-    """``n`` Hypothesis examples scaled by the loaded profile (``HYPOTHESIS_PROFILE=deep``: ten times ``n``)."""
+    """``n`` Hypothesis examples scaled by the loaded profile (``HYPOTHESIS_PROFILE=deep``: ``PRAZO_DEEP_FACTOR`` × ``n``)."""
     return max(1, n * settings.default.max_examples // 100)
 
 
