@@ -28,20 +28,26 @@ build: $(STAMP)
 services:
 	bash .ci/ensure-services
 
-# -ra lists every skip with its reason; under CI=true a skip that tests/_required.py
+# -ra lists every skip with its reason; under CI=true a skip that tests/support/_required.py
 # does not allow fails the run (tests/conftest.py).
+# Two workers (pytest-xdist), one per core: the suite is written to pass with the other
+# core busy (make stress-tests proves it with a CPU hog), and no test binds a fixed port.
+# --dist loadfile keeps a file on one worker, so its module fixtures are set up once and
+# its tests never race each other; each worker has its own session fixtures (its own
+# PostgreSQL cluster, on a free port in its own directory). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: build services
-	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The properties where the invariants live, at DEEP_FACTOR times their examples
 # (HYPOTHESIS_PROFILE=deep, tests/conftest.py): the queue's policy mixes and
 # lockstep state machine, and the outcome properties that drive real threads.
 # CI runs it with a smaller factor to bound its time; DEEP_TESTS picks others.
 DEEP_FACTOR ?= 10
-DEEP_TESTS ?= tests/test_queue_statemachine.py tests/test_queue_policies_admission.py \
-	tests/test_queue_policies_dequeue.py tests/test_queue_policies_combined.py tests/test_queue_concurrent.py \
-	tests/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/test_dependency_breaker.py \
-	tests/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
+DEEP_TESTS ?= tests/core/test_queue_statemachine.py tests/core/test_queue_policies_admission.py \
+	tests/core/test_queue_policies_dequeue.py tests/core/test_queue_policies_combined.py tests/core/test_queue_concurrent.py \
+	tests/pool/test_pool.py::test_every_submission_ends_in_exactly_one_outcome tests/dependency/test_dependency_breaker.py \
+	tests/servers/test_frontdoor_policies.py::test_any_policy_mix_answers_every_request_once_and_balances
 test-deep: build
 	HYPOTHESIS_PROFILE=deep PRAZO_DEEP_FACTOR=$(DEEP_FACTOR) $(PY) -m pytest -q -p no:cacheprovider $(DEEP_TESTS) $(PYTEST_ARGS)
 
@@ -59,22 +65,25 @@ demo: build
 bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
 
-# mypy and stubtest read the package as prazo.* through build/typecheck/prazo
-# (pyproject.toml, [tool.mypy]); stubtest imports the built extensions and
-# holds each .pyi beside them to what they really define.
+# The same checks as .pre-commit-config.yaml, without pre-commit: lint, format, spelling
+# (settings in pyproject.toml), then the types. mypy and stubtest read the package as
+# prazo.* through build/typecheck/prazo (pyproject.toml, [tool.mypy]); stubtest imports
+# the built extensions and holds each .pyi beside them to what they really define.
 TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
 	prazo.bindings.servers._frontdoor_c
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench
+	$(VENV)/bin/ruff format --check core bindings tests bench
+	$(VENV)/bin/codespell
 	mkdir -p $(TYPECHECK)
 	for folder in core bindings bench; do ln -sfn ../../../$$folder $(TYPECHECK)/$$folder; done
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist .ci/stubtest-allowlist.txt $(STUBBED)
 
-# The core suite and the binding tests that run the compiled paths (the
-# middleware's compiled path, the pool, the server dispatcher, the middleware on
-# a real server, their subprocesses) against both extensions built with
+# The tests marked `compiled` (the core suite and the binding tests that run the
+# compiled paths: the middleware's compiled path, the pool, the server dispatcher,
+# the middleware on a real server, the front door, their subprocesses) against both extensions built with
 # AddressSanitizer + UBSan (-O0 -g3), in build/asan so the normal build is left
 # alone. build/asan holds a whole prazo tree and comes first on PYTHONPATH; the
 # first command proves the sanitized modules are the ones imported.
@@ -87,17 +96,15 @@ check: build
 # sends Python objects through malloc too, so ASan sees a freed object that an
 # extension goes on using (pymalloc's arenas would hide it).
 ASAN_DIR := build/asan
-# The server embeddings' suites are left out: their real-time assertions (a seed
-# scenario at 300 ms per request) do not hold at ASan's speed on a loaded machine, and
-# the queue and middleware code they run is covered here already. The front door's are
-# in: its engine is C of its own, and its timings are generous enough for ASan.
-ASAN_TESTS := tests/test_queue_semantics.py tests/test_queue_statemachine.py tests/test_queue_threads.py tests/test_queue_policies_dequeue.py \
-	tests/test_queue_policies_admission.py tests/test_queue_policies_combined.py \
-	tests/test_queue_waiters.py tests/test_queue_stats_gc.py tests/test_queue_concurrent.py \
-	tests/test_seed_scenario.py tests/test_wsgi_fast_path.py tests/test_wsgi.py tests/test_pool.py tests/test_future_condition.py \
-	tests/test_executor_contract.py tests/test_wsgi_server.py tests/test_server_dispatcher.py \
-	tests/test_histogram.py tests/test_frontdoor_parsing.py tests/test_frontdoor.py tests/test_frontdoor_policies.py \
-	tests/test_frontdoor_request_start.py tests/test_frontdoor_lifecycle.py tests/test_frontdoor_strictness.py
+# The tests are those marked `compiled` (pyproject.toml) in the folders whose subject is
+# prazo's own code; tests/integrations and tests/bench stay out: they import third-party
+# extensions (grpcio, psycopg) that have no business under a preloaded ASan, and their
+# compiled paths are the ones run here already. The server embeddings' suites carry no
+# marker: their real-time assertions (a seed scenario at 300 ms per request) do not hold
+# at ASan's speed on a loaded machine, and the queue and middleware code they run is
+# covered here already. The front door's are in: its engine is C of its own, and its
+# timings are generous enough for ASan.
+ASAN_TESTS := tests/core tests/bindings tests/pool tests/servers
 ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/$(ASAN_DIR) PYTHONMALLOC=malloc \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)
@@ -109,7 +116,7 @@ sanitize: $(STAMP)
 	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
 		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p; \
 		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__)"
-	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys $(ASAN_TESTS) $(PYTEST_ARGS)
+	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
 # without extras in a fresh virtualenv and tested there (see .ci/dist_check.py).

@@ -6,7 +6,7 @@
    pytest and hypothesis only, as a user would: `pip install prazo-*.tar.gz`
    builds the C twin again through pip's own isolated build.
 3. There the import of both compiled modules and the `prazo` command are
-   checked, and the core suite runs on both twins (the `impl` fixture), from a
+   checked, and the core suite (tests/core) runs on both twins (the `impl` fixture), from a
    copy of the tests in a directory of their own, where nothing of the
    repository is on sys.path to stand in for the installed package.
 4. A third virtualenv installs the sdist with PRAZO_NO_EXTENSIONS=1 (no
@@ -28,19 +28,12 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORE_SUITE = [
-    "test_queue_semantics.py",
-    "test_queue_statemachine.py",
-    "test_queue_threads.py",
-    "test_queue_waiters.py",
-    "test_queue_stats_gc.py",
-    "test_histogram.py",
-    "test_seed_scenario.py",
-    "test_deadline.py",
-    "test_errors.py",
-]
-# The core suite's support files: its fixtures and the helpers its modules import.
-TEST_SUPPORT = ["conftest.py", "_helpers.py", "_required.py"]
+# The core suite is the folder tests/core (queue, histogram, deadline, errors, the seed
+# scenario): a new core test file is in it by being there. It needs the one conftest
+# and the support modules (tests/support), copied with it in the repository's layout so
+# pytest's `pythonpath` setting (pyproject.toml) finds them.
+CORE_SUITE = "tests/core"
+TEST_SUPPORT = ["tests/conftest.py", "tests/support"]
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
 
 # Paths inside the sdist (below prazo-<version>/) and the wheel that must be there.
@@ -71,8 +64,8 @@ SDIST_REQUIRED = [
     "bench/RESULTS.md",
     "bench/py.typed",
     "tests/conftest.py",
-    "tests/_helpers.py",
-    "tests/_required.py",
+    "tests/support/_helpers.py",
+    "tests/support/_required.py",
 ]
 WHEEL_REQUIRED = [
     "prazo/core/_queue_c.pyi",
@@ -104,8 +97,6 @@ WHEEL_EXTENSIONS = [
     "prazo/bindings/_pool_c.",
     "prazo/bindings/servers/_frontdoor_c.",
 ]
-# C that is a source, not generated: the front door's vendored parser.
-VENDORED_C = "bindings/vendor/"
 
 # prazo comes from the virtualenv, both compiled modules load, the C twin is the one
 # prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
@@ -135,11 +126,12 @@ def check_contents(dist: Path) -> tuple[Path, Path]:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     problems = [f"sdist lacks {name}" for name in SDIST_REQUIRED if name not in names]
-    # Generated C is rebuilt from the .pyx; a shipped copy could be stale.
+    # Generated C is rebuilt from the .pyx; a shipped copy could be stale. A .c with no
+    # .pyx beside it is a source (the vendored parser, the front door's fuzz harness).
     problems += [
         f"sdist ships generated {name}"
         for name in sorted(names)
-        if name.endswith((".c", ".so")) and not name.startswith(VENDORED_C)
+        if name.endswith(".so") or (name.endswith(".c") and name[: -len(".c")] + ".pyx" in names)
     ]
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
@@ -169,12 +161,16 @@ def install(out: Path, name: str, artifact: Path, env: dict[str, str] | None = N
 def core_suite(out: Path, name: str, python: Path, env: dict[str, str] | None = None) -> None:
     """The core suite, from a copy of the tests in a directory of its own."""
     where = out / f"tests-{name}"
-    where.mkdir()
-    for test_file in TEST_SUPPORT + CORE_SUITE:
-        shutil.copy2(REPO / "tests" / test_file, where)
-    # The pytest settings (markers, warnings as errors) without the rest of the repository.
+    for part in (*TEST_SUPPORT, CORE_SUITE):
+        source, target = REPO / part, where / part
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    # The pytest settings (markers, warnings as errors, pythonpath) without the rest of the repository.
     shutil.copy2(REPO / "pyproject.toml", where)
-    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE_SUITE, cwd=where, env=env)
+    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", CORE_SUITE, cwd=where, env=env)
 
 
 def main() -> None:

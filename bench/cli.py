@@ -155,7 +155,7 @@ def _rate(text: str) -> float:
 def _add_command_with_topics(commands: Commands, name: str, help: str, default: Callable[[], Handler]) -> Commands:
     """``prazo <name>`` with sub-commands (topics); without one it runs ``default()``."""
     command = commands.add_parser(name, parents=[impl_options()], help=help, description=help.capitalize() + ".")
-    command.set_defaults(handler=lambda args, out: default()(args, out))
+    command.set_defaults(handler=lambda args, out: default()(args, out))  # noqa: PLW0108 - default() imports lazily, at run time
     return command.add_subparsers(dest="topic", metavar="TOPIC")
 
 

@@ -187,7 +187,7 @@ class SeedResult:
     counts: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.counts = {outcome: 0 for outcome in OUTCOMES}
+        self.counts = dict.fromkeys(OUTCOMES, 0)
         for arrival in self.arrivals:
             self.counts[arrival.outcome] += 1
 

@@ -739,9 +739,9 @@ def render_report(result: DemoResult) -> str:
                 f"  waitress stopped accepting connections (its connection limit) for about "
                 f"{setup.not_accepting_s():.1f} s: new connections waited in the kernel's backlog"
             )
-        for name, stats in setup.dependency_stats.items():
+        for dependency, stats in setup.dependency_stats.items():
             shown = {key: _stat(stats[key]) for key in _DEPENDENCY_STATS_SHOWN if key in stats}
-            out.append(f"  Dependency {name!r}: " + ", ".join(f"{key} {value}" for key, value in shown.items()))
+            out.append(f"  Dependency {dependency!r}: " + ", ".join(f"{key} {value}" for key, value in shown.items()))
         out.append(
             f"  load generator: {len(setup.records)} requests ({setup.achieved_rate():.0f}/s), "
             f"sent late by p50 {_ms(lag['p50'])} ms, p99 {_ms(lag['p99'])} ms, max {_ms(lag['max'])} ms"

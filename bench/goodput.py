@@ -357,7 +357,12 @@ def _policy_specs() -> list[ServerSpec]:
     bases: list[tuple[str, str, Callable[[str], Callable[[str, int, GoodputSettings, Path], list[Process]]], Any]] = [
         ("prazo-waitress", "prazo waitress embedding", lambda p: _prazo_serve("waitress", p), _waitress_ok),
         ("prazo-gunicorn", "prazo gunicorn AdmissionWorker", lambda p: _gunicorn(_PRAZO_WORKER, p), _gunicorn_ok),
-        ("frontdoor", "prazo front door", lambda p: _prazo_serve("prazo", p), _both(_no_front_door, _front_door_policies)),
+        (
+            "frontdoor",
+            "prazo front door",
+            lambda p: _prazo_serve("prazo", p),
+            _both(_no_front_door, _front_door_policies),
+        ),
     ]
     return [
         ServerSpec(
@@ -374,6 +379,7 @@ def _policy_specs() -> list[ServerSpec]:
 
 def _fixed(text: str) -> Callable[[], str]:
     return lambda: text
+
 
 # The comparison, in table order. Adding a server is one entry here.
 SERVERS: dict[str, ServerSpec] = {
@@ -575,9 +581,7 @@ def summarize(
             slices[budget_class.name] = {
                 "budget_ms": budget_class.budget_ms,
                 "share": budget_class.share,
-                **slice_figures(
-                    members, seconds, capacity_per_s * budget_class.share, budget_ns_of, unloaded_p99_ms
-                ),
+                **slice_figures(members, seconds, capacity_per_s * budget_class.share, budget_ns_of, unloaded_p99_ms),
             }
     elif workload == "drop":
         phases = drop_phases(seconds)
@@ -1052,6 +1056,7 @@ def plot_timelines(results: Sequence[PointResult], path: str, labels: dict[str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     columns = list(dict.fromkeys((r.app, r.offered_x) for r in results))
     figure, axes = plt.subplots(2, len(columns), figsize=(6.5 * len(columns), 8.4), squeeze=False, sharex="col")
     for column, (app, offered_x) in enumerate(columns):

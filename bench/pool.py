@@ -168,7 +168,11 @@ POOL_COMPETITORS = (
     PoolCompetitor("no-deadline", "AdmissionPool.submit(fn), no deadline", _admission_pool, _submit_plain),
     PoolCompetitor("thread-pool-map", "ThreadPoolExecutor.map(fn, items)", _thread_pool, _map_plain, "thread-pool-map"),
     PoolCompetitor(
-        "map-in-scope", "AdmissionPool.map(fn, items) in deadline_scope", _admission_pool, _map_in_scope, "thread-pool-map"
+        "map-in-scope",
+        "AdmissionPool.map(fn, items) in deadline_scope",
+        _admission_pool,
+        _map_in_scope,
+        "thread-pool-map",
     ),
 )
 _BASELINES = {competitor.key: competitor.baseline for competitor in POOL_COMPETITORS}
@@ -265,9 +269,7 @@ class PoolBenchReport:
 
     def targets(self) -> list[Target]:
         submit_target = (
-            POOL_SPEEDUP_TARGET
-            if self.settings.workers == POOL_TARGET_WORKERS
-            else POOL_SPEEDUP_TARGET_OTHER_WORKERS
+            POOL_SPEEDUP_TARGET if self.settings.workers == POOL_TARGET_WORKERS else POOL_SPEEDUP_TARGET_OTHER_WORKERS
         )
         return [
             make_target(

@@ -132,7 +132,9 @@ def python_calls(workers: int, tasks: int = 2_000) -> dict[str, tuple[float, lis
 def main(argv: list[str]) -> int:
     workers = int(argv[0]) if argv else 4
     batches = int(argv[1]) if len(argv) > 1 else 7
-    print(f"{workers} workers · {TASKS:,} no-op tasks per batch · medians of {batches} interleaved batches · µs per task")
+    print(
+        f"{workers} workers · {TASKS:,} no-op tasks per batch · medians of {batches} interleaved batches · µs per task"
+    )
     print(f"{'':52}{'submit':>8}{'wait':>8}{'workers':>9}{'cpu':>8}{'wall':>8}")
     for label, (submit, waited, in_workers, cpu, wall) in cpu_budget(workers, batches).items():
         print(f"{label:52}{submit:8.2f}{waited:8.2f}{in_workers:9.2f}{cpu:8.2f}{wall:8.2f}")

@@ -80,16 +80,38 @@ def start_postgres() -> PostgresServer:
     port = _free_port()
     try:
         subprocess.run(
-            [*run_as, str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-             "--no-sync"],
+            [
+                *run_as,
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
             capture_output=True,
             check=True,
             timeout=_START_TIMEOUT_S,
         )
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=100"
         subprocess.run(
-            [*run_as, str(bin_dir / "pg_ctl"), "-D", str(data_dir), "-l", str(root / "server.log"), "-o", options,
-             "-w", "-t", str(int(_START_TIMEOUT_S)), "start"],
+            [
+                *run_as,
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data_dir),
+                "-l",
+                str(root / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(int(_START_TIMEOUT_S)),
+                "start",
+            ],
             capture_output=True,
             check=True,
             timeout=_START_TIMEOUT_S + 10,
@@ -98,7 +120,9 @@ def start_postgres() -> PostgresServer:
         log = root / "server.log"
         detail = getattr(exc, "stderr", b"") or b""
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-        raise PostgresUnavailable(f"PostgreSQL would not start: {exc}; {detail.decode(errors='replace')[-2000:]} {tail}")
+        raise PostgresUnavailable(
+            f"PostgreSQL would not start: {exc}; {detail.decode(errors='replace')[-2000:]} {tail}"
+        ) from exc
     server = PostgresServer("127.0.0.1", port, data_dir, bin_dir, run_as)
     _wait_accepting(server)
     return server
@@ -113,5 +137,5 @@ def _wait_accepting(server: PostgresServer) -> None:
         except OSError:
             if time.monotonic() > end:
                 server.stop()
-                raise PostgresUnavailable(f"PostgreSQL did not accept connections on port {server.port}")
+                raise PostgresUnavailable(f"PostgreSQL did not accept connections on port {server.port}") from None
             time.sleep(0.05)

@@ -8,7 +8,7 @@ configurations of one group each:
     OpenTelemetry not instrumented: the code path of a service without
     opentelemetry installed (``prazo.bindings.wsgi`` never imports it; the
     only check left is the observer's ``None``; the subprocess test in
-    ``tests/test_opentelemetry.py`` shows nothing of it is imported).
+    ``tests/integrations/opentelemetry/test_opentelemetry.py`` shows nothing of it is imported).
 ``api-only``
     ``instrument()`` with the API alone: the current span is the API's
     non-recording one, so each request pays ``get_current_span()``,

@@ -44,10 +44,17 @@ class Submitter:
         threads: list[Any],
         max_workers: int,
     ) -> None: ...
-    def submit_until(self, deadline: Deadline | None, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]: ...
+    def submit_until(
+        self, deadline: Deadline | None, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Future[Any]: ...
     def submit_current(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]: ...
     def submit(
-        self, deadline: Deadline | None, context: Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        deadline: Deadline | None,
+        context: Context,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Future[Any]: ...
 
 def run_worker(queue: Any, state: Any, reaper: Any) -> None: ...

@@ -365,7 +365,13 @@ class AdmissionPool(Executor):
                 _WorkItem,
                 # Not the bound method: the submitter must not keep the pool alive.
                 functools.partial(
-                    _start_worker, self._threads, thread_name_prefix, _COMPILED.run_worker, self._queue, state, self._reaper
+                    _start_worker,
+                    self._threads,
+                    thread_name_prefix,
+                    _COMPILED.run_worker,
+                    self._queue,
+                    state,
+                    self._reaper,
                 ),
                 self._threads,
                 max_workers,
@@ -459,7 +465,9 @@ class AdmissionPool(Executor):
         return future
 
     def _start_worker_locked(self) -> None:
-        _start_worker(self._threads, self._thread_name_prefix, self._worker_target, self._queue, self._state, self._reaper)
+        _start_worker(
+            self._threads, self._thread_name_prefix, self._worker_target, self._queue, self._state, self._reaper
+        )
 
     def map(
         self,

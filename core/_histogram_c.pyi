@@ -3,7 +3,16 @@
 from collections.abc import Iterable, Sequence
 from typing import Final, final
 
-__all__ = ["BUCKETS", "DEFAULT_QUANTILES", "MAX_NS", "MAX_SLICES", "LatencyHistogram", "WindowedHistogram", "bucket_bounds", "bucket_index"]
+__all__ = [
+    "BUCKETS",
+    "DEFAULT_QUANTILES",
+    "MAX_NS",
+    "MAX_SLICES",
+    "LatencyHistogram",
+    "WindowedHistogram",
+    "bucket_bounds",
+    "bucket_index",
+]
 
 BUCKETS: Final[int]
 MAX_NS: Final[int]

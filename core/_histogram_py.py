@@ -1,7 +1,7 @@
 """The pure-Python latency histogram: the readable specification of ``_histogram_c.pyx``.
 
 Both twins have the same API, the same bucket layout and give the same
-answers for the same inputs (``tests/test_histogram.py`` drives them in
+answers for the same inputs (``tests/core/test_histogram.py`` drives them in
 lockstep). Read this file to learn what the C twin does.
 
 Buckets (log-linear, like HdrHistogram)
@@ -145,7 +145,7 @@ def _quantile(counts: Sequence[int], total: int, min_ns: int, max_ns: int, q: fl
         return None
     rank = min(max(math.ceil(q * total), 1), total)
     seen = 0
-    for index, count in enumerate(counts):
+    for index, count in enumerate(counts):  # noqa: B007 - the bucket where the loop stopped is used below
         seen += count
         if seen >= rank:
             break

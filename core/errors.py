@@ -95,7 +95,9 @@ class QueueFull(queue.Full):
         self.reason = reason
         super().__init__(message or reason)
 
-    def __reduce__(self) -> tuple[type[QueueFull], tuple[str, str]]:  # keep reason across pickling (process pools, logging)
+    def __reduce__(
+        self,
+    ) -> tuple[type[QueueFull], tuple[str, str]]:  # keep reason across pickling (process pools, logging)
         return (type(self), (self.reason, str(self)))
 
 

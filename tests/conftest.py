@@ -1,17 +1,24 @@
-"""Fixtures shared by the test suite: both twins of the queue and the histogram, a fake clock, started servers.
+"""Fixtures shared by the test suite: both twins of the core, a fake clock, started servers.
 
-Every core test takes ``impl`` and so runs once against the C twin
-(``prazo.core._queue_c``) and once against the Python twin
-(``prazo.core._queue_py``). A missing C twin fails the ``c`` run unless
+Every core test runs once against the C twin and once against the Python twin
+through one parametrized fixture, ``twin`` (ids ``c`` and ``py``): ``impl``
+(its ``AdmissionQueue`` class) and ``hist`` (its histogram classes) are views
+of it, so a test that takes both gets the queue and the histogram of the
+*same* twin. The ``c`` run carries the ``compiled`` marker (``make sanitize``
+selects by it). A missing C twin fails the ``c`` run unless
 ``PRAZO_NO_EXTENSIONS=1`` asks for the Python twin alone (see
-``_helpers.load_twin``).
+``_helpers.load_twin``). ``lockstep`` gives both twins at once, for the tests
+that drive them side by side (``twin_pair`` and ``hist_pair`` are its views).
+
+This is the one conftest: the helpers it imports live in ``tests/support``
+(on ``sys.path`` through ``pythonpath`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from _helpers import TWIN_NAMES, FakeClock, QueueClass, load_histogram_twin, load_twin
@@ -32,42 +39,64 @@ if TYPE_CHECKING:
     from _services import PostgresServer
 
 
-@pytest.fixture(scope="session", params=TWIN_NAMES)
-def impl(request: pytest.FixtureRequest) -> QueueClass:
-    """The ``AdmissionQueue`` class of one twin (ids ``c`` and ``py``)."""
-    return load_twin(request.param)
+class Twin(NamedTuple):
+    """One twin of the core: its name (``"c"`` or ``"py"``), its queue class and its histogram classes."""
+
+    name: str
+    queue: QueueClass
+    histogram: HistogramTwin
+
+
+def _load(name: str) -> Twin:
+    return Twin(name, load_twin(name), load_histogram_twin(name))
+
+
+@pytest.fixture(
+    scope="session",
+    params=[pytest.param(name, marks=pytest.mark.compiled) if name == "c" else name for name in TWIN_NAMES],
+)
+def twin(request: pytest.FixtureRequest) -> Twin:
+    """One twin of the core (ids ``c`` and ``py``); the ``c`` run is marked ``compiled``."""
+    return _load(request.param)
 
 
 @pytest.fixture(scope="session")
-def twin_pair() -> tuple[QueueClass, QueueClass]:
+def impl(twin: Twin) -> QueueClass:
+    """The ``AdmissionQueue`` class of one twin (ids ``c`` and ``py``)."""
+    return twin.queue
+
+
+@pytest.fixture(scope="session")
+def hist(twin: Twin) -> HistogramTwin:
+    """One twin's histogram classes (ids ``c`` and ``py``): ``hist.LatencyHistogram``, ``hist.WindowedHistogram``."""
+    return twin.histogram
+
+
+@pytest.fixture(scope="session")
+def lockstep() -> tuple[Twin, Twin]:
     """The C and the Python twin, to be driven in lockstep.
 
     With ``PRAZO_NO_EXTENSIONS=1`` and no C twin built, the Python twin is
     paired with itself so the lockstep harness and the model still run.
     """
-    python_twin = load_twin("py")
+    python_twin = _load("py")
     try:
-        c_twin = load_twin("c")
+        c_twin = _load("c")
     except pytest.skip.Exception:
         return python_twin, python_twin
     return c_twin, python_twin
-
-
-@pytest.fixture(scope="session", params=TWIN_NAMES)
-def hist(request: pytest.FixtureRequest) -> HistogramTwin:
-    """One twin's histogram classes (ids ``c`` and ``py``): ``hist.LatencyHistogram``, ``hist.WindowedHistogram``."""
-    return load_histogram_twin(request.param)
 
 
 @pytest.fixture(scope="session")
-def hist_pair() -> tuple[HistogramTwin, HistogramTwin]:
-    """The C and the Python histogram twins, for lockstep tests (the Python twin twice without the C one)."""
-    python_twin = load_histogram_twin("py")
-    try:
-        c_twin = load_histogram_twin("c")
-    except pytest.skip.Exception:
-        return python_twin, python_twin
-    return c_twin, python_twin
+def twin_pair(lockstep: tuple[Twin, Twin]) -> tuple[QueueClass, QueueClass]:
+    """The C and the Python queue classes of ``lockstep``."""
+    return lockstep[0].queue, lockstep[1].queue
+
+
+@pytest.fixture(scope="session")
+def hist_pair(lockstep: tuple[Twin, Twin]) -> tuple[HistogramTwin, HistogramTwin]:
+    """The C and the Python histogram twins of ``lockstep``."""
+    return lockstep[0].histogram, lockstep[1].histogram
 
 
 @pytest.fixture
@@ -124,7 +153,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _unjustified_skips:
-        terminalreporter.section("skips CI does not allow (tests/_required.py ALLOWED_SKIPS)", red=True)
+        terminalreporter.section("skips CI does not allow (tests/support/_required.py ALLOWED_SKIPS)", red=True)
         for line in _unjustified_skips:
             terminalreporter.line(line)
 

@@ -283,7 +283,7 @@ class Dependency:
         timeout_ms: float | AdaptiveTimeout,
         stale_for_s: float | None = None,
         critical: bool = False,
-        hedge: None | str | float = None,
+        hedge: str | float | None = None,
         breaker: Breaker | None = None,
         endpoints: Sequence[Any] | None = None,
         max_hedge_ratio: float = 0.1,

@@ -127,9 +127,7 @@ class StatementDeadline:
     def deadline(self) -> Deadline:
         return self._deadline
 
-    def __call__(
-        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
-    ) -> Any:
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         connection = context["connection"]
         vendor = connection.vendor
         if vendor == "postgresql":

@@ -36,7 +36,9 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.utils import floatToGoString
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(f"prazo.bindings.integrations.prometheus needs prometheus_client ({exc}): pip install 'prazo[metrics]'") from exc
+    raise ImportError(
+        f"prazo.bindings.integrations.prometheus needs prometheus_client ({exc}): pip install 'prazo[metrics]'"
+    ) from exc
 
 from prazo.bindings.dependency import Dependency
 from prazo.bindings.plumbing.metric_table import (

@@ -265,7 +265,9 @@ class _Watcher:
                 if not entry.done:
                     # Still running: the cancel may have found the backend between two
                     # statements (ignored there); send it again until the call ends.
-                    entry.repeat_ns = min(2 * entry.repeat_ns, _RECANCEL_MAX_NS) if entry.repeat_ns else _RECANCEL_FIRST_NS
+                    entry.repeat_ns = (
+                        min(2 * entry.repeat_ns, _RECANCEL_MAX_NS) if entry.repeat_ns else _RECANCEL_FIRST_NS
+                    )
                     entry.fire_ns = time.monotonic_ns() + entry.repeat_ns
                     heapq.heappush(heap, (entry.fire_ns, next(self._seq), entry))
 

@@ -110,7 +110,9 @@ class deadline_guard:
         cause: BaseException | None = exc
         while cause is not None and id(cause) not in seen:
             if isinstance(cause, sqlite3.OperationalError):
-                return DeadlineExceeded(REASON_DEADLINE_EXCEEDED, "the SQLite statement was interrupted at its deadline")
+                return DeadlineExceeded(
+                    REASON_DEADLINE_EXCEEDED, "the SQLite statement was interrupted at its deadline"
+                )
             seen.add(id(cause))
             cause = cause.__cause__ or cause.__context__
         return None

@@ -262,9 +262,7 @@ class AdmissionWorker(ThreadWorker):
         # so it never counts as room; if all yield (stale rows), none sees room
         # at its next look, 10 ms later, and all accept again.
         row = self.host_row
-        return (
-            row is not None and self._may_yield and self.alive and self._full() and row.sibling_has_room()
-        )
+        return row is not None and self._may_yield and self.alive and self._full() and row.sibling_has_room()
 
     def _start_yielding(self) -> None:
         self._yielding = True

@@ -119,7 +119,6 @@ DEFAULT_MAX_BUDGET_MS = 30000.0
 DEFAULT_HEADER_TIMEOUT_MS = 5000.0
 
 
-
 def _env_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
@@ -147,7 +146,6 @@ def _env_ms(environ: Mapping[str, str], name: str) -> float | None:
     if math.isnan(value) or math.isinf(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {raw!r}")
     return value
-
 
 
 def _env_codel_ms(env: Mapping[str, str], name: str, order: str | None) -> float | None:

@@ -26,6 +26,6 @@ Running them::
 A crash leaves its input in ``build/fuzz/crashes/`` (git-ignored). To keep it
 as a regression: minimise it (``-minimize_crash=1 -runs=10000 CRASH_FILE``),
 copy it into ``tests/fuzz/corpus/TARGET/`` under a name that says what it
-exercises, and fix the code; ``tests/test_fuzz_corpus.py`` replays every seed
+exercises, and fix the code; ``tests/repo/test_fuzz_corpus.py`` replays every seed
 through its target in the normal test suite, without atheris.
 """

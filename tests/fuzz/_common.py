@@ -17,7 +17,7 @@ a valid input: bytes that are not UTF-8 become lone surrogates, which is the
 strangest ``str`` a server could hand over, and UTF-8 gives non-latin-1 text.
 
 The decoding is done here, not with ``atheris.FuzzedDataProvider``, so the
-targets' ``test_one_input`` runs without atheris (``tests/test_fuzz_corpus.py``
+targets' ``test_one_input`` runs without atheris (``tests/repo/test_fuzz_corpus.py``
 replays the seed corpus through it in the normal suite).
 """
 

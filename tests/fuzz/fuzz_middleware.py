@@ -312,7 +312,7 @@ def _environ(spec: Spec, input_raises: bool, subclass: bool) -> dict[str, Any]:
 
 def _check_response(server: _Server, app: _AppRun) -> str | None:
     """The status and headers are the app's or a documented refusal; return the reason header."""
-    for name, value in server.headers:
+    for _name, value in server.headers:
         assert "\r" not in value and "\n" not in value, server.headers
     headers = dict(server.headers)
     reason = headers.get("X-Prazo-Reason")

@@ -1,0 +1,67 @@
+"""The README's "Slow dependencies" section runs as written.
+
+Its ``python`` blocks run in order in one namespace (later recipes use names
+from earlier ones). Nothing is sent over the
+network: the recipes only define clients and functions. Then the view recipe
+is exercised with a stand-in for the HTTP call, fresh and then stale.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _required import require
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TEXT = README.read_text(encoding="utf-8")
+START = TEXT.index("### Slow dependencies: `Dependency`")
+# The breaker's and last-known-good's own examples follow (#### subsections);
+# tests/dependency/test_dependency_breaker_docs.py runs those, from the README.
+END = TEXT.find("#### Circuit breaker", START)
+SECTION = TEXT[START : END if END != -1 else TEXT.index("### Servers: admission at the server's own queue")]
+BLOCKS = re.findall(r"^```python\n(.*?)^```$", SECTION, re.MULTILINE | re.DOTALL)
+
+
+@pytest.fixture(scope="module")
+def namespace() -> dict[str, Any]:
+    require("requests")
+    require("httpx")
+    names: dict[str, Any] = {"__name__": "__readme__"}
+    for index, source in enumerate(BLOCKS):
+        exec(compile(source, f"README.md[slow dependencies {index}]", "exec"), names)  # noqa: S102 - the recipe is what is tested
+    return names
+
+
+def test_the_section_has_its_recipes() -> None:
+    assert len(BLOCKS) >= 4
+    for name in ("DeadlineSession", "DeadlineTransport", "call_detailed", "current_attempt", "AdaptiveTimeout"):
+        assert name in SECTION
+
+
+def test_the_recipes_build_what_they_say(namespace: dict[str, Any]) -> None:
+    recommendations = namespace["recommendations"]
+    assert recommendations.max_concurrent == 20 and recommendations.stale_for_s == 600
+    assert recommendations.breaker is not None
+    assert namespace["prices"].critical
+    assert namespace["catalog"].endpoints == ("http://catalog-1:8080", "http://catalog-2:8080", "http://catalog-3:8080")
+
+
+def test_the_view_recipe_marks_stale_values(namespace: dict[str, Any]) -> None:
+    up = {"ok": True}
+
+    def fake_fetch(user_id: int) -> list[str]:
+        if not up["ok"]:
+            raise ConnectionError("recs is down")
+        return [f"item for {user_id}"]
+
+    namespace["fetch_recommendations"] = fake_fetch
+    view = namespace["recommendations_view"]
+    body, status, headers = view(7)
+    assert (body, status, headers) == ({"items": ["item for 7"], "stale": False}, 200, {})
+    up["ok"] = False
+    body, status, headers = view(7)
+    assert body == {"items": ["item for 7"], "stale": True} and status == 200
+    assert headers["Warning"].startswith("110") and int(headers["X-Stale-Age-S"]) >= 0

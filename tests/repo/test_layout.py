@@ -1,0 +1,330 @@
+"""The package's layout rules, checked by reading the source (nothing is imported).
+
+Every ``.py`` and ``.pyx`` file under ``core/``, ``bindings/`` and ``bench/`` is
+a module of ``prazo.core``, ``prazo.bindings`` or ``prazo.bench``. Their import
+statements — anywhere in the file, function bodies and ``if TYPE_CHECKING:``
+blocks included, relative ones resolved against the importing package — must
+keep these rules (docs/design.md, "Layout"):
+
+1. **The arrows point down** (bench -> bindings -> core): nothing in
+   ``prazo.core`` imports ``prazo.bindings`` or ``prazo.bench``, and nothing in
+   ``prazo.bindings`` imports ``prazo.bench``, with one exception: the
+   ``prazo`` command (``prazo.bindings.cli``) imports ``prazo.bench.cli`` in a
+   function body, when the command line asks for a demo or a benchmark, never
+   at module level.
+   Inside ``prazo.bindings`` the integrations (``prazo.bindings.integrations``,
+   the modules named after a library they plug into) may import the
+   primitives and the plumbing (``prazo.bindings.plumbing``); nothing else in
+   ``prazo.bindings`` or ``prazo.core`` imports an integration.
+2. **No private name crosses a module boundary.** A *private* name starts with
+   one underscore (dunders such as ``__version__`` are not private).
+   ``from M import _x`` where ``M._x`` is not a module is always refused: make
+   ``_x`` public or move the code. A *private module* (``prazo.core._queue_c``,
+   a module whose dotted path has a ``_``-component) may be imported only by
+   its own package: the package's ``__init__`` and the sibling modules next to
+   it (that is how a package reaches its C twin, e.g. ``prazo.core`` ->
+   ``prazo.core._queue_c``, ``prazo.bindings.wsgi`` -> ``prazo.bindings._wsgi_c``).
+   A Cython ``cimport`` is exempt from this rule only: it reads the ``.pxd``,
+   the C-level interface a twin ships (as package data) for other extensions
+   to compile against, not a Python import.
+   The test suite (``tests/``) is held to the first half: it imports no
+   private *name* of a prazo module. It reaches the two twin modules by path,
+   which is what the suite is for.
+3. **No import cycles** among prazo modules through module-level imports,
+   those under ``if TYPE_CHECKING:`` included (a base module that names its
+   adapters for the type checker still knows them); imports in function
+   bodies are left out, they run after every module is loaded.
+   ``from P import n`` counts as an import of ``P`` and, when ``P.n`` is a
+   module, of ``P.n``.
+
+4. **Nothing reaches out of the package**: no module builds a path from its
+   own file up into ``tests/`` or ``examples/`` (a wheel has neither); what
+   the bench needs ships in it, or its caller passes it in.
+
+Run it alone with ``pytest tests/repo/test_layout.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_OF_FOLDER = {"core": "prazo.core", "bindings": "prazo.bindings", "bench": "prazo.bench"}
+
+# An import statement in Cython source, which the ast module cannot parse as
+# a whole: a (c)import line, or a from-(c)import with a parenthesized list.
+_PYX_IMPORT = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<stmt>from[ \t]+\.*[\w.]*[ \t]+c?import[ \t]+(?:\([^)]*\)|[^\n]*)|c?import[ \t]+[^\n]*)",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported thing: ``target`` is a dotted module, ``name`` an attribute of it (or None)."""
+
+    importer: str
+    target: str
+    name: str | None
+    line: int
+    module_level: bool
+    cimport: bool = False
+
+    def __str__(self) -> str:
+        what = self.target if self.name is None else f"{self.name} from {self.target}"
+        return f"{self.importer}:{self.line} imports {what}"
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    parts = [PACKAGE_OF_FOLDER[relative.parts[0]], *relative.parts[1:]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_files() -> list[Path]:
+    return sorted(
+        path for folder in PACKAGE_OF_FOLDER for pattern in ("*.py", "*.pyx") for path in (ROOT / folder).rglob(pattern)
+    )
+
+
+MODULES = {module_name(path): path for path in project_files()}
+
+
+def _statements(tree: ast.AST, module_level: bool = True) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every import statement under ``tree``, and whether it is at module level (not in a function)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, module_level
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _statements(node, False)
+        else:
+            yield from _statements(node, module_level)
+
+
+def _resolve(importer: str, is_package: bool, module: str | None, level: int) -> str:
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    if not is_package:
+        base.pop()
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _imports_of_tree(importer: str, is_package: bool, tree: ast.AST, cimport: bool, line_offset: int) -> list[Import]:
+    found = []
+    for node, module_level in _statements(tree):
+        line = node.lineno + line_offset
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(Import(importer, alias.name, None, line, module_level, cimport))
+        else:
+            assert isinstance(node, ast.ImportFrom)
+            target = _resolve(importer, is_package, node.module, node.level)
+            for alias in node.names:
+                found.append(Import(importer, target, alias.name, line, module_level, cimport))
+    return found
+
+
+def imports_of(path: Path, importer: str) -> list[Import]:
+    is_package = path.stem == "__init__"
+    source = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        return _imports_of_tree(importer, is_package, ast.parse(source, str(path)), False, 0)
+    found = []
+    for match in _PYX_IMPORT.finditer(source):
+        statement = match["stmt"]
+        cimport = re.search(r"\bcimport\b", statement) is not None
+        tree = ast.parse(re.sub(r"\bcimport\b", "import", statement))
+        if match["indent"]:
+            # Indented: inside a def (Cython keeps imports at the top otherwise).
+            tree = ast.parse("def _():\n    " + re.sub(r"\bcimport\b", "import", statement))
+        offset = source.count("\n", 0, match.start())
+        found += _imports_of_tree(importer, is_package, tree, cimport, offset - (1 if match["indent"] else 0))
+    return found
+
+
+ALL_IMPORTS = [found for name, path in MODULES.items() for found in imports_of(path, name)]
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def _package_of(module: str) -> str:
+    return module if MODULES.get(module, Path()).stem == "__init__" else module.rpartition(".")[0]
+
+
+def _imported_modules(found: Import) -> list[str]:
+    """The prazo modules ``found`` makes Python import (the target, and ``target.name`` if a module)."""
+    modules = [found.target]
+    if found.name is not None and f"{found.target}.{found.name}" in MODULES:
+        modules.append(f"{found.target}.{found.name}")
+    return [module for module in modules if module == "prazo" or module.startswith("prazo.")]
+
+
+INTEGRATIONS = "prazo.bindings.integrations"
+# (importer, imported): an upward import allowed in a function body only.
+LAZY_UPWARD = {("prazo.bindings.cli", "prazo.bench.cli")}
+
+
+def _within(dotted: str, package: str) -> bool:
+    return dotted == package or dotted.startswith(package + ".")
+
+
+def arrow_violations(imports: list[Import]) -> list[str]:
+    forbidden = {"prazo.core": ("prazo.bindings", "prazo.bench"), "prazo.bindings": ("prazo.bench",)}
+    problems = []
+    for found in imports:
+        layer = ".".join(found.importer.split(".")[:2])
+        for module in _imported_modules(found):
+            dotted = module if found.name is None else f"{module}.{found.name}"
+            for above in forbidden.get(layer, ()):
+                lazy = not found.module_level and (found.importer, module) in LAZY_UPWARD
+                if _within(dotted, above) and not lazy:
+                    problems.append(f"{found} (arrow {layer} -> {above} points up)")
+            if layer != "prazo.bench" and _within(dotted, INTEGRATIONS) and not _within(found.importer, INTEGRATIONS):
+                problems.append(f"{found} (only an integration or the bench imports an integration)")
+    return problems
+
+
+def private_violations(imports: list[Import]) -> list[str]:
+    problems = []
+    for found in imports:
+        if not found.target.startswith("prazo"):
+            continue
+        if found.name is not None and _private(found.name) and f"{found.target}.{found.name}" not in MODULES:
+            problems.append(f"{found} (a private name of another module)")
+        if found.cimport:
+            continue
+        for module in _imported_modules(found):
+            parts = module.split(".")
+            for depth, part in enumerate(parts):
+                if _private(part):
+                    owner = ".".join(parts[:depth])
+                    if _package_of(found.importer) != owner:
+                        problems.append(f"{found} (the private module {'.'.join(parts[: depth + 1])} of {owner})")
+                    break
+    return problems
+
+
+def cycles(imports: list[Import]) -> list[list[str]]:
+    """The strongly connected components (Tarjan) of more than one module, or with a self-loop."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for found in imports:
+        if found.module_level:
+            graph[found.importer].update(m for m in _imported_modules(found) if m in MODULES and m != found.importer)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_every_folder_is_found() -> None:
+    assert {"prazo.core", "prazo.bindings", "prazo.bench"} <= set(MODULES)
+
+
+def test_arrows_point_down() -> None:
+    assert arrow_violations(ALL_IMPORTS) == []
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    assert private_violations(ALL_IMPORTS) == []
+
+
+def test_the_tests_import_no_private_name() -> None:
+    test_imports = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        relative = path.relative_to(ROOT).with_suffix("")
+        test_imports += _imports_of_tree(".".join(relative.parts), False, ast.parse(path.read_text("utf-8")), False, 0)
+    private_names = [
+        str(found)
+        for found in test_imports
+        if found.target.startswith("prazo.")
+        and found.name is not None
+        and _private(found.name)
+        and f"{found.target}.{found.name}" not in MODULES
+    ]
+    assert private_names == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(ALL_IMPORTS) == []
+
+
+@pytest.mark.parametrize(
+    ("imports", "rule"),
+    [
+        ([Import("prazo.core.deadline", "prazo.bindings.wsgi", "X", 1, True)], arrow_violations),
+        ([Import("prazo.bindings.pool", "prazo.bench", "cli", 1, False)], arrow_violations),
+        ([Import("prazo.bindings.cli", "prazo.bench.cli", "add_commands", 1, True)], arrow_violations),
+        ([Import("prazo.bindings.wsgi", "prazo.bindings.integrations.flask", "init_app", 1, False)], arrow_violations),
+        (
+            [Import("prazo.bindings.plumbing.frameworks", "prazo.bindings.integrations", "django", 1, True)],
+            arrow_violations,
+        ),
+        ([Import("prazo.core", "prazo.bindings.integrations.grpc.server", None, 1, False)], arrow_violations),
+        ([Import("prazo.bindings.pool", "prazo.core.deadline", "_now", 1, True)], private_violations),
+        ([Import("prazo.bindings.wsgi", "prazo.core._queue_py", "AdmissionQueue", 1, True)], private_violations),
+    ],
+)
+def test_the_rules_catch_what_they_forbid(imports: list[Import], rule: object) -> None:
+    assert callable(rule) and rule(imports)
+
+
+# A path that climbs from the module's own file out of the package's folders.
+_REACHING_OUT = re.compile(r"__file__\)[^\n]*(\.parent\.parent|parents\[[1-9]\])")
+
+
+def test_no_module_reaches_into_the_tests_or_the_examples() -> None:
+    # What the package needs ships in it: a wheel has no tests/ or examples/ beside it.
+    reaching = [f"{name}: {match.group(0)}" for name, path in MODULES.items()
+                for match in _REACHING_OUT.finditer(path.read_text("utf-8"))]  # fmt: skip
+    assert reaching == []
+
+
+def test_the_command_reaches_the_bench_lazily_and_integrations_reach_down() -> None:
+    assert arrow_violations([Import("prazo.bindings.cli", "prazo.bench.cli", "add_commands", 1, False)]) == []
+    assert arrow_violations([Import("prazo.bindings.integrations.flask", "prazo.bindings.wsgi", "X", 1, True)]) == []
+    assert arrow_violations([Import("prazo.bench.servers", "prazo.bindings.integrations.django", "X", 1, True)]) == []
+
+
+def test_a_package_may_import_its_own_twin_and_a_cimport_reads_a_pxd() -> None:
+    assert private_violations([Import("prazo.core", "prazo.core._queue_c", "AdmissionQueue", 1, True)]) == []
+    assert private_violations([Import("prazo.bindings._wsgi_c", "prazo.core._queue_c", "X", 1, True, True)]) == []
