@@ -599,7 +599,7 @@ def test_a_missing_optional_server_names_the_extra_to_install(argv: list[str], m
 
 
 def test_the_version_has_one_source_the_project_table() -> None:
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text("utf-8")
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text("utf-8")
     version = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
     assert version and prazo.core.__version__ == version.group(1)
 
