@@ -53,6 +53,8 @@ SDIST_REQUIRED = [
     "core/_queue_c.pyi",
     "core/prazo_sync.h",
     "core/prazo_slots.h",
+    "core/prazo_budget.h",
+    "core/prazo_policy.h",
     "core/_histogram_c.pyx",
     "core/_histogram_c.pxd",
     "core/_histogram_c.pyi",

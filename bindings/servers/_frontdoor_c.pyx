@@ -28,6 +28,13 @@ cdef extern from "picohttpparser.h" nogil:
         size_t value_len
 
 
+# core/: the budget headers' rules, which the compiled middleware (bindings/_wsgi_c.pyx) shares.
+cdef extern from "prazo_budget.h" nogil:
+    int prazo_parse_budget_ms(const char *p, size_t n, double *ms)
+    int prazo_parse_envoy_ms(const char *p, size_t n, double *ms)
+    int prazo_parse_grpc_timeout(const char *p, size_t n, double *ms)
+
+
 cdef extern from "pfd.h" nogil:
     enum:
         PFD_A_QUEUE_FULL
@@ -157,14 +164,11 @@ cdef extern from "pfd.h" nogil:
     int64_t pfd_now_ns()
     int pfd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
     int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
-                            int64_t upstream_ns)
+                             int64_t upstream_ns)
     int pfd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
     int pfd_request_start(const phr_header *headers, size_t n, int64_t *ns)
     int64_t pfd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
     int pfd_address_trusted(const pfd_config *cfg, int family, const unsigned char *addr)
-    int pfd_parse_budget_ms(const char *p, size_t n, double *ms)
-    int pfd_parse_envoy_ms(const char *p, size_t n, double *ms)
-    int pfd_parse_grpc_timeout(const char *p, size_t n, double *ms)
     int pfd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
     int pfd_parse_head(pfd_conn *c, size_t last_len)
     int pfd_judge_head(pfd_conn *c, size_t max_head, size_t last_len)
@@ -206,21 +210,21 @@ cdef object _parsed(int ok, double ms):
 def parse_budget_ms(bytes value):
     """The C parser of ``X-Request-Budget-Ms`` (the rules of ``prazo.bindings.headers``)."""
     cdef double ms = 0
-    cdef int ok = pfd_parse_budget_ms(value, len(value), &ms)
+    cdef int ok = prazo_parse_budget_ms(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
 def parse_grpc_timeout(bytes value):
     """The C parser of ``grpc-timeout``."""
     cdef double ms = 0
-    cdef int ok = pfd_parse_grpc_timeout(value, len(value), &ms)
+    cdef int ok = prazo_parse_grpc_timeout(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
 def parse_envoy_timeout_ms(bytes value):
     """The C parser of ``x-envoy-expected-rq-timeout-ms``."""
     cdef double ms = 0
-    cdef int ok = pfd_parse_envoy_ms(value, len(value), &ms)
+    cdef int ok = prazo_parse_envoy_ms(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
@@ -258,7 +262,7 @@ def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, doubl
     """
     budget, _invalid, _source = incoming_budget(headers)
     return pfd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns,
-                           upstream_ns)
+                            upstream_ns)
 
 
 # ------------------------------------------------------- front-proxy stamps
@@ -329,7 +333,7 @@ def address_trusted(networks, bytes packed):
         raise ValueError("packed must be 4 or 16 bytes")
     _trusted_config(&cfg, networks, &nets)
     cdef int ok = pfd_address_trusted(&cfg, AF_INET if len(packed) == 4 else AF_INET6,
-                                     <const unsigned char *>PyBytes_AS_STRING(packed))
+                                      <const unsigned char *>PyBytes_AS_STRING(packed))
     free(nets)
     return bool(ok)
 

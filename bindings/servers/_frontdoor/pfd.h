@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "picohttpparser.h"
+#include "prazo_budget.h" /* core/: the budget headers' wire rules, shared with the compiled middleware */
 #include "prazo_policy.h" /* core/: the queue policies' arithmetic, shared with the queue's C twin */
 
 #define PFD_MAX_HEADERS 100
@@ -72,8 +73,6 @@ enum pfd_body_error { PFD_BODY_LOST = 1, PFD_BODY_MALFORMED = 2, PFD_BODY_TIMEOU
 #define PFD_BODY_AGAIN (-2) /* a read that may not wait found nothing yet */
 
 enum pfd_order { PFD_ORDER_FIFO = 0, PFD_ORDER_LIFO = 1, PFD_ORDER_ADAPTIVE = 2 };
-
-enum pfd_source { PFD_SRC_NONE = -1, PFD_SRC_BUDGET = 0, PFD_SRC_GRPC = 1, PFD_SRC_ENVOY = 2 };
 
 /* A trusted proxy's network: family AF_INET or AF_INET6, the network address
  * in network byte order, the prefix length in bits. */
@@ -257,9 +256,6 @@ struct pfd_server {
     _Atomic int64_t upstream_stamps; /* heads whose deadline a trusted proxy's stamp shortened */
 };
 
-#define PFD_MAX_VALUE_CHARS 40
-#define PFD_MAX_WIRE_MS 9223372036854.0 /* (2**63 - 1) // 10**6 */
-
 #define PFD_EARLIEST_STAMP_NS (946684800LL * 1000000000LL)
 #define PFD_LATEST_STAMP_NS (4102444800LL * 1000000000LL)
 
@@ -273,9 +269,6 @@ static inline int64_t pfd_now_ns(void)
 }
 
 /* pfd_head.c: what a head says (budget, front-proxy queue time, framing, class) */
-int pfd_parse_budget_ms(const char *p, size_t n, double *ms);
-int pfd_parse_envoy_ms(const char *p, size_t n, double *ms);
-int pfd_parse_grpc_timeout(const char *p, size_t n, double *ms);
 int pfd_incoming_budget(const struct phr_header *headers, size_t n, double *ms, int *invalid, int *source);
 int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
                          int64_t upstream_ns);

@@ -3,183 +3,23 @@
 #include "pfd_internal.h"
 
 /* ------------------------------------------------------- budget headers */
-/* The same rules as prazo.bindings.headers (tests/test_frontdoor_parsing.py runs
- * that module's cases against these): a value is at most 40 characters, loses
- * leading and trailing spaces/tabs, and is judged element by element when it
- * holds commas; the smallest valid value of the three headers wins; an invalid
- * one is ignored and counted; the policy caps the result at max_budget_ms. */
-
-static int pfd_strip(const char **p, size_t *n)
-{
-    if (*n > PFD_MAX_VALUE_CHARS)
-        return 0;
-    while (*n && (**p == ' ' || **p == '\t')) {
-        (*p)++;
-        (*n)--;
-    }
-    while (*n && ((*p)[*n - 1] == ' ' || (*p)[*n - 1] == '\t'))
-        (*n)--;
-    return 1;
-}
-
-static int pfd_all_digits(const char *p, size_t n)
-{
-    if (n == 0)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-    return 1;
-}
-
-/* X-Request-Budget-Ms: -?[0-9]+(\.[0-9]+)? ; 1 and *ms when valid. */
-int pfd_parse_budget_ms(const char *p, size_t n, double *ms)
-{
-    char tmp[PFD_MAX_VALUE_CHARS + 1];
-    if (!pfd_strip(&p, &n) || n == 0)
-        return 0;
-    size_t i = 0;
-    if (p[i] == '-')
-        i++;
-    size_t digits = i;
-    while (i < n && p[i] >= '0' && p[i] <= '9')
-        i++;
-    if (i == digits)
-        return 0;
-    if (i < n) {
-        if (p[i] != '.')
-            return 0;
-        i++;
-        size_t frac = i;
-        while (i < n && p[i] >= '0' && p[i] <= '9')
-            i++;
-        if (i == frac || i != n)
-            return 0;
-    }
-    memcpy(tmp, p, n);
-    tmp[n] = 0;
-    double v = strtod(tmp, NULL); /* correctly rounded, like Python's float() */
-    if (!(v >= -PFD_MAX_WIRE_MS && v <= PFD_MAX_WIRE_MS))
-        return 0;
-    *ms = v;
-    return 1;
-}
-
-int pfd_parse_envoy_ms(const char *p, size_t n, double *ms)
-{
-    char tmp[PFD_MAX_VALUE_CHARS + 1];
-    if (!pfd_strip(&p, &n) || !pfd_all_digits(p, n))
-        return 0;
-    memcpy(tmp, p, n);
-    tmp[n] = 0;
-    double v = strtod(tmp, NULL);
-    if (!(v <= PFD_MAX_WIRE_MS))
-        return 0;
-    *ms = v;
-    return 1;
-}
-
-int pfd_parse_grpc_timeout(const char *p, size_t n, double *ms)
-{
-    if (!pfd_strip(&p, &n) || n < 2 || n > 9 || !pfd_all_digits(p, n - 1))
-        return 0;
-    int64_t count = 0;
-    for (size_t i = 0; i + 1 < n; i++)
-        count = count * 10 + (p[i] - '0');
-    int64_t num, den;
-    switch (p[n - 1]) {
-    case 'H':
-        num = 3600000;
-        den = 1;
-        break;
-    case 'M':
-        num = 60000;
-        den = 1;
-        break;
-    case 'S':
-        num = 1000;
-        den = 1;
-        break;
-    case 'm':
-        num = 1;
-        den = 1;
-        break;
-    case 'u':
-        num = 1;
-        den = 1000;
-        break;
-    case 'n':
-        num = 1;
-        den = 1000000;
-        break;
-    default:
-        return 0;
-    }
-    /* count * num < 2**53: exact, then one correctly rounded division, as in Python. */
-    *ms = (double)(count * num) / (double)den;
-    return 1;
-}
-
-typedef int (*pfd_parser)(const char *, size_t, double *);
-
-static const char *const pfd_budget_names[3] = {"x-request-budget-ms", "grpc-timeout",
-                                                "x-envoy-expected-rq-timeout-ms"};
-static const pfd_parser pfd_budget_parsers[3] = {pfd_parse_budget_ms, pfd_parse_grpc_timeout, pfd_parse_envoy_ms};
-
-/* Which of the three budget headers `name` is, or -1. */
-static int pfd_budget_header_index(const char *name, size_t len)
-{
-    for (int i = 0; i < 3; i++)
-        if (strlen(pfd_budget_names[i]) == len && strncasecmp(name, pfd_budget_names[i], len) == 0)
-            return i;
-    return -1;
-}
+/* The rules are core/prazo_budget.h's, shared with the middleware's compiled
+ * path; here they only meet picohttpparser's headers. */
 
 /* The incoming budget of a head: returns 1 and *ms when some value was valid;
  * *invalid counts the headers (not elements) with any invalid element; *source
- * the winning header (the first in table order on a tie). */
+ * the winning header (enum prazo_budget_source). */
 int pfd_incoming_budget(const struct phr_header *headers, size_t n, double *ms, int *invalid, int *source)
 {
-    double best[3];
-    int have[3] = {0, 0, 0}, present[3] = {0, 0, 0}, bad[3] = {0, 0, 0};
+    struct prazo_budget_fold fold = {0};
     for (size_t h = 0; h < n; h++) {
         if (headers[h].name == NULL)
             continue;
-        int which = pfd_budget_header_index(headers[h].name, headers[h].name_len);
-        if (which < 0)
-            continue;
-        present[which] = 1;
-        const char *v = headers[h].value, *end = v + headers[h].value_len;
-        for (;;) { /* every comma-separated element, as a joined repeat would be split */
-            const char *comma = memchr(v, ',', (size_t)(end - v));
-            const char *stop = comma ? comma : end;
-            double value;
-            if (pfd_budget_parsers[which](v, (size_t)(stop - v), &value)) {
-                if (!have[which] || value < best[which])
-                    best[which] = value;
-                have[which] = 1;
-            } else {
-                bad[which] = 1;
-            }
-            if (!comma)
-                break;
-            v = comma + 1;
-        }
+        int which = prazo_budget_header_index(headers[h].name, headers[h].name_len);
+        if (which != PRAZO_BUDGET_NONE)
+            prazo_budget_fold_value(&fold, which, headers[h].value, headers[h].value_len);
     }
-    int found = 0;
-    *invalid = 0;
-    *source = PFD_SRC_NONE;
-    for (int i = 0; i < 3; i++) {
-        if (!present[i])
-            continue;
-        *invalid += bad[i];
-        if (have[i] && (!found || best[i] < *ms)) {
-            *ms = best[i];
-            *source = i;
-            found = 1;
-        }
-    }
-    return found;
+    return prazo_budget_fold_result(&fold, ms, invalid, source);
 }
 
 /* BudgetPolicy.deadline_for: arrival + min(incoming or default, max) - upstream, the
@@ -187,12 +27,7 @@ int pfd_incoming_budget(const struct phr_header *headers, size_t n, double *ms, 
 int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
                          int64_t upstream_ns)
 {
-    double budget = have ? incoming_ms : default_ms;
-    if (budget > max_ms)
-        budget = max_ms;
-    if (budget < 0.0)
-        budget = 0.0;
-    int64_t budget_ns = (int64_t)(budget * 1000000.0); /* truncation: never a nanosecond more */
+    int64_t budget_ns = prazo_budget_ns(default_ms, max_ms, have, incoming_ms);
     if (upstream_ns > 0)
         budget_ns -= upstream_ns < budget_ns ? upstream_ns : budget_ns;
     int64_t deadline;
@@ -215,7 +50,7 @@ int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double inco
 /* 1 and *ns (ns since the epoch) when the value is a valid stamp. */
 int pfd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
 {
-    if (!pfd_strip(&p, &n))
+    if (!prazo_strip_field_value(&p, &n))
         return 0;
     size_t i = 0;
     if (n >= 2 && p[0] == 't' && p[1] == '=')
@@ -471,7 +306,7 @@ int pfd_parse_head(struct pfd_conn *c, size_t last_len)
         if (h->name == NULL || h->name_len == 0)
             return -1; /* obsolete line folding: refused, never guessed at */
         if (pfd_name_is(h, "content-length")) {
-            if (!pfd_all_digits(h->value, h->value_len) || h->value_len > 18)
+            if (!prazo_ascii_digits(h->value, h->value_len) || h->value_len > 18)
                 return -1;
             int64_t v = 0;
             for (size_t k = 0; k < h->value_len; k++)
@@ -568,7 +403,7 @@ int pfd_is_critical(const struct pfd_server *srv, const struct pfd_conn *c)
                 continue;
             const char *v = hd->value;
             size_t n = hd->value_len;
-            if (pfd_strip(&v, &n) && n == 8 && strncasecmp(v, "critical", 8) == 0)
+            if (prazo_strip_field_value(&v, &n) && n == 8 && strncasecmp(v, "critical", 8) == 0)
                 return 1;
         }
     }

@@ -70,7 +70,7 @@ static void conn_free(struct pfd_conn *c)
 static void parse_head_fields(struct pfd_conn *c)
 {
     double ms = 0.0;
-    int invalid = 0, source = PFD_SRC_NONE;
+    int invalid = 0, source = PRAZO_BUDGET_NONE;
     int have = pfd_incoming_budget(c->headers, c->num_headers, &ms, &invalid, &source);
     check(!have || (source >= 0 && source < 3), "a budget without its source");
     check(invalid >= 0 && invalid <= 3, "more invalid budget headers than there are");
@@ -224,11 +224,11 @@ static void value_parsers(const uint8_t *data, size_t size)
     memcpy(v, data, n);
     double ms;
     int64_t ns;
-    if (pfd_parse_budget_ms(v, n, &ms))
-        check(ms >= -PFD_MAX_WIRE_MS && ms <= PFD_MAX_WIRE_MS, "a budget beyond the wire's range");
-    if (pfd_parse_envoy_ms(v, n, &ms))
-        check(ms >= 0 && ms <= PFD_MAX_WIRE_MS, "an envoy timeout beyond the wire's range");
-    if (pfd_parse_grpc_timeout(v, n, &ms))
+    if (prazo_parse_budget_ms(v, n, &ms))
+        check(ms >= -PRAZO_BUDGET_MAX_WIRE_MS && ms <= PRAZO_BUDGET_MAX_WIRE_MS, "a budget beyond the wire's range");
+    if (prazo_parse_envoy_ms(v, n, &ms))
+        check(ms >= 0 && ms <= PRAZO_BUDGET_MAX_WIRE_MS, "an envoy timeout beyond the wire's range");
+    if (prazo_parse_grpc_timeout(v, n, &ms))
         check(ms >= 0, "a negative grpc-timeout");
     if (pfd_parse_request_start_ns(v, n, &ns))
         check(ns >= PFD_EARLIEST_STAMP_NS && ns < PFD_LATEST_STAMP_NS, "a stamp outside 2000..2100");
