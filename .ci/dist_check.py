@@ -111,8 +111,6 @@ WHEEL_EXTENSIONS = [
     "prazo/bindings/_pool_c.",
     "prazo/bindings/servers/_frontdoor_c.",
 ]
-# C that is a source, not generated: the front door's vendored parser.
-VENDORED_C = "bindings/vendor/"
 
 # prazo comes from the virtualenv, both compiled modules load, the C twin is the one
 # prazo.core picked, and the fallback warning (a RuntimeWarning) is an error here.
@@ -142,11 +140,13 @@ def check_contents(dist: Path) -> tuple[Path, Path]:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     problems = [f"sdist lacks {name}" for name in SDIST_REQUIRED if name not in names]
-    # Generated C is rebuilt from the .pyx; a shipped copy could be stale.
+    # Generated C is rebuilt from the .pyx; a shipped copy could be stale. Any
+    # other C (the front door's engine, the vendored parser, the fuzz harness)
+    # is a source and must ship.
     problems += [
         f"sdist ships generated {name}"
         for name in sorted(names)
-        if name.endswith((".c", ".so")) and not name.startswith(VENDORED_C)
+        if name.endswith(".so") or (name.endswith(".c") and f"{name[:-2]}.pyx" in names)
     ]
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
