@@ -32,7 +32,9 @@ BANNER = "!" * 72
 PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 # The front door's engine, one file per concern; pfd.h is its interface.
 FRONTDOOR = "bindings/servers/_frontdoor"
-FRONTDOOR_SOURCES = [f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker")]
+FRONTDOOR_SOURCES = [
+    f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker")
+]
 
 
 def _flag(name):
