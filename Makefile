@@ -152,13 +152,16 @@ $(FUZZ_STAMP): $(STAMP)
 
 # -O1 -g: fast enough for millions of inputs, and a report names the line.
 # -fno-sanitize-recover: a UBSan finding stops the run like an ASan one.
-# -D_GNU_SOURCE: the engine uses accept4 (Python.h defines it for the extension).
-$(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c bindings/servers/prazo_frontdoor.h core/prazo_policy.h $(PICO_DIR)/picohttpparser.c
+# -D_GNU_SOURCE: the harness includes pfd.h, which needs the POSIX socket types (the engine's
+# files define it themselves, in pfd_internal.h).
+FRONTDOOR_DIR   := bindings/servers/_frontdoor
+FRONTDOOR_C     := $(wildcard $(FRONTDOOR_DIR)/*.c)
+$(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c $(FRONTDOOR_C) $(wildcard $(FRONTDOOR_DIR)/*.h) core/prazo_policy.h core/prazo_budget.h $(PICO_DIR)/picohttpparser.c
 	bash .ci/ensure-clang
 	@mkdir -p $(FUZZ_DIR)
 	clang -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Wall -Wextra \
-		-Wno-unused-function -Ibindings/servers -Icore -I$(PICO_DIR) tests/fuzz/c/fuzz_frontdoor.c \
-		$(PICO_DIR)/picohttpparser.c -lm -lpthread -o $@
+		-Wno-unused-function -I$(FRONTDOOR_DIR) -Icore -I$(PICO_DIR) tests/fuzz/c/fuzz_frontdoor.c \
+		$(FRONTDOOR_C) $(PICO_DIR)/picohttpparser.c -lm -lpthread -o $@
 
 fuzz: FUZZ_TIME = $(FUZZ_SECONDS)
 fuzz: FUZZ_C_TIME = $(FUZZ_C_SECONDS)

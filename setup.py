@@ -34,6 +34,11 @@ PACKAGES = [
 PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
 BANNER = "!" * 72
 PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
+# The front door's engine, one file per concern; pfd.h is its interface.
+FRONTDOOR = "bindings/servers/_frontdoor"
+FRONTDOOR_SOURCES = [
+    f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker")
+]
 
 
 def _load_arguments():
@@ -135,9 +140,9 @@ def _extensions():
         # The front door (--server prazo): its engine and the vendored, unmodified picohttpparser.
         Extension(
             "prazo.bindings.servers._frontdoor_c",
-            ["bindings/servers/_frontdoor_c.pyx", PICOHTTPPARSER + ".c"],
+            ["bindings/servers/_frontdoor_c.pyx", *FRONTDOOR_SOURCES, PICOHTTPPARSER + ".c"],
             # core/: prazo_policy.h, the queue policies' arithmetic the engine shares with the C twin.
-            include_dirs=["bindings/servers", "core", os.path.dirname(PICOHTTPPARSER)],
+            include_dirs=[FRONTDOOR, "core", os.path.dirname(PICOHTTPPARSER)],
             **options,
         ),
     ]

@@ -46,6 +46,8 @@ SDIST_REQUIRED = [
     "core/_queue_c.pyi",
     "core/prazo_sync.h",
     "core/prazo_slots.h",
+    "core/prazo_budget.h",
+    "core/prazo_policy.h",
     "core/_histogram_c.pyx",
     "core/_histogram_c.pxd",
     "core/_histogram_c.pyi",
@@ -58,7 +60,15 @@ SDIST_REQUIRED = [
     "bindings/py.typed",
     "bindings/servers/_frontdoor_c.pyx",
     "bindings/servers/_frontdoor_c.pyi",
-    "bindings/servers/prazo_frontdoor.h",
+    "bindings/servers/_frontdoor/pfd.h",
+    "bindings/servers/_frontdoor/pfd_internal.h",
+    "bindings/servers/_frontdoor/pfd_head.c",
+    "bindings/servers/_frontdoor/pfd_chunked.c",
+    "bindings/servers/_frontdoor/pfd_conn.c",
+    "bindings/servers/_frontdoor/pfd_line.c",
+    "bindings/servers/_frontdoor/pfd_io.c",
+    "bindings/servers/_frontdoor/pfd_server.c",
+    "bindings/servers/_frontdoor/pfd_worker.c",
     "bindings/vendor/picohttpparser/picohttpparser.c",
     "bindings/vendor/picohttpparser/picohttpparser.h",
     "bench/RESULTS.md",
@@ -126,12 +136,13 @@ def check_contents(dist: Path) -> tuple[Path, Path]:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     problems = [f"sdist lacks {name}" for name in SDIST_REQUIRED if name not in names]
-    # Generated C is rebuilt from the .pyx; a shipped copy could be stale. A .c with no
-    # .pyx beside it is a source (the vendored parser, the front door's fuzz harness).
+    # Generated C is rebuilt from the .pyx; a shipped copy could be stale. Any
+    # other C (the front door's engine, the vendored parser, the fuzz harness)
+    # is a source and must ship.
     problems += [
         f"sdist ships generated {name}"
         for name in sorted(names)
-        if name.endswith(".so") or (name.endswith(".c") and name[: -len(".c")] + ".pyx" in names)
+        if name.endswith(".so") or (name.endswith(".c") and f"{name[:-2]}.pyx" in names)
     ]
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())

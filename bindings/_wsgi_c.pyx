@@ -7,7 +7,7 @@ steps in C for the request a service sees most:
 * its ``PATH_INFO`` is not a bypass path;
 * no budget header, or a plain integer ``X-Request-Budget-Ms`` (digits,
   optionally padded with spaces or tabs, no ``grpc-timeout`` or Envoy header
-  beside it);
+  beside it), read by core/prazo_budget.h as the front door reads it;
 * not a critical request (the middleware's ``critical=`` classifier runs
   here, once, and a critical request goes to the Python path with its class);
 * the middleware's queue is the C twin (``prazo.core._queue_c``), which it
@@ -32,6 +32,7 @@ from cpython.contextvars cimport PyContext_CopyCurrent, PyContext_Enter, PyConte
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.stdint cimport int64_t, INT64_MAX
+from cpython.unicode cimport PyUnicode_1BYTE_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
 
 from prazo.core._histogram_c cimport LatencyHistogram
 from prazo.core._queue_c cimport AdmissionQueue, prazo_monotonic_ns
@@ -56,6 +57,11 @@ from prazo.core import (
 
 __all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "set_observer", "supports"]
 
+
+# core/: the budget headers' wire rules, shared with the front door's engine.
+cdef extern from "prazo_budget.h" nogil:
+    int prazo_parse_whole_ms(const char *p, size_t n, double *ms)
+    int64_t prazo_budget_ns(double default_ms, double max_ms, int have, double incoming_ms)
 
 cdef extern from "prazo_slots.h":
     Py_ssize_t prazo_slot_offset(object descr)
@@ -97,7 +103,7 @@ cdef str _BUDGET_HEADER = BUDGET_HEADER
 # The longest X-Request-Budget-Ms value read here: the digits of MAX_WIRE_MS.
 # The Python parser allows longer ones (leading zeros, padding); those go to it.
 cdef Py_ssize_t _MAX_INTEGER_CHARS = len(str(MAX_WIRE_MS))
-cdef int64_t _MAX_WIRE_MS = MAX_WIRE_MS
+
 cdef double _NS_PER_MS = NS_PER_MS
 
 
@@ -163,38 +169,20 @@ cdef inline object _new_deadline(int64_t ns):
 cdef int64_t _integer_budget_ns(object raw, double max_budget_ms) except -2:
     """The budget of a plain integer ``X-Request-Budget-Ms``, as the Python path computes it.
 
-    ``parse_budget_ms``'s digits-only case, then ``BudgetPolicy``'s cap and
-    its conversion to ns (the same double arithmetic, so the same result).
-    Returns -1 for any other value: the Python path judges it.
+    core/prazo_budget.h's whole-ms rule (the front door's too), then
+    ``BudgetPolicy``'s cap and its conversion to ns (the same double
+    arithmetic, so the same result). Returns -1 for any other value, and for
+    one longer than MAX_WIRE_MS's digits (leading zeros, padding): the Python
+    path judges and counts those.
     """
-    cdef str text
-    cdef Py_ssize_t start = 0, end, i
-    cdef Py_UCS4 symbol
-    cdef int64_t ms = 0
-    cdef double budget_ms
-    if type(raw) is not str:
+    cdef double ms = 0.0
+    if type(raw) is not str or PyUnicode_KIND(raw) != PyUnicode_1BYTE_KIND:
         return -1
-    text = <str>raw
-    end = len(text)
-    if end > _MAX_INTEGER_CHARS:
+    if PyUnicode_GET_LENGTH(raw) > _MAX_INTEGER_CHARS:
         return -1
-    while start < end and (text[start] == u" " or text[start] == u"\t"):
-        start += 1
-    while end > start and (text[end - 1] == u" " or text[end - 1] == u"\t"):
-        end -= 1
-    if start == end:
+    if not prazo_parse_whole_ms(<const char *>PyUnicode_DATA(raw), <size_t>PyUnicode_GET_LENGTH(raw), &ms):
         return -1
-    for i in range(start, end):
-        symbol = text[i]
-        if symbol < u"0" or symbol > u"9":
-            return -1
-        ms = ms * 10 + (<int64_t>symbol - <int64_t><Py_UCS4>u"0")
-    if ms > _MAX_WIRE_MS:
-        return -1
-    budget_ms = <double>ms
-    if budget_ms > max_budget_ms:
-        budget_ms = max_budget_ms
-    return <int64_t>(budget_ms * _NS_PER_MS)
+    return prazo_budget_ns(0.0, max_budget_ms, 1, ms)
 
 
 def supports(queue):

@@ -1,4 +1,4 @@
-# The front door's compiled half: a thin Cython face over prazo_frontdoor.h.
+# The front door's compiled half: a thin Cython face over the engine in _frontdoor/ (pfd.h).
 # Everything that decides (accept, head read and parse, budget, admission,
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
@@ -28,42 +28,49 @@ cdef extern from "picohttpparser.h" nogil:
         size_t value_len
 
 
-cdef extern from "prazo_frontdoor.h" nogil:
-    enum:
-        FD_A_QUEUE_FULL
-        FD_A_EXPIRED_ON_ARRIVAL
-        FD_A_EXPIRED_IN_QUEUE
-        FD_A_SHUTTING_DOWN
-        FD_A_INSUFFICIENT_BUDGET
-        FD_A_SHED
-        FD_A_EVICTED
-        FD_A_COUNT_KEEPABLE
-        FD_A_HEADER_TIMEOUT
-        FD_A_BAD_REQUEST
-        FD_A_HEAD_TOO_LARGE
-        FD_A_COUNT
-        FD_MAX_HEADERS
-        FD_ORDER_FIFO
-        FD_ORDER_LIFO
-        FD_ORDER_ADAPTIVE
-        FD_BODY_LOST
-        FD_BODY_MALFORMED
-        FD_BODY_TIMEOUT
-        FD_HEAD_PARTIAL
-        FD_HEAD_COMPLETE
-        FD_HEAD_BAD
-        FD_HEAD_TOO_LARGE
-        FD_CK_ERROR
+# core/: the budget headers' rules, which the compiled middleware (bindings/_wsgi_c.pyx) shares.
+cdef extern from "prazo_budget.h" nogil:
+    int prazo_parse_budget_ms(const char *p, size_t n, double *ms)
+    int prazo_parse_envoy_ms(const char *p, size_t n, double *ms)
+    int prazo_parse_grpc_timeout(const char *p, size_t n, double *ms)
 
-    struct fd_chunked:
+
+cdef extern from "pfd.h" nogil:
+    enum:
+        PFD_A_QUEUE_FULL
+        PFD_A_EXPIRED_ON_ARRIVAL
+        PFD_A_EXPIRED_IN_QUEUE
+        PFD_A_SHUTTING_DOWN
+        PFD_A_INSUFFICIENT_BUDGET
+        PFD_A_SHED
+        PFD_A_EVICTED
+        PFD_A_COUNT_KEEPABLE
+        PFD_A_HEADER_TIMEOUT
+        PFD_A_BAD_REQUEST
+        PFD_A_HEAD_TOO_LARGE
+        PFD_A_COUNT
+        PFD_MAX_HEADERS
+        PFD_ORDER_FIFO
+        PFD_ORDER_LIFO
+        PFD_ORDER_ADAPTIVE
+        PFD_BODY_LOST
+        PFD_BODY_MALFORMED
+        PFD_BODY_TIMEOUT
+        PFD_HEAD_PARTIAL
+        PFD_HEAD_COMPLETE
+        PFD_HEAD_BAD
+        PFD_HEAD_TOO_LARGE
+        PFD_CK_ERROR
+
+    struct pfd_chunked:
         int state
 
-    struct fd_net:
+    struct pfd_net:
         int family
         unsigned char addr[16]
         int prefix
 
-    struct fd_config:
+    struct pfd_config:
         int threads
         int max_queue
         double default_budget_ms
@@ -90,12 +97,12 @@ cdef extern from "prazo_frontdoor.h" nogil:
         size_t critical_paths_len
         int trust_request_start
         int64_t max_upstream_ns
-        const fd_net *trusted
+        const pfd_net *trusted
         int n_trusted
         const char *answer[11][2]
         size_t answer_len[11][2]
 
-    struct fd_conn:
+    struct pfd_conn:
         int fd
         size_t len, cap, pos
         char *buf
@@ -111,7 +118,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int chunked
         int client_keep_alive
         int expect_continue
-        fd_chunked decoder
+        pfd_chunked decoder
         char *cbuf
         int64_t arrival_ns
         int64_t deadline_ns
@@ -125,7 +132,7 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int body_error
         sockaddr_storage peer
 
-    struct fd_stats:
+    struct pfd_stats:
         int64_t accepted, open_connections, offered, admitted, started, completed
         int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down
         int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps
@@ -133,66 +140,63 @@ cdef extern from "prazo_frontdoor.h" nogil:
         int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns
         int64_t upstream_stamps
 
-    struct fd_server:
+    struct pfd_server:
         int draining
-        fd_config cfg
+        pfd_config cfg
 
-    fd_server *fd_server_new(const fd_config *cfg, const int *listen_fds, int n_listen)
-    int fd_server_start(fd_server *srv)
-    void fd_server_drain(fd_server *srv)
-    int fd_server_wait_idle(fd_server *srv, int64_t until_ns)
-    void fd_server_stop(fd_server *srv)
-    int fd_server_free(fd_server *srv)
-    void fd_server_stats(fd_server *srv, fd_stats *s)
-    fd_conn *fd_server_next(fd_server *srv, int block, int *empty)
-    ssize_t fd_conn_try_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
-    int fd_conn_body_buffered(const fd_conn *c)
-    int fd_conn_write(fd_server *srv, fd_conn *c, const char *p, size_t n)
-    ssize_t fd_conn_read_body(fd_server *srv, fd_conn *c, char *dst, size_t n)
-    int fd_conn_discard_body(fd_server *srv, fd_conn *c)
-    int fd_conn_body_arrived(const fd_conn *c)
-    void fd_conn_release(fd_server *srv, fd_conn *c)
-    void fd_conn_hand_back(fd_server *srv, fd_conn *c, int keep)
-    void fd_conn_finish(fd_server *srv, fd_conn *c, int keep)
-    int64_t fd_now_ns()
-    int fd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
-    int64_t fd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
-                            int64_t upstream_ns)
-    int fd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
-    int fd_request_start(const phr_header *headers, size_t n, int64_t *ns)
-    int64_t fd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
-    int fd_address_trusted(const fd_config *cfg, int family, const unsigned char *addr)
-    int fd_parse_budget_ms(const char *p, size_t n, double *ms)
-    int fd_parse_envoy_ms(const char *p, size_t n, double *ms)
-    int fd_parse_grpc_timeout(const char *p, size_t n, double *ms)
-    int fd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
-    int fd_parse_head(fd_conn *c, size_t last_len)
-    int fd_judge_head(fd_conn *c, size_t max_head, size_t last_len)
-    void fd_conn_start_body(fd_conn *c)
-    void fd_conn_reset_for_next(fd_conn *c, size_t consumed)
+    pfd_server *pfd_server_new(const pfd_config *cfg, const int *listen_fds, int n_listen)
+    int pfd_server_start(pfd_server *srv)
+    void pfd_server_drain(pfd_server *srv)
+    int pfd_server_wait_idle(pfd_server *srv, int64_t until_ns)
+    void pfd_server_stop(pfd_server *srv)
+    int pfd_server_free(pfd_server *srv)
+    void pfd_server_stats(pfd_server *srv, pfd_stats *s)
+    pfd_conn *pfd_server_next(pfd_server *srv, int block, int *empty)
+    ssize_t pfd_conn_try_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
+    int pfd_conn_body_buffered(const pfd_conn *c)
+    int pfd_conn_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
+    ssize_t pfd_conn_read_body(pfd_server *srv, pfd_conn *c, char *dst, size_t n)
+    int pfd_conn_discard_body(pfd_server *srv, pfd_conn *c)
+    int pfd_conn_body_arrived(const pfd_conn *c)
+    void pfd_conn_release(pfd_server *srv, pfd_conn *c)
+    void pfd_conn_hand_back(pfd_server *srv, pfd_conn *c, int keep)
+    void pfd_conn_finish(pfd_server *srv, pfd_conn *c, int keep)
+    int64_t pfd_now_ns()
+    int pfd_incoming_budget(const phr_header *headers, size_t n, double *ms, int *invalid, int *source)
+    int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
+                             int64_t upstream_ns)
+    int pfd_parse_request_start_ns(const char *p, size_t n, int64_t *ns)
+    int pfd_request_start(const phr_header *headers, size_t n, int64_t *ns)
+    int64_t pfd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns)
+    int pfd_address_trusted(const pfd_config *cfg, int family, const unsigned char *addr)
+    int pfd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
+    int pfd_parse_head(pfd_conn *c, size_t last_len)
+    int pfd_judge_head(pfd_conn *c, size_t max_head, size_t last_len)
+    void pfd_conn_start_body(pfd_conn *c)
+    void pfd_conn_reset_for_next(pfd_conn *c, size_t consumed)
 
 
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
 ANSWERS = {
-    "queue-full": FD_A_QUEUE_FULL,
-    "expired-on-arrival": FD_A_EXPIRED_ON_ARRIVAL,
-    "expired-in-queue": FD_A_EXPIRED_IN_QUEUE,
-    "shutting-down": FD_A_SHUTTING_DOWN,
-    "insufficient-budget": FD_A_INSUFFICIENT_BUDGET,
-    "shed-standing-queue": FD_A_SHED,
-    "evicted-by-critical": FD_A_EVICTED,
-    "header-timeout": FD_A_HEADER_TIMEOUT,
-    "bad-request": FD_A_BAD_REQUEST,
-    "head-too-large": FD_A_HEAD_TOO_LARGE,
+    "queue-full": PFD_A_QUEUE_FULL,
+    "expired-on-arrival": PFD_A_EXPIRED_ON_ARRIVAL,
+    "expired-in-queue": PFD_A_EXPIRED_IN_QUEUE,
+    "shutting-down": PFD_A_SHUTTING_DOWN,
+    "insufficient-budget": PFD_A_INSUFFICIENT_BUDGET,
+    "shed-standing-queue": PFD_A_SHED,
+    "evicted-by-critical": PFD_A_EVICTED,
+    "header-timeout": PFD_A_HEADER_TIMEOUT,
+    "bad-request": PFD_A_BAD_REQUEST,
+    "head-too-large": PFD_A_HEAD_TOO_LARGE,
 }
-KEEPABLE = frozenset(name for name, index in ANSWERS.items() if index < FD_A_COUNT_KEEPABLE)
-ORDERS = {"fifo": FD_ORDER_FIFO, "lifo": FD_ORDER_LIFO, "adaptive": FD_ORDER_ADAPTIVE}
+KEEPABLE = frozenset(name for name, index in ANSWERS.items() if index < PFD_A_COUNT_KEEPABLE)
+ORDERS = {"fifo": PFD_ORDER_FIFO, "lifo": PFD_ORDER_LIFO, "adaptive": PFD_ORDER_ADAPTIVE}
 
 
 cdef object _address(const sockaddr_storage *ss):
     cdef char host[64]
     cdef int port = 0
-    if fd_addr_text(ss, host, sizeof(host), &port):
+    if pfd_addr_text(ss, host, sizeof(host), &port):
         return (host.decode("ascii"), port)
     return None
 
@@ -206,28 +210,28 @@ cdef object _parsed(int ok, double ms):
 def parse_budget_ms(bytes value):
     """The C parser of ``X-Request-Budget-Ms`` (the rules of ``prazo.bindings.headers``)."""
     cdef double ms = 0
-    cdef int ok = fd_parse_budget_ms(value, len(value), &ms)
+    cdef int ok = prazo_parse_budget_ms(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
 def parse_grpc_timeout(bytes value):
     """The C parser of ``grpc-timeout``."""
     cdef double ms = 0
-    cdef int ok = fd_parse_grpc_timeout(value, len(value), &ms)
+    cdef int ok = prazo_parse_grpc_timeout(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
 def parse_envoy_timeout_ms(bytes value):
     """The C parser of ``x-envoy-expected-rq-timeout-ms``."""
     cdef double ms = 0
-    cdef int ok = fd_parse_envoy_ms(value, len(value), &ms)
+    cdef int ok = prazo_parse_envoy_ms(value, len(value), &ms)
     return _parsed(ok, ms)
 
 
 cdef list _raw_headers(headers, phr_header *raw):
     """Point ``raw`` at ``[(name, value), ...]`` (bytes); the returned list keeps the bytes alive."""
     cdef list items = [(bytes(name), bytes(value)) for name, value in headers]
-    if len(items) > FD_MAX_HEADERS:
+    if len(items) > PFD_MAX_HEADERS:
         raise ValueError("too many headers")
     cdef Py_ssize_t i
     for i in range(len(items)):
@@ -246,7 +250,7 @@ def incoming_budget(headers):
     cdef Py_ssize_t n = len(items)
     cdef double ms = 0
     cdef int invalid = 0, source = -1
-    cdef int have = fd_incoming_budget(raw, n, &ms, &invalid, &source)
+    cdef int have = pfd_incoming_budget(raw, n, &ms, &invalid, &source)
     return (ms if have else None, invalid, BUDGET_SOURCES[source] if source >= 0 else None)
 
 
@@ -254,11 +258,11 @@ def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, doubl
                     int64_t upstream_ns=0):
     """The deadline the front door gives a head with ``headers`` arriving at ``arrival_ns``.
 
-    ``upstream_ns``: the front-proxy queue time taken off it (``fd_upstream_ns``).
+    ``upstream_ns``: the front-proxy queue time taken off it (``pfd_upstream_ns``).
     """
     budget, _invalid, _source = incoming_budget(headers)
-    return fd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns,
-                           upstream_ns)
+    return pfd_deadline_for(default_budget_ms, max_budget_ms, budget is not None, budget or 0.0, arrival_ns,
+                            upstream_ns)
 
 
 # ------------------------------------------------------- front-proxy stamps
@@ -266,7 +270,7 @@ def deadline_ns_for(headers, int64_t arrival_ns, double default_budget_ms, doubl
 def parse_request_start_ns(bytes value):
     """The C parser of ``X-Request-Start`` (the rules of ``prazo.bindings.proxy_headers``): ns or None."""
     cdef int64_t ns = 0
-    cdef int ok = fd_parse_request_start_ns(value, len(value), &ns)
+    cdef int ok = pfd_parse_request_start_ns(value, len(value), &ns)
     return ns if ok else None
 
 
@@ -275,16 +279,16 @@ def request_start_ns(headers):
     cdef phr_header raw[100]
     cdef list items = _raw_headers(headers, raw)
     cdef int64_t ns = 0
-    cdef int ok = fd_request_start(raw, len(items), &ns)
+    cdef int ok = pfd_request_start(raw, len(items), &ns)
     return ns if ok else None
 
 
 def upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns):
     """The engine's front-proxy wait: ``arrival_wall_ns - stamp_ns`` within ``[0, max_wait_ns]``."""
-    return fd_upstream_wait_ns(stamp_ns, arrival_wall_ns, max_wait_ns)
+    return pfd_upstream_wait_ns(stamp_ns, arrival_wall_ns, max_wait_ns)
 
 
-cdef int _trusted_config(fd_config *cfg, networks, fd_net **out) except -1:
+cdef int _trusted_config(pfd_config *cfg, networks, pfd_net **out) except -1:
     """Fill ``cfg``'s trusted list from ``networks`` (None: any peer); *out is malloc'ed (caller frees)."""
     out[0] = NULL
     if networks is None:
@@ -294,7 +298,7 @@ cdef int _trusted_config(fd_config *cfg, networks, fd_net **out) except -1:
     cfg.n_trusted = len(items)
     if not items:
         return 0
-    out[0] = <fd_net *>malloc(len(items) * sizeof(fd_net))
+    out[0] = <pfd_net *>malloc(len(items) * sizeof(pfd_net))
     if out[0] == NULL:
         raise MemoryError()
     cdef Py_ssize_t i
@@ -305,7 +309,7 @@ cdef int _trusted_config(fd_config *cfg, networks, fd_net **out) except -1:
             free(out[0])
             out[0] = NULL
             raise ValueError(f"trusted network {i}: (4 or 6, packed address, prefix length), got {items[i]!r}")
-        memset(&out[0][i], 0, sizeof(fd_net))
+        memset(&out[0][i], 0, sizeof(pfd_net))
         out[0][i].family = AF_INET if version == 4 else AF_INET6
         out[0][i].prefix = prefix
         memcpy(out[0][i].addr, PyBytes_AS_STRING(packed), len(packed))
@@ -322,27 +326,27 @@ def engine_networks(networks):
 
 def address_trusted(networks, bytes packed):
     """Whether the engine trusts a peer at ``packed`` (4 or 16 bytes) given ``engine_networks(...)``."""
-    cdef fd_config cfg
-    cdef fd_net *nets = NULL
+    cdef pfd_config cfg
+    cdef pfd_net *nets = NULL
     memset(&cfg, 0, sizeof(cfg))
     if len(packed) not in (4, 16):
         raise ValueError("packed must be 4 or 16 bytes")
     _trusted_config(&cfg, networks, &nets)
-    cdef int ok = fd_address_trusted(&cfg, AF_INET if len(packed) == 4 else AF_INET6,
-                                     <const unsigned char *>PyBytes_AS_STRING(packed))
+    cdef int ok = pfd_address_trusted(&cfg, AF_INET if len(packed) == 4 else AF_INET6,
+                                      <const unsigned char *>PyBytes_AS_STRING(packed))
     free(nets)
     return bool(ok)
 
 
 def check_head(bytes data):
     """How the front door judges ``data`` as a request head: ``"complete"``, ``"partial"`` or ``"bad"``."""
-    cdef fd_conn *c = <fd_conn *>malloc(sizeof(fd_conn))
+    cdef pfd_conn *c = <pfd_conn *>malloc(sizeof(pfd_conn))
     if c == NULL:
         raise MemoryError()
-    memset(c, 0, sizeof(fd_conn))
+    memset(c, 0, sizeof(pfd_conn))
     c.buf = PyBytes_AS_STRING(data)
     c.len = PyBytes_GET_SIZE(data)
-    cdef int r = fd_parse_head(c, 0)
+    cdef int r = pfd_parse_head(c, 0)
     free(c)
     return "complete" if r == 1 else ("partial" if r == 0 else "bad")
 
@@ -355,12 +359,12 @@ def split_requests(bytes data, Py_ssize_t max_head=65536):
     (the bytes ended with a request), ``"closed"`` (a request that closes the
     connection came first), ``"partial"`` (a head or body not finished),
     ``"bad"`` (400), ``"too-large"`` (431) or ``"bad-body"`` (a broken chunked
-    body). The engine's own path, without a socket: ``fd_judge_head``, the
-    worker's ``fd_conn_read_body`` over the bytes already received, and the
-    put-back of what follows a body as the next head (``fd_conn_reset_for_next``).
+    body). The engine's own path, without a socket: ``pfd_judge_head``, the
+    worker's ``pfd_conn_read_body`` over the bytes already received, and the
+    put-back of what follows a body as the next head (``pfd_conn_reset_for_next``).
     """
-    cdef fd_server *srv = <fd_server *>calloc(1, sizeof(fd_server))
-    cdef fd_conn *c = <fd_conn *>calloc(1, sizeof(fd_conn))
+    cdef pfd_server *srv = <pfd_server *>calloc(1, sizeof(pfd_server))
+    cdef pfd_conn *c = <pfd_conn *>calloc(1, sizeof(pfd_conn))
     cdef char *scratch = <char *>malloc(16384)
     cdef size_t total = len(data)
     cdef ssize_t n
@@ -380,25 +384,25 @@ def split_requests(bytes data, Py_ssize_t max_head=65536):
         memcpy(c.buf, PyBytes_AS_STRING(data), total)
         c.len = c.cap = total
         while c.len:
-            verdict = fd_judge_head(c, max_head, 0)
-            if verdict != FD_HEAD_COMPLETE:
-                outcome = {FD_HEAD_PARTIAL: "partial", FD_HEAD_BAD: "bad"}.get(verdict, "too-large")
+            verdict = pfd_judge_head(c, max_head, 0)
+            if verdict != PFD_HEAD_COMPLETE:
+                outcome = {PFD_HEAD_PARTIAL: "partial", PFD_HEAD_BAD: "bad"}.get(verdict, "too-large")
                 break
             method = PyBytes_FromStringAndSize(c.method, c.method_len)
             target = PyBytes_FromStringAndSize(c.path, c.path_len)
             keep = bool(c.client_keep_alive)
-            fd_conn_start_body(c)
+            pfd_conn_start_body(c)
             c.expect_continue = 0   # no socket to write 100 Continue to
             body = []
             n = 1
             while n > 0:
-                n = fd_conn_read_body(srv, c, scratch, 16384)
+                n = pfd_conn_read_body(srv, c, scratch, 16384)
                 if n > 0:
                     body.append(scratch[:n])
             if n < 0:
-                outcome = "bad-body" if c.chunked and c.decoder.state == FD_CK_ERROR else "partial"
+                outcome = "bad-body" if c.chunked and c.decoder.state == PFD_CK_ERROR else "partial"
                 break
-            fd_conn_reset_for_next(c, c.pos)
+            pfd_conn_reset_for_next(c, c.pos)
             requests.append((total - c.len, method, target, b"".join(body), keep))
             if not keep:
                 outcome = "closed"
@@ -422,7 +426,7 @@ cdef class Engine:
     to ``(close_bytes, keep_alive_bytes or None)``.
     """
 
-    cdef fd_server *srv
+    cdef pfd_server *srv
     cdef bint stopped
     cdef readonly int threads
 
@@ -456,8 +460,8 @@ cdef class Engine:
         if any(not path or b"\0" in path for path in path_list):
             raise ValueError("a critical path is a non-empty path without NUL bytes")
         cdef bytes paths = b"".join(path + b"\0" for path in path_list)
-        cdef fd_config cfg
-        cdef fd_net *nets = NULL
+        cdef pfd_config cfg
+        cdef pfd_net *nets = NULL
         memset(&cfg, 0, sizeof(cfg))
         cfg.order = ORDERS[order]
         cfg.codel_target_ns = codel_target_ns
@@ -504,7 +508,7 @@ cdef class Engine:
         cfg.trust_request_start = trust_request_start
         cfg.max_upstream_ns = max_upstream_ns
         _trusted_config(&cfg, trusted_networks, &nets)
-        self.srv = fd_server_new(&cfg, fds, len(fd_list))   # copies the answers and the networks
+        self.srv = pfd_server_new(&cfg, fds, len(fd_list))   # copies the answers and the networks
         free(nets)
         if self.srv == NULL:
             raise MemoryError("cannot create the front door")
@@ -512,19 +516,19 @@ cdef class Engine:
 
     def start(self):
         """Start the I/O thread: from now on connections are accepted."""
-        if fd_server_start(self.srv) != 0:
+        if pfd_server_start(self.srv) != 0:
             raise OSError("cannot start the front door's I/O thread")
 
     def next_connection(self):
         """Wait (without the GIL) for the next admitted connection; None once the engine stops."""
-        cdef fd_conn *c
+        cdef pfd_conn *c
         cdef int empty = 0
         # Releasing the GIL costs a CPU-bound app a switch interval to get it
         # back: take a connection already waiting with the GIL held.
-        c = fd_server_next(self.srv, 0, &empty)
+        c = pfd_server_next(self.srv, 0, &empty)
         if c == NULL and empty:
             with nogil:
-                c = fd_server_next(self.srv, 1, &empty)
+                c = pfd_server_next(self.srv, 1, &empty)
         if c == NULL:
             return None
         conn = Connection.__new__(Connection)
@@ -533,14 +537,14 @@ cdef class Engine:
 
     def drain(self):
         """Stop accepting (the listeners close); heads completed from now on get 503 shutting-down."""
-        fd_server_drain(self.srv)
+        pfd_server_drain(self.srv)
 
     def wait_idle(self, double timeout_s):
         """Wait up to ``timeout_s`` until nothing runs and nothing waits; True when so."""
-        cdef int64_t until = fd_now_ns() + <int64_t>(max(timeout_s, 0.0) * 1e9)
+        cdef int64_t until = pfd_now_ns() + <int64_t>(max(timeout_s, 0.0) * 1e9)
         cdef int idle
         with nogil:
-            idle = fd_server_wait_idle(self.srv, until)
+            idle = pfd_server_wait_idle(self.srv, until)
         return bool(idle)
 
     def stop(self):
@@ -549,7 +553,7 @@ cdef class Engine:
             return
         self.stopped = True
         with nogil:
-            fd_server_stop(self.srv)
+            pfd_server_stop(self.srv)
 
     @property
     def draining(self):
@@ -557,8 +561,8 @@ cdef class Engine:
 
     def stats(self):
         """The engine's counters, as a dict."""
-        cdef fd_stats s
-        fd_server_stats(self.srv, &s)
+        cdef pfd_stats s
+        pfd_server_stats(self.srv, &s)
         return {
             "accepted": s.accepted, "open_connections": s.open_connections, "offered": s.offered,
             "admitted": s.admitted, "started": s.started, "completed": s.completed,
@@ -578,9 +582,9 @@ cdef class Engine:
     def __dealloc__(self):
         if self.srv != NULL:
             if not self.stopped:
-                fd_server_stop(self.srv)
+                pfd_server_stop(self.srv)
             # A worker still holding a connection keeps the engine's memory alive (leaked, not freed under it).
-            fd_server_free(self.srv)
+            pfd_server_free(self.srv)
 
 
 cdef class Connection:
@@ -595,7 +599,7 @@ cdef class Connection:
     the engine never frees what a call still uses.
     """
 
-    cdef fd_conn *c
+    cdef pfd_conn *c
     cdef Engine engine
     cdef bint reading
     cdef bint writing
@@ -618,7 +622,7 @@ cdef class Connection:
     cdef readonly bint chunked
     cdef readonly bint arrival_from_kernel
 
-    cdef void _init(self, Engine engine, fd_conn *c):
+    cdef void _init(self, Engine engine, pfd_conn *c):
         self.engine = engine
         self.c = c
         self.method = PyBytes_FromStringAndSize(c.method, c.method_len)
@@ -647,7 +651,7 @@ cdef class Connection:
     cdef void _after_call(self):
         """A call that ran without the GIL returned: a finish() that came meanwhile hands the connection back now."""
         if self.finished and self.c != NULL and not self.reading and not self.writing:
-            fd_conn_hand_back(self.engine.srv, self.c, 0)
+            pfd_conn_hand_back(self.engine.srv, self.c, 0)
             self.c = NULL
 
     def read_body(self, Py_ssize_t size):
@@ -667,12 +671,12 @@ cdef class Connection:
         cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
         cdef char *dst = PyBytes_AS_STRING(out)
         cdef ssize_t n
-        if fd_conn_body_buffered(self.c):
-            n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
+        if pfd_conn_body_buffered(self.c):
+            n = pfd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
         else:
             self.reading = True
             with nogil:
-                n = fd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
+                n = pfd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
             self.reading = False
         if n < 0:
             self.body_failure = _BODY_FAILURES.get(self.c.body_error, "lost")
@@ -694,11 +698,11 @@ cdef class Connection:
         if self.reading:
             return False
         if self.c.body_done or self.c.body_error:
-            return fd_conn_discard_body(self.engine.srv, self.c) == 1
+            return pfd_conn_discard_body(self.engine.srv, self.c) == 1
         cdef int done
         self.reading = True
         with nogil:
-            done = fd_conn_discard_body(self.engine.srv, self.c)
+            done = pfd_conn_discard_body(self.engine.srv, self.c)
         self.reading = False
         self._after_call()
         return done == 1
@@ -712,7 +716,7 @@ cdef class Connection:
         """
         if self.finished:
             raise ValueError("the connection is finished")
-        return not self.reading and fd_conn_body_arrived(self.c) == 1
+        return not self.reading and pfd_conn_body_arrived(self.c) == 1
 
     def write(self, data):
         """Send all of ``data``; ``OSError`` when the client is gone, stalls, or takes longer than the write bound."""
@@ -727,13 +731,13 @@ cdef class Connection:
         cdef size_t n = view.shape[0]
         cdef int rc = 0
         # Most responses fit the socket buffer: no reason to give the GIL away for them.
-        cdef ssize_t sent = fd_conn_try_write(self.engine.srv, self.c, p, n)
+        cdef ssize_t sent = pfd_conn_try_write(self.engine.srv, self.c, p, n)
         if sent < 0:
             rc = -1
         elif <size_t>sent < n:
             self.writing = True
             with nogil:
-                rc = fd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
+                rc = pfd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
             self.writing = False
             self._after_call()
         if rc != 0:
@@ -751,14 +755,14 @@ cdef class Connection:
         self.finished = True
         # O(1) under the engine's mutex, never a wait: the GIL is kept.
         if self.reading or self.writing:
-            fd_conn_release(self.engine.srv, self.c)
+            pfd_conn_release(self.engine.srv, self.c)
             return
-        fd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
+        pfd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
         self.c = NULL
 
     def __dealloc__(self):
         if not self.finished and self.c != NULL:
-            fd_conn_finish(self.engine.srv, self.c, 0)
+            pfd_conn_finish(self.engine.srv, self.c, 0)
 
 
-_BODY_FAILURES = {FD_BODY_LOST: "lost", FD_BODY_MALFORMED: "malformed", FD_BODY_TIMEOUT: "timeout"}
+_BODY_FAILURES = {PFD_BODY_LOST: "lost", PFD_BODY_MALFORMED: "malformed", PFD_BODY_TIMEOUT: "timeout"}

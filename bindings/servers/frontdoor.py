@@ -659,7 +659,7 @@ class FrontDoorServer:
         if time.monotonic_ns() >= deadline.ns:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
             return self._refuse_expired(conn, "expired-in-queue", may_keep_alive)
-        # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's fd_upstream_ns).
+        # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's pfd_upstream_ns).
         environ = self._environ(conn)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
         try:

@@ -75,7 +75,7 @@ def _wire(text: str) -> bytes | None:
 
 def _check_engine(policy: FrontProxyBudgetPolicy, spec: Any, peer: str | None, trusted: Any, arrival_ns: int,
                   wall_ns: int, upstream_ms: int) -> None:  # fmt: skip
-    """The engine's fd_upstream_ns, step by step, against ``policy.upstream_queue_ns``."""
+    """The engine's pfd_upstream_ns, step by step, against ``policy.upstream_queue_ns``."""
     if _ENGINE is None:
         return
     # The front door's environ drops ambiguous names and joins repeats; the engine sees the raw fields.

@@ -215,7 +215,7 @@ def test_the_corrected_deadline_agrees_with_front_proxy_budget_policy(
         1000, 30000, max_upstream_ms=cap_ms, wall_clock_ns=lambda: _WALL_NS, monotonic_ns=lambda: arrival_ns
     )
     deadline, _incoming = policy.deadline_for(environ, arrival_ns)
-    # The engine's fd_upstream_ns, step by step: the earliest stamp, the wait up to the arrival on the wall clock.
+    # The engine's pfd_upstream_ns, step by step: the earliest stamp, the wait up to the arrival on the wall clock.
     stamp = engine.request_start_ns(headers)
     wait = 0 if stamp is None else engine.upstream_wait_ns(stamp, _WALL_NS, int(cap_ms * 1_000_000))
     assert engine.deadline_ns_for(headers, arrival_ns, 1000.0, 30000.0, wait) == deadline.ns, (headers, environ)

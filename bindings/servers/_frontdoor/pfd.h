@@ -1,0 +1,314 @@
+/* The front door's engine: accept, head read, parse, admission and canned
+ * refusals in one C thread that never touches Python, and the GIL-free calls
+ * the Python workers make (wait for the next admitted connection, read its
+ * body, write the response, hand the connection back).
+ *
+ * Ownership of a connection (struct pfd_conn) follows its state, and only the
+ * owner touches it:
+ *   PFD_READING  the I/O thread: in epoll, reading a head under the head timer
+ *   PFD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
+ *               a worker takes it)
+ *   PFD_RUNNING  one worker, until pfd_conn_hand_back() puts it on srv->returned
+ *               (the Cython Connection hands it back only once no app thread
+ *               is still inside a body read or a write on it)
+ *   PFD_DRAINING the I/O thread: lingering close after a refusal
+ * The listening sockets and the epoll/eventfd descriptors belong to the I/O
+ * thread; a connection's descriptor to whoever owns the connection.
+ *
+ * This header is the engine's interface: its types, and the calls that the
+ * Cython face (_frontdoor_c.pyx) and the fuzz harness make. The engine's own
+ * files share the rest through pfd_internal.h.
+ */
+#ifndef PRAZO_PFD_H
+#define PRAZO_PFD_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "picohttpparser.h"
+#include "prazo_budget.h" /* core/: the budget headers' wire rules, shared with the compiled middleware */
+#include "prazo_policy.h" /* core/: the queue policies' arithmetic, shared with the queue's C twin */
+
+#define PFD_MAX_HEADERS 100
+#define PFD_READ_CHUNK 16384
+
+enum pfd_answer {
+    PFD_A_QUEUE_FULL,          /* 503 queue-full */
+    PFD_A_EXPIRED_ON_ARRIVAL,  /* 504 expired-on-arrival */
+    PFD_A_EXPIRED_IN_QUEUE,    /* 504 expired-in-queue */
+    PFD_A_SHUTTING_DOWN,       /* 503 shutting-down */
+    PFD_A_INSUFFICIENT_BUDGET, /* 504 insufficient-budget: less budget left than the expected service time */
+    PFD_A_SHED,                /* 503 shed-standing-queue (order="adaptive") */
+    PFD_A_EVICTED,             /* 503 evicted-by-critical */
+    PFD_A_COUNT_KEEPABLE,      /* the ones above exist as keep-alive and close variants */
+    PFD_A_HEADER_TIMEOUT = PFD_A_COUNT_KEEPABLE, /* 408, closes */
+    PFD_A_BAD_REQUEST,                           /* 400, closes */
+    PFD_A_HEAD_TOO_LARGE,                        /* 431, closes */
+    PFD_A_COUNT
+};
+
+enum pfd_state { PFD_READING, PFD_QUEUED, PFD_RUNNING, PFD_DRAINING, PFD_CLOSED };
+
+/* Why a request body failed (pfd_conn.body_error); 0 while it has not. */
+enum pfd_body_error { PFD_BODY_LOST = 1, PFD_BODY_MALFORMED = 2, PFD_BODY_TIMEOUT = 3 };
+#define PFD_BODY_AGAIN (-2) /* a read that may not wait found nothing yet */
+
+enum pfd_order { PFD_ORDER_FIFO = 0, PFD_ORDER_LIFO = 1, PFD_ORDER_ADAPTIVE = 2 };
+
+/* A trusted proxy's network: family AF_INET or AF_INET6, the network address
+ * in network byte order, the prefix length in bits. */
+struct pfd_net {
+    int family;
+    unsigned char addr[16];
+    int prefix;
+};
+
+struct pfd_config {
+    int threads;
+    int max_queue;
+    double default_budget_ms;
+    double max_budget_ms;
+    int64_t header_timeout_ns;
+    int64_t io_timeout_ns; /* a worker's body read or response write stalled this long fails */
+    /* A body read never waits past the request's deadline; a response write not
+     * past the deadline (or the moment the response began, if later) plus
+     * write_grace_ns; and all of one request's waits on its client together
+     * never exceed max_io_wait_ns, whatever the budget. */
+    int64_t write_grace_ns;
+    int64_t max_io_wait_ns;
+    int64_t linger_ns;
+    int64_t max_drain_bytes;
+    int64_t max_lingering; /* >= 1: lingering closes at once; beyond, the oldest is closed outright */
+    size_t max_head;
+    /* The queue policies (docs/design.md, "Queue policies"), the same options as AdmissionQueue's. */
+    int order;                                  /* enum pfd_order */
+    int64_t codel_target_ns, codel_interval_ns; /* order == PFD_ORDER_ADAPTIVE */
+    int64_t expected_service_ns;                /* > 0: a fixed expected service time (doomed-work skip) */
+    int expected_quantile_permille;             /* > 0: learn that quantile of the service times instead; both 0: off */
+    int vegas;                                  /* 1: limit="vegas" between min_concurrency and threads */
+    int min_concurrency;
+    int reserved;                /* places kept for the critical class */
+    const char *critical_header; /* a request is critical when this header says "critical"; NULL: none */
+    size_t critical_header_len;
+    const char *critical_paths; /* request paths that are critical, each ended by a NUL; NULL: none */
+    size_t critical_paths_len;
+    /* Front-proxy queue time (prazo.bindings.proxy_headers): with trust_request_start, the
+     * time since the earliest valid X-Request-Start / X-Queue-Start stamp, at most
+     * max_upstream_ns, comes off the deadline when the peer is one of `trusted`
+     * (n_trusted < 0: any peer). */
+    int trust_request_start;
+    int64_t max_upstream_ns;
+    const struct pfd_net *trusted;
+    int n_trusted;
+    /* [answer][keep]: keep = 1 for the keep-alive variant (only below PFD_A_COUNT_KEEPABLE) */
+    const char *answer[PFD_A_COUNT][2];
+    size_t answer_len[PFD_A_COUNT][2];
+};
+
+/* Where a chunked body's decoder stands (pfd_chunked_decode). */
+enum pfd_chunk_state {
+    PFD_CK_SIZE,           /* first hex digit of a chunk size */
+    PFD_CK_SIZE_MORE,      /* more hex digits, ';', BWS or CR */
+    PFD_CK_SIZE_BWS,       /* BWS after the size: only ';' may follow */
+    PFD_CK_EXT_NAME_START, /* BWS, then an extension's name */
+    PFD_CK_EXT_NAME,
+    PFD_CK_EXT_NAME_BWS,    /* BWS after a name: '=' or ';' */
+    PFD_CK_EXT_VALUE_START, /* BWS, then a token or a quoted string */
+    PFD_CK_EXT_TOKEN,
+    PFD_CK_EXT_QUOTED,
+    PFD_CK_EXT_QUOTED_PAIR, /* after a backslash in a quoted string */
+    PFD_CK_EXT_VALUE_END,   /* after a value: BWS, ';' or CR */
+    PFD_CK_EXT_VALUE_BWS,   /* BWS after a value: only ';' may follow */
+    PFD_CK_SIZE_LF,
+    PFD_CK_DATA,
+    PFD_CK_DATA_CR,
+    PFD_CK_DATA_LF,
+    PFD_CK_TRAILER_LINE, /* start of a trailer field line, or CR of the empty line that ends the body */
+    PFD_CK_TRAILER_NAME,
+    PFD_CK_TRAILER_VALUE,
+    PFD_CK_TRAILER_LF,
+    PFD_CK_END_LF,
+    PFD_CK_DONE,
+    PFD_CK_ERROR /* sticky: a broken body stays broken, and can be told from a short one */
+};
+
+struct pfd_chunked {
+    enum pfd_chunk_state state;
+    uint64_t left; /* chunk size while reading it; then the chunk's bytes still to come */
+    size_t meta;   /* bytes of the current chunk line (of all the trailers after the last chunk) */
+};
+
+struct pfd_conn;
+
+struct pfd_list { /* intrusive doubly linked list of connections */
+    struct pfd_conn *head, *tail;
+    int64_t count;
+};
+
+struct pfd_conn {
+    int fd;
+    enum pfd_state state;
+    struct pfd_conn *prev, *next; /* timer list or admission line */
+    int64_t timer_ns;             /* head timer / linger end */
+    int verdict;                  /* handed back by a worker: 1 next head, 0 polite close, -1 close now */
+    int64_t drained;
+    char *buf;
+    size_t len, cap;
+    size_t head_len; /* 0 until a head is parsed */
+    /* The parsed head; pointers into buf, valid while PFD_QUEUED/PFD_RUNNING. */
+    const char *method, *path;
+    size_t method_len, path_len;
+    int minor_version;
+    struct phr_header headers[PFD_MAX_HEADERS];
+    size_t num_headers;
+    int64_t content_length; /* -1: none */
+    int chunked;
+    int client_keep_alive;
+    /* Atomic: an app thread may read the body while the worker writes the response. */
+    atomic_int expect_continue;
+    int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
+    int64_t upstream_ns; /* taken off the deadline for a trusted proxy's X-Request-Start */
+    int critical;        /* of the critical class: waits in srv->crit, served first */
+    int drop_answer;     /* the refusal of a connection dropped from the line */
+    int budget_source;
+    int budget_invalid;
+    int arrival_from_kernel; /* 1: arrival is the kernel's receive stamp of the first bytes */
+    int64_t last_read_ns;    /* when bytes were last read: the arrival of pipelined ones */
+    /* Body reading by the worker */
+    size_t pos;        /* next unread byte of buf */
+    int64_t body_left; /* Content-Length bytes still to read */
+    int body_done;
+    int body_error;               /* enum pfd_body_error */
+    int64_t write_until;          /* 0 until the response begins: then its last moment to be written */
+    _Atomic int64_t io_waited_ns; /* time spent waiting on the client, reads and writes together */
+    struct pfd_chunked decoder;
+    char *cbuf; /* chunked: decoded bytes not yet given out */
+    size_t cbuf_pos, cbuf_len, cbuf_cap;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+};
+
+struct pfd_stats {
+    int64_t accepted, open_connections, offered, admitted, started, completed;
+    int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
+    int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
+    int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering;
+    int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
+    int64_t upstream_stamps;
+};
+
+struct pfd_server {
+    struct pfd_config cfg;
+    int listen_fds[8];
+    int n_listen;
+    int epfd, evfd;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mutex;
+    pthread_cond_t ready;       /* a connection entered the line, or stopping */
+    pthread_cond_t idle;        /* in_flight or queued went down */
+    struct pfd_list line;       /* PFD_QUEUED normal requests, in arrival order (served per cfg.order) */
+    struct pfd_list crit;       /* PFD_QUEUED critical requests, in arrival order (served first, FIFO) */
+    struct pfd_conn *returned;  /* finished by workers or refused at pickup, for the I/O thread */
+    int64_t in_flight;          /* held by workers */
+    int64_t critical_in_flight; /* of which critical */
+    /* The policies' state, under mutex. */
+    int64_t limit; /* the current concurrency limit: threads, or Vegas's */
+    struct prazo_codel codel;
+    struct prazo_vegas vegas;
+    struct prazo_service_estimate estimate;
+    int draining; /* under mutex; also read by the I/O thread */
+    int stopping;
+    int io_done; /* the I/O thread has exited: workers free what they finish */
+    atomic_int listeners_closed;
+    /* owned by the I/O thread */
+    struct pfd_list heads, lingering;
+    /* Closed while an epoll batch that may still name them was handled: freed at the next turn. */
+    struct pfd_conn *graveyard;
+    int64_t accept_paused_until; /* out of descriptors: listeners out of epoll until then (0: not paused) */
+    /* counters (written under mutex or by the I/O thread only; read via atomics) */
+    _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
+    _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
+    _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
+    _Atomic int64_t peak_in_flight, peak_queued, queue_wait_ns_total;
+    _Atomic int64_t pending_heads, lingering_now; /* published by the I/O thread each turn */
+    _Atomic int64_t insufficient_budget, shed, evicted, critical_started;
+    _Atomic int64_t expected_now;    /* pfd_expected(), published under mutex for the I/O thread's arrivals */
+    _Atomic int64_t upstream_stamps; /* heads whose deadline a trusted proxy's stamp shortened */
+};
+
+#define PFD_EARLIEST_STAMP_NS (946684800LL * 1000000000LL)
+#define PFD_LATEST_STAMP_NS (4102444800LL * 1000000000LL)
+
+enum pfd_head_verdict { PFD_HEAD_PARTIAL, PFD_HEAD_COMPLETE, PFD_HEAD_BAD, PFD_HEAD_TOO_LARGE };
+
+static inline int64_t pfd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* pfd_head.c: what a head says (budget, front-proxy queue time, framing, class) */
+int pfd_incoming_budget(const struct phr_header *headers, size_t n, double *ms, int *invalid, int *source);
+int64_t pfd_deadline_for(double default_ms, double max_ms, int have, double incoming_ms, int64_t arrival_ns,
+                         int64_t upstream_ns);
+int pfd_parse_request_start_ns(const char *p, size_t n, int64_t *ns);
+int pfd_request_start(const struct phr_header *headers, size_t n, int64_t *ns);
+int pfd_address_trusted(const struct pfd_config *cfg, int family, const unsigned char *addr);
+int64_t pfd_upstream_wait_ns(int64_t stamp_ns, int64_t arrival_wall_ns, int64_t max_wait_ns);
+int64_t pfd_upstream_ns(const struct pfd_config *cfg, const struct pfd_conn *c);
+int pfd_parse_head(struct pfd_conn *c, size_t last_len);
+enum pfd_head_verdict pfd_judge_head(struct pfd_conn *c, size_t max_head, size_t last_len);
+void pfd_conn_start_body(struct pfd_conn *c);
+int pfd_decoded_path_is(const char *raw, size_t n, const char *want, size_t want_len);
+int pfd_is_critical(const struct pfd_server *srv, const struct pfd_conn *c);
+
+/* pfd_chunked.c: chunked request bodies */
+ssize_t pfd_chunked_decode(struct pfd_chunked *d, char *buf, size_t *bufsz);
+
+/* pfd_conn.c: connections */
+void pfd_conn_reset_for_next(struct pfd_conn *c, size_t consumed);
+
+/* pfd_server.c: the server's lifecycle */
+struct pfd_server *pfd_server_new(const struct pfd_config *cfg, const int *listen_fds, int n_listen);
+int pfd_server_start(struct pfd_server *srv);
+void pfd_server_drain(struct pfd_server *srv);
+int pfd_server_wait_idle(struct pfd_server *srv, int64_t until_ns);
+void pfd_server_stop(struct pfd_server *srv);
+int pfd_server_free(struct pfd_server *srv);
+void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s);
+
+/* pfd_worker.c: the calls the Python workers make, with the GIL released */
+struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty);
+ssize_t pfd_conn_try_write(struct pfd_server *srv, struct pfd_conn *c, const char *p, size_t n);
+int pfd_conn_body_buffered(const struct pfd_conn *c);
+int pfd_conn_write(struct pfd_server *srv, struct pfd_conn *c, const char *p, size_t n);
+ssize_t pfd_conn_read_body(struct pfd_server *srv, struct pfd_conn *c, char *dst, size_t n);
+int pfd_conn_discard_body(struct pfd_server *srv, struct pfd_conn *c);
+int pfd_conn_body_arrived(const struct pfd_conn *c);
+void pfd_conn_release(struct pfd_server *srv, struct pfd_conn *c);
+void pfd_conn_hand_back(struct pfd_server *srv, struct pfd_conn *c, int keep);
+void pfd_conn_finish(struct pfd_server *srv, struct pfd_conn *c, int keep);
+int pfd_addr_text(const struct sockaddr_storage *ss, char *host, size_t hostlen, int *port);
+
+#endif /* PRAZO_PFD_H */

@@ -1,0 +1,89 @@
+/* What the engine's files share and nothing outside the engine needs. */
+#ifndef PRAZO_PFD_INTERNAL_H
+#define PRAZO_PFD_INTERNAL_H
+
+/* accept4 and the monotonic-clock condition variables are GNU/POSIX, beyond C11;
+ * every engine file includes this header first, before any system header. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "pfd.h"
+
+/* The counters are written under srv->mutex or by the I/O thread alone, and
+ * read without a lock: relaxed atomics are all they need. */
+static inline void pfd_count(_Atomic int64_t *c, int64_t d) { atomic_fetch_add_explicit(c, d, memory_order_relaxed); }
+static inline int64_t pfd_read_counter(_Atomic int64_t *c) { return atomic_load_explicit(c, memory_order_relaxed); }
+
+/* ------------------------------------------------------------------ lists */
+
+static inline void pfd_list_push(struct pfd_list *l, struct pfd_conn *c)
+{
+    c->next = NULL;
+    c->prev = l->tail;
+    if (l->tail)
+        l->tail->next = c;
+    else
+        l->head = c;
+    l->tail = c;
+    l->count++;
+}
+
+static inline void pfd_list_remove(struct pfd_list *l, struct pfd_conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        l->tail = c->prev;
+    c->prev = c->next = NULL;
+    l->count--;
+}
+
+static inline int pfd_has_body(const struct pfd_conn *c) { return c->chunked || c->content_length > 0; }
+
+static inline int pfd_hex(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch |= 0x20;
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+static inline int64_t pfd_waiting(const struct pfd_server *srv) { return srv->line.count + srv->crit.count; }
+
+/* The doomed-work skip's expected service time now (0: no skip). Under mutex. */
+static inline int64_t pfd_expected(const struct pfd_server *srv)
+{
+    if (srv->cfg.expected_service_ns <= 0 && srv->cfg.expected_quantile_permille <= 0)
+        return 0;
+    return prazo_service_estimate_ns(&srv->estimate);
+}
+
+/* Arrivals are refused (or make room) once running + waiting reach this. */
+static inline int pfd_line_full(const struct pfd_server *srv)
+{
+    return srv->in_flight + pfd_waiting(srv) >= srv->limit + (int64_t)srv->cfg.max_queue;
+}
+
+/* pfd_conn.c: connections */
+void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c);
+int pfd_send_all_nb(int fd, const char *p, size_t n);
+void pfd_wake(struct pfd_server *srv);
+
+/* pfd_line.c: the admission line's policies, under srv->mutex */
+void pfd_line_drop(struct pfd_server *srv, struct pfd_conn *c, int answer, struct pfd_conn ***tail);
+void pfd_line_shed_stale(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
+struct pfd_conn *pfd_line_pick(struct pfd_server *srv, int64_t now);
+int64_t pfd_line_sweep(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
+void pfd_line_dropped_wake(struct pfd_server *srv);
+void pfd_line_sample(struct pfd_server *srv, int64_t service_ns);
+
+/* pfd_io.c: the I/O thread */
+void pfd_io_close_listeners(struct pfd_server *srv);
+void *pfd_io_main(void *arg);
+
+#endif /* PRAZO_PFD_INTERNAL_H */
