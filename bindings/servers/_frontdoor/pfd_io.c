@@ -244,6 +244,12 @@ static void pfd_io_read_head(struct pfd_server *srv, struct pfd_conn *c, int64_t
                         /* The wall clock may have stepped: believe only a sane age. */
                         if (age >= 0 && age < 60LL * 1000000000LL) {
                             c->arrival_ns = pfd_now_ns() - age;
+                            /* A pause between the two clock reads can put the arrival after
+                             * this turn's `now`; capped there, the deadline is at worst a few us
+                             * early, never late, and a budget used up upstream is refused on
+                             * arrival instead of looking not yet passed and waiting in line. */
+                            if (c->arrival_ns > now)
+                                c->arrival_ns = now;
                             c->arrival_from_kernel = 1;
                             pfd_count(&srv->kernel_stamps, 1);
                         }
