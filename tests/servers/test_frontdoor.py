@@ -22,29 +22,25 @@ from typing import Any
 
 import pytest
 from _helpers import CheckedThread, wait_until
-from _server_harness import CLIENT_TIMEOUT_S, TEST_DEFAULT_BUDGET_MS, Burst, Trickler, app, request, statuses
-from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
+from _server_harness import (
+    CLIENT_TIMEOUT_S,
+    Burst,
+    FrontDoors,
+    Trickler,
+    exchange,
+    read_to_eof,
+    request,
+    statuses,
+)
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[FrontDoorServer] = []
-
-    def start_server(application: Any = app, **kwargs: Any) -> FrontDoorServer:
-        kwargs.setdefault("threads", 4)
-        kwargs.setdefault("max_queue", 20)
-        kwargs.setdefault("default_budget_ms", TEST_DEFAULT_BUDGET_MS)
-        server = create_server(application, port=0, **kwargs)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start_server
-    for server in servers:
-        server.shutdown(5.0)
+def start() -> Iterator[FrontDoors]:
+    with FrontDoors(threads=4, max_queue=20) as start_server:
+        yield start_server
 
 
 def _balanced(stats: dict[str, int]) -> None:
@@ -54,20 +50,6 @@ def _balanced(stats: dict[str, int]) -> None:
         stats
     )
     assert stats["started"] - stats["completed"] == stats["in_flight"], stats
-
-
-def _raw(port: int, data: bytes, *, read_all: bool = True) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S) as sock:
-        sock.sendall(data)
-        if not read_all:
-            return sock.recv(65536)
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-        return received
 
 
 def test_seed_scenario_24_served_16_refused_at_once(start: Any, tmp_path: Path) -> None:
@@ -300,7 +282,7 @@ def test_request_bodies_content_length_and_chunked(start: Any) -> None:
         b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
         b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
     )
-    answer = _raw(server.port, raw)
+    answer = exchange(server.port, raw)
     assert answer.count(b"HTTP/1.1 200 OK") == 2
     assert b"POST abc" in answer and answer.endswith(b"POST hi")
     conn.close()
@@ -342,7 +324,7 @@ def test_streaming_response_is_chunked_and_close_is_called(start: Any) -> None:
     assert response.read() == b"part0;part1;part2;part3;part4;"
     assert closed.wait(CLIENT_TIMEOUT_S)
     # HTTP/1.0 gets the body up to the close instead.
-    answer = _raw(server.port, b"GET / HTTP/1.0\r\n\r\n")
+    answer = exchange(server.port, b"GET / HTTP/1.0\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 OK") and b"Connection: close" in answer
     assert answer.endswith(b"part0;part1;part2;part3;part4;")
     conn.close()
@@ -411,7 +393,7 @@ def test_malformed_or_ambiguous_heads_are_400(start: Any, head: bytes) -> None:
         return []
 
     server = start(counting)
-    answer = _raw(server.port, head)
+    answer = exchange(server.port, head)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
     assert b"X-Prazo-Reason: bad-request" in answer
     assert not calls
@@ -419,7 +401,7 @@ def test_malformed_or_ambiguous_heads_are_400(start: Any, head: bytes) -> None:
 
 def test_a_head_too_large_is_431(start: Any) -> None:
     server = start()
-    answer = _raw(server.port, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
+    answer = exchange(server.port, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 431 ")
 
 
@@ -499,9 +481,7 @@ def test_expect_100_continue_and_pipelined_requests(start: Any) -> None:
             for i in range(10)
         )
         sock.sendall(heads)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = read_to_eof(sock)
     bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in answer.split(b"HTTP/1.1 ")[1:]]
     assert bodies == [b"POST %d" % i for i in range(10)]
 
@@ -530,9 +510,7 @@ def test_a_thousand_pipelined_refusals_are_all_answered_in_order(start: Any) -> 
     with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
         sender = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
         sender.start()
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = read_to_eof(sock)
         sender.join(CLIENT_TIMEOUT_S)
     assert answer.count(b"X-Prazo-Reason: expired-on-arrival") == count
     assert answer.count(b"HTTP/1.1 504 ") == count and answer.count(b"HTTP/1.1 404 ") == 1

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from _helpers import wait_until
-from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, request
+from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, FrontDoors, request
 from prazo.bindings.servers import frontdoor
-from prazo.bindings.servers.frontdoor import FrontDoorServer, RequestBodyError, create_server
+from prazo.bindings.servers.frontdoor import RequestBodyError
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.compiled]
@@ -31,27 +31,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 # Far below DEFAULT_IO_TIMEOUT_MS (30 s, the only bound these waits had) and
 # far above the few seconds of budget each test gives: "bounded by the deadline".
 WELL_BEFORE_IO_TIMEOUT_S = 20.0
+
+
 # A request without a budget header outlives the test: only the tests about a
 # deadline send a short one.
-DEFAULT_BUDGET_MS = 30000
-
-
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[FrontDoorServer] = []
-
-    def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
-        kwargs.setdefault("threads", 2)
-        kwargs.setdefault("max_queue", 8)
-        kwargs.setdefault("default_budget_ms", DEFAULT_BUDGET_MS)
-        server = create_server(application, port=0, **kwargs)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start_server
-    for server in servers:
-        server.shutdown(5.0)
+def start() -> Iterator[FrontDoors]:
+    with FrontDoors(threads=2, max_queue=8) as start_server:
+        yield start_server
 
 
 def _connect(port: int) -> socket.socket:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import test_server_proxy_headers as stamp_cases
 from _helpers import examples, import_test_module
+from _server_harness import read_to_eof
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import (
@@ -296,12 +297,7 @@ def test_no_head_is_answered_500() -> None:
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
                 sock.sendall(data + b"\r\n\r\n")
                 sock.shutdown(socket.SHUT_WR)
-                received = b""
-                try:
-                    while chunk := sock.recv(65536):
-                        received += chunk
-                except ConnectionResetError:
-                    pass
+                received = read_to_eof(sock)
             for line in received.split(b"\r\n"):
                 if line.startswith(b"HTTP/1.1 "):
                     seen.add(line[9:12])

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from _helpers import examples, wait_until
-from _server_harness import CLIENT_TIMEOUT_S, TEST_DEFAULT_BUDGET_MS, Burst, Outcome, request
+from _server_harness import CLIENT_TIMEOUT_S, TEST_DEFAULT_BUDGET_MS, Burst, FrontDoors, Outcome, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
@@ -83,23 +83,9 @@ def settled(server: FrontDoorServer) -> dict[str, int]:
 
 
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[FrontDoorServer] = []
-
-    def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
-        kwargs.setdefault("threads", 1)
-        kwargs.setdefault("max_queue", 4)
-        if "settings" not in kwargs:
-            # Waiters held behind a busy worker must outlive a slow test; expiry tests send their budget.
-            kwargs.setdefault("default_budget_ms", TEST_DEFAULT_BUDGET_MS)
-        server = create_server(application, port=0, **kwargs)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start_server
-    for server in servers:
-        server.shutdown(5.0)
+def start() -> Iterator[FrontDoors]:
+    with FrontDoors(threads=1, max_queue=4) as start_server:
+        yield start_server
 
 
 def in_background(

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 from _helpers import wait_until
-from _server_harness import CLIENT_TIMEOUT_S
+from _server_harness import CLIENT_TIMEOUT_S, FrontDoors, exchange, read_to_eof
 from prazo.bindings.servers import frontdoor
-from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
 from prazo.bindings.servers.heads import MAX_HEAD_BYTES
 from prazo.bindings.servers.refusals import DEFAULT_MAX_LINGERING
 
@@ -46,37 +45,9 @@ class Recorder:
 
 
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[FrontDoorServer] = []
-
-    def start_server(application: Any, **kwargs: Any) -> FrontDoorServer:
-        kwargs.setdefault("threads", 2)
-        kwargs.setdefault("max_queue", 20)
-        server = create_server(application, port=0, **kwargs)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start_server
-    for server in servers:
-        server.shutdown(5.0)
-
-
-def _read_to_eof(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes (a test fails on the client timeout otherwise)."""
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
-
-
-def _exchange(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S) as sock:
-        sock.sendall(data)
-        return _read_to_eof(sock)
+def start() -> Iterator[FrontDoors]:
+    with FrontDoors(threads=2, max_queue=20) as start_server:
+        yield start_server
 
 
 # ------------------------------------------------------ defect 6: the app's status and headers
@@ -121,7 +92,7 @@ def test_control_characters_from_the_app_are_500_and_nothing_is_injected(
     server = start(_answering(status, headers))
     with caplog.at_level(logging.ERROR, logger="prazo.servers.frontdoor"):
         # Keep-alive asked for: the 500 must close the connection all the same (the EOF ends the read).
-        answer = _exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        answer = exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         wait_until(lambda: server.stats()["app_errors"] == 1, "the app error to be counted")
     assert answer.startswith(b"HTTP/1.1 500 Internal Server Error\r\n"), answer
     assert b"injected" not in answer and answer.count(b"HTTP/1.1 ") == 1, answer
@@ -131,7 +102,7 @@ def test_control_characters_from_the_app_are_500_and_nothing_is_injected(
 
 def test_a_well_formed_status_and_headers_pass(start: Any) -> None:
     server = start(_answering("299 Odd \t reason \xe9", [("X-A", "tab\tand latin-1 \xe9"), ("Content-Length", "4")]))
-    answer = _exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    answer = exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     assert answer.startswith("HTTP/1.1 299 Odd \t reason \xe9\r\n".encode("latin-1")), answer
     assert "X-A: tab\tand latin-1 \xe9\r\n".encode("latin-1") in answer and answer.endswith(b"body")
 
@@ -151,7 +122,7 @@ def test_a_head_too_large_is_431_even_when_it_arrives_in_two_pieces(start: Any, 
         # Below the limit, and incomplete: the server reads it and waits for the rest.
         time.sleep(0.5)
         sock.sendall(head[65_000:])
-        answer = _read_to_eof(sock)
+        answer = read_to_eof(sock)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert not recorder.seen
     assert server.stats()["heads_too_large"] == 1
@@ -166,7 +137,7 @@ def test_a_head_at_the_limit_in_two_pieces_is_served(start: Any) -> None:
         sock.sendall(head[:60_000])
         time.sleep(0.2)
         sock.sendall(head[60_000:])
-        answer = _read_to_eof(sock)
+        answer = read_to_eof(sock)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     assert recorder.paths == ["/"]
 
@@ -186,7 +157,7 @@ def test_lingering_refused_connections_are_capped(start: Any, monkeypatch: pytes
             clients.append(sock)
             sock.sendall(b"NOT HTTP\r\n\r\n")
             # Each reads its whole 400 (the server shuts its write side), and keeps its socket open.
-            assert _read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
+            assert read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
         wait_until(lambda: server.stats()["bad_requests"] == count, "every malformed head to be answered")
         # The engine publishes the count at the top of its loop, right after its last answer.
         wait_until(lambda: server.stats()["lingering"] >= DEFAULT_MAX_LINGERING, "the lingering count to be published")
@@ -218,7 +189,7 @@ def test_lingering_refused_connections_are_capped(start: Any, monkeypatch: pytes
 def test_host_must_be_one_authority(start: Any, head: bytes) -> None:
     recorder = Recorder()
     server = start(recorder)
-    answer = _exchange(server.port, head)
+    answer = exchange(server.port, head)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
     assert not recorder.seen
 
@@ -235,7 +206,7 @@ def test_host_must_be_one_authority(start: Any, head: bytes) -> None:
 def test_one_host_or_none_in_http10_reaches_the_app(start: Any, head: bytes, host: str | None) -> None:
     recorder = Recorder()
     server = start(recorder)
-    answer = _exchange(server.port, head)
+    answer = exchange(server.port, head)
     assert answer.startswith(b"HTTP/1.1 200 "), answer
     assert recorder.seen[0].get("HTTP_HOST") == host
 
@@ -275,7 +246,7 @@ def test_one_host_or_none_in_http10_reaches_the_app(start: Any, head: bytes, hos
 def test_lenient_heads_are_400(start: Any, data: bytes) -> None:
     recorder = Recorder()
     server = start(recorder)
-    answer = _exchange(server.port, data)
+    answer = exchange(server.port, data)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
     assert not recorder.seen
 
@@ -307,7 +278,7 @@ def test_a_broken_chunked_body_never_reaches_the_app_whole(start: Any, chunks: b
     recorder = Recorder()
     server = start(recorder)
     head = b"POST /read HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-    answer = _exchange(server.port, head + chunks + b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+    answer = exchange(server.port, head + chunks + b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
     # The app's read raises RequestBodyError and the app lets it out before its
     # response began: a 400, and what follows is never served.
     assert not recorder.seen, recorder.seen
@@ -319,7 +290,7 @@ def test_a_strict_chunked_body_with_extensions_and_trailers_is_read_and_the_next
     server = start(recorder)
     head = b"POST /read HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
     chunks = b'5 ; a = b ;c;d="q\\"uoted"\r\nhello\r\n0\r\nX-Trailer: yes\r\n\r\n'
-    answer = _exchange(server.port, head + chunks + b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    answer = exchange(server.port, head + chunks + b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 ") == 2, answer
     assert recorder.paths == ["/read", "/after"] and recorder.seen[0]["body"] == b"hello"
 
@@ -340,7 +311,7 @@ def test_the_cap_holds_while_lingering_clients_leave_and_new_ones_are_refused(
     for sock in first:
         sock.sendall(b"NOT HTTP\r\n\r\n")
     for sock in first:
-        assert _read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
+        assert read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
     later: list[socket.socket] = []
     try:
         for index, sock in enumerate(first):
@@ -350,7 +321,7 @@ def test_the_cap_holds_while_lingering_clients_leave_and_new_ones_are_refused(
                 later.append(fresh)
                 fresh.sendall(b"NOT HTTP\r\n\r\n")
         for sock in later:
-            assert _read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
+            assert read_to_eof(sock).startswith(b"HTTP/1.1 400 ")
         wait_until(
             lambda: server.stats()["bad_requests"] == DEFAULT_MAX_LINGERING + len(later),
             "every malformed head to be answered",

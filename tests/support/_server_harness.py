@@ -135,6 +135,55 @@ def request(
         conn.close()
 
 
+def read_to_eof(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset ends it too; a hang fails on the socket's timeout)."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Send raw ``data`` on a fresh connection and read the answer until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sock.sendall(data)
+        return read_to_eof(sock)
+
+
+class FrontDoors:
+    """Front-door servers of one test, started with ``defaults`` (a call's own options win), all shut down at the end.
+
+    ``with FrontDoors(threads=4, max_queue=20) as start: server = start(my_app)``;
+    requests without a budget header get ``TEST_DEFAULT_BUDGET_MS`` unless the
+    options say otherwise (or pass a ``settings`` object, which holds its own).
+    """
+
+    def __init__(self, **defaults: Any) -> None:
+        self.defaults = defaults
+        self.started: list[Any] = []
+
+    def __call__(self, application: Any = app, **options: Any) -> Any:
+        from prazo.bindings.servers.frontdoor import create_server
+
+        options = {**self.defaults, **options}
+        if "settings" not in options:
+            options.setdefault("default_budget_ms", TEST_DEFAULT_BUDGET_MS)
+        server = create_server(application, port=0, **options)
+        server.start()
+        self.started.append(server)
+        return server
+
+    def __enter__(self) -> FrontDoors:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for server in self.started:
+            server.shutdown(5.0)
+
+
 class Burst:
     """``n`` clients that connect first and then send at once, each on its own connection.
 
