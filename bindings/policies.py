@@ -165,7 +165,7 @@ class CriticalClassifier:
 
     Effects: ``classifier(environ)`` is True when ``environ["PATH_INFO"]`` is
     one of ``paths``, or the ``header`` field's value is ``critical``
-    (case-insensitive, surrounding spaces ignored), or ``function(environ)``
+    (case-insensitive, surrounding spaces and tabs ignored), or ``function(environ)``
     returns true. It never raises: a ``function`` that raises makes the
     request normal, and the exception is logged (logger ``prazo.policies``),
     so a broken classifier can neither answer 500 nor leak a slot.
@@ -209,7 +209,9 @@ class CriticalClassifier:
             return True
         if self.header_key is not None:
             value = environ.get(self.header_key)
-            if isinstance(value, str) and value.strip().lower() == CRITICAL_VALUE:
+            # Only SP and HTAB are the field's optional whitespace (RFC 9110 5.6.3): str.strip()
+            # would also take NBSP or \x85 from a latin-1 value, which the front door's C rule keeps.
+            if isinstance(value, str) and value.strip(" \t").lower() == CRITICAL_VALUE:
                 return True
         if self.function is not None:
             try:

@@ -171,6 +171,7 @@ cdef extern from "pfd.h" nogil:
     int pfd_address_trusted(const pfd_config *cfg, int family, const unsigned char *addr)
     int pfd_addr_text(const sockaddr_storage *ss, char *host, size_t hostlen, int *port)
     int pfd_parse_head(pfd_conn *c, size_t last_len)
+    int pfd_is_critical(const pfd_server *srv, const pfd_conn *c)
     int pfd_judge_head(pfd_conn *c, size_t max_head, size_t last_len)
     void pfd_conn_start_body(pfd_conn *c)
     void pfd_conn_reset_for_next(pfd_conn *c, size_t consumed)
@@ -349,6 +350,39 @@ def check_head(bytes data):
     cdef int r = pfd_parse_head(c, 0)
     free(c)
     return "complete" if r == 1 else ("partial" if r == 0 else "bad")
+
+
+def is_critical(bytes head, bytes critical_header=None, critical_paths=()):
+    """Whether the engine puts the request of ``head`` (a complete head) in the critical class.
+
+    The engine's own rule (``pfd_is_critical``) over the parsed head, with the
+    engine's ``critical_header`` and ``critical_paths`` options; raises
+    ValueError when ``head`` is not a complete, well-formed head.
+    """
+    cdef bytes paths = b"".join(bytes(path) + b"\0" for path in critical_paths)
+    cdef pfd_server *srv = <pfd_server *>calloc(1, sizeof(pfd_server))
+    cdef pfd_conn *c = <pfd_conn *>calloc(1, sizeof(pfd_conn))
+    cdef int parsed, critical = 0
+    if srv == NULL or c == NULL:
+        free(srv)
+        free(c)
+        raise MemoryError()
+    c.buf = PyBytes_AS_STRING(head)
+    c.len = PyBytes_GET_SIZE(head)
+    if critical_header:
+        srv.cfg.critical_header = PyBytes_AS_STRING(critical_header)
+        srv.cfg.critical_header_len = PyBytes_GET_SIZE(critical_header)
+    if paths:
+        srv.cfg.critical_paths = PyBytes_AS_STRING(paths)
+        srv.cfg.critical_paths_len = PyBytes_GET_SIZE(paths)
+    parsed = pfd_parse_head(c, 0)
+    if parsed == 1:
+        critical = pfd_is_critical(srv, c)
+    free(c)
+    free(srv)
+    if parsed != 1:
+        raise ValueError("head must be a complete, well-formed request head")
+    return bool(critical)
 
 
 def split_requests(bytes data, Py_ssize_t max_head=65536):

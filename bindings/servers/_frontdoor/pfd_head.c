@@ -390,12 +390,17 @@ int pfd_decoded_path_is(const char *raw, size_t n, const char *want, size_t want
     return j == want_len;
 }
 
-/* Is this head of the critical class? Its path (what the workers' PATH_INFO
- * holds: before '?', percent-decoded) is one of cfg.critical_paths, or
- * cfg.critical_header says "critical". */
+/* Is this head of the critical class? The rule is bindings/policies.py's
+ * CriticalClassifier applied to the environ the workers build (the agreement
+ * test in tests/servers/test_frontdoor_critical.py holds the two together):
+ * its path (PATH_INFO: before '?', percent-decoded; "/" for an absolute-form
+ * target without one) is one of cfg.critical_paths, or cfg.critical_header's
+ * value, stripped of SP/HTAB, is "critical". A header sent twice reaches the
+ * app as the two values joined by ",", which is never "critical". */
 int pfd_is_critical(const struct pfd_server *srv, const struct pfd_conn *c)
 {
     if (srv->cfg.critical_header) {
+        int said = 0, seen = 0;
         for (size_t h = 0; h < c->num_headers; h++) {
             const struct phr_header *hd = &c->headers[h];
             if (hd->name == NULL || hd->name_len != srv->cfg.critical_header_len ||
@@ -403,9 +408,16 @@ int pfd_is_critical(const struct pfd_server *srv, const struct pfd_conn *c)
                 continue;
             const char *v = hd->value;
             size_t n = hd->value_len;
-            if (prazo_strip_field_value(&v, &n) && n == 8 && strncasecmp(v, "critical", 8) == 0)
-                return 1;
+            /* not prazo_strip_field_value: its length cap is the budget parser's, not this rule's */
+            while (n && (*v == ' ' || *v == '\t'))
+                v++, n--;
+            while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+                n--;
+            seen++;
+            said = n == 8 && strncasecmp(v, "critical", 8) == 0;
         }
+        if (said && seen == 1)
+            return 1;
     }
     if (srv->cfg.critical_paths) {
         const char *path = c->path;
@@ -418,8 +430,13 @@ int pfd_is_critical(const struct pfd_server *srv, const struct pfd_conn *c)
             skip = 8;
         if (skip) {
             const char *slash = memchr(path + skip, '/', len - skip);
-            len = slash ? len - (size_t)(slash - path) : 0;
-            path = slash;
+            if (slash) {
+                len -= (size_t)(slash - path);
+                path = slash;
+            } else {
+                path = "/"; /* no path after the authority: the workers' PATH_INFO is "/" */
+                len = 1;
+            }
         }
         const char *q = len ? memchr(path, '?', len) : NULL;
         if (q)
