@@ -55,6 +55,12 @@ This module is its specification: everything else it hands back to the
 functions below, so both paths answer, count and release identically.
 ``AdmissionMiddleware(..., fast_path=False)`` keeps a middleware on the
 Python path; ``mw.fast_path`` says which one it runs.
+
+Why one file of about 900 lines: it is the specification of the compiled
+fast path, and the two must be read side by side; the refusal answers, the
+response bodies that release the slot exactly once, and the middleware are
+the three parts of that one contract, and every server embedding imports
+them from here.
 """
 
 from __future__ import annotations

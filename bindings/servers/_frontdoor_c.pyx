@@ -2,6 +2,11 @@
 # Everything that decides (accept, head read and parse, budget, admission,
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
+#
+# Why one file of about 850 lines: a Cython extension is one module, and the
+# engine's declarations, the Engine/Connection faces and the probes that let
+# the tests hold each C rule to its Python twin (parse_budget_ms, check_head,
+# split_requests, is_critical, ...) all need the same cdef extern block.
 from libc.stdint cimport int64_t
 from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, calloc, free

@@ -59,6 +59,11 @@ waiter out (``503 evicted-by-critical``) rather than be refused::
 
     server = create_server(app, threads=8, order="adaptive", expected_service_ms="p95",
                            limit="vegas", min_concurrency=2, reserved=1, critical_paths=["/healthz"])
+
+Why one file of about 800 lines: this is the whole Python half of the front
+door - option checking, the workers' environ and body stream, the response
+writer, the server's life cycle - and each part is small but reads the same
+engine handle; the C half is split along its concerns in ``_frontdoor/``.
 """
 
 from __future__ import annotations
@@ -190,7 +195,8 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
     return answers
 
 
-def _critical_paths(value: object) -> list[bytes]:
+def engine_critical_paths(value: object) -> list[bytes]:
+    """The ``critical_paths`` option as the engine takes it (latin-1 bytes, as PATH_INFO decodes), checked."""
     # The engine compares the raw request target's path: a space, a control
     # character or a query could never match one.
     paths = checked_paths(value, "critical_paths")
@@ -232,7 +238,7 @@ def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]
         "min_concurrency": min_concurrency,
         "reserved": reserved,
         "critical_header": None if header is None else checked_header_name(header, "critical_header").encode("ascii"),
-        "critical_paths": _critical_paths(options["critical_paths"]),
+        "critical_paths": engine_critical_paths(options["critical_paths"]),
     }
 
 

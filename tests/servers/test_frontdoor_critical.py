@@ -19,7 +19,7 @@ from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.policies import CriticalClassifier
-from prazo.bindings.servers.frontdoor import FrontDoorServer, _critical_paths, compiled_engine
+from prazo.bindings.servers.frontdoor import FrontDoorServer, compiled_engine, engine_critical_paths
 
 # compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = pytest.mark.compiled
@@ -50,7 +50,7 @@ def _python_verdict(head: bytes, classifier: CriticalClassifier) -> bool:
 
 
 def _c_verdict(head: bytes) -> bool:
-    verdict: bool = compiled_engine().is_critical(head, HEADER.encode("ascii"), _critical_paths(PATHS))
+    verdict: bool = compiled_engine().is_critical(head, HEADER.encode("ascii"), engine_critical_paths(PATHS))
     return verdict
 
 
