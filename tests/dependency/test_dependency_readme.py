@@ -1,4 +1,4 @@
-"""The README's "Slow dependencies" section runs as written.
+"""The "Slow dependencies" page's recipes run as written (``docs/how-to/slow-dependency.md``).
 
 Its ``python`` blocks run in order in one namespace (later recipes use names
 from earlier ones). Nothing is sent over the
@@ -15,13 +15,11 @@ from typing import Any
 import pytest
 from _required import require
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-TEXT = README.read_text(encoding="utf-8")
-START = TEXT.index("### Slow dependencies: `Dependency`")
-# The breaker's and last-known-good's own examples follow (#### subsections);
-# tests/dependency/test_dependency_breaker_docs.py runs those, from the README.
-END = TEXT.find("#### Circuit breaker", START)
-SECTION = TEXT[START : END if END != -1 else TEXT.index("### Servers: admission at the server's own queue")]
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "slow-dependency.md"
+TEXT = PAGE.read_text(encoding="utf-8")
+# The breaker's and last-known-good's own examples follow (## sections);
+# tests/dependency/test_dependency_breaker_docs.py runs those, from the same page.
+SECTION = TEXT[: TEXT.index("## Circuit breaker\n")]
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", SECTION, re.MULTILINE | re.DOTALL)
 
 
@@ -31,7 +29,7 @@ def namespace() -> dict[str, Any]:
     require("httpx")
     names: dict[str, Any] = {"__name__": "__readme__"}
     for index, source in enumerate(BLOCKS):
-        exec(compile(source, f"README.md[slow dependencies {index}]", "exec"), names)  # noqa: S102 - the recipe is what is tested
+        exec(compile(source, f"{PAGE.name}[{index}]", "exec"), names)  # noqa: S102 - the recipe is what is tested
     return names
 
 
