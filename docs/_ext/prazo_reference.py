@@ -88,6 +88,14 @@ OUTCOMES: dict[str, tuple[str, str, str]] = {
     "head-too-large": ("the front door read a request head larger than 64 KiB", "—", "never starts"),
 }
 
+# What an unset setting means (its default is None or empty).
+NO_VALUE = {
+    "trusted_proxies": "any peer (once trusted)",
+    "expected_service_ms": "off",
+    "critical_header": "none",
+    "critical_paths": "none",
+}
+
 # Statuses that tell the client to come back later carry Retry-After.
 RETRY_AFTER_REASONS = {
     "queue-full",
@@ -148,8 +156,13 @@ def settings_rows() -> list[list[str]]:
     rows, used_envs, used_flags = [], set(), set()
     for field in dataclasses.fields(settings.ServerSettings):
         name = field.name
-        action = options.get(name) or options.get(name.removesuffix("s"))
+        # A repeatable flag is singular: --critical-path for critical_paths, --trusted-proxy for trusted_proxies.
+        singular = name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
+        action = options.get(name) or options.get(singular)
         env = envs.get(name)
+        if field.default is None or field.default == ():
+            if name not in NO_VALUE:
+                raise ExtensionError(f"ServerSettings.{name} defaults to nothing: say what that means in NO_VALUE")
         if action is None and env is None and name != "threads":
             raise ExtensionError(f"ServerSettings.{name} has neither a prazo serve flag nor an environment variable")
         if action is not None:
@@ -160,8 +173,8 @@ def settings_rows() -> list[list[str]]:
             default = str(settings.DEFAULT_THREADS)
         elif name == "max_queue":
             default = f"{settings.DEFAULT_QUEUE_PER_THREAD} × threads"
-        elif field.default is None or field.default == ():
-            default = "off"
+        elif name in NO_VALUE:
+            default = NO_VALUE[name]
         else:
             default = _plain(field.default)
         flag = " / ".join(action.option_strings) if action is not None else "—"
@@ -192,7 +205,7 @@ def command_only_rows() -> list[list[str]]:
     fields = {field.name for field in dataclasses.fields(settings.ServerSettings)}
     rows = []
     for dest, action in _serve_options().items():
-        if dest in fields or dest + "s" in fields or dest == "help":
+        if dest in fields or dest + "s" in fields or dest.removesuffix("y") + "ies" in fields or dest == "help":
             continue
         default = "—" if action.default is None else _plain(action.default)
         rows.append([" / ".join(action.option_strings), default, action.help or ""])
