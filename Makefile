@@ -73,8 +73,8 @@ TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
 	prazo.bindings.servers._frontdoor_c
 check: build
-	$(VENV)/bin/ruff check core bindings tests bench
-	$(VENV)/bin/ruff format --check core bindings tests bench
+	$(VENV)/bin/ruff check core bindings tests bench docs/conf.py docs/_ext
+	$(VENV)/bin/ruff format --check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/codespell
 	mkdir -p $(TYPECHECK)
 	for folder in core bindings bench; do ln -sfn ../../../$$folder $(TYPECHECK)/$$folder; done

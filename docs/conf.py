@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "prazo"
 author = "the prazo authors"
-copyright = "prazo authors, MIT licence"  # noqa: A001 - the name Sphinx reads
+copyright = "prazo authors, MIT licence"
 
 extensions = [
     "myst_parser",

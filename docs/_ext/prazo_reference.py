@@ -151,7 +151,9 @@ def settings_rows() -> list[list[str]]:
     """One row per ServerSettings field: argument, flag, variable, default, meaning."""
     from prazo.bindings.servers import settings
 
-    envs = {name[len("ENV_") :].lower(): getattr(settings, name) for name in settings.__all__ if name.startswith("ENV_")}
+    envs = {
+        name[len("ENV_") :].lower(): getattr(settings, name) for name in settings.__all__ if name.startswith("ENV_")
+    }
     options = _serve_options()
     rows, used_envs, used_flags = [], set(), set()
     for field in dataclasses.fields(settings.ServerSettings):
@@ -160,9 +162,8 @@ def settings_rows() -> list[list[str]]:
         singular = name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
         action = options.get(name) or options.get(singular)
         env = envs.get(name)
-        if field.default is None or field.default == ():
-            if name not in NO_VALUE:
-                raise ExtensionError(f"ServerSettings.{name} defaults to nothing: say what that means in NO_VALUE")
+        if (field.default is None or field.default == ()) and name not in NO_VALUE:
+            raise ExtensionError(f"ServerSettings.{name} defaults to nothing: say what that means in NO_VALUE")
         if action is None and env is None and name != "threads":
             raise ExtensionError(f"ServerSettings.{name} has neither a prazo serve flag nor an environment variable")
         if action is not None:
@@ -218,7 +219,9 @@ def reason_rows() -> list[list[str]]:
     missing = set(REASONS) - set(OUTCOMES)
     unknown = set(OUTCOMES) - set(REASONS)
     if missing or unknown:
-        raise ExtensionError(f"OUTCOMES is out of step with REASONS: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        raise ExtensionError(
+            f"OUTCOMES is out of step with REASONS: missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
     rows = []
     for reason in REASONS.values():
         outcome, exception, work = OUTCOMES[reason.name]

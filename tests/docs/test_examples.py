@@ -35,23 +35,53 @@ from sybil.parsers.myst import CodeBlockParser, PythonCodeBlockParser  # noqa: E
 # This list only shrinks: make a block runnable, or give it to a test with tested-by.
 NOT_RUN: dict[tuple[str, str], str] = {
     ("README.md", "make demo    # creates .venv, builds the C extension, runs the seed scenario end to end"): "set-up",
-    ("docs/install.md", "make demo    # creates .venv, builds the C extension, runs the seed scenario end to end"): "set-up",
-    ("README.md", "pip install prazo                                   # the core, the middleware, the pool; no dependencies"): "an index",
+    (
+        "docs/install.md",
+        "make demo    # creates .venv, builds the C extension, runs the seed scenario end to end",
+    ): "set-up",
+    (
+        "README.md",
+        "pip install prazo                                   # the core, the middleware, the pool; no dependencies",
+    ): "an index",
     ("docs/tutorial.md", "pip install 'prazo[servers,flask]'"): "an index",
-    ("docs/benchmarks/demos.md", ".venv/bin/prazo demo slow-dependency --plot bench/slow_dependency.png   # ≈ 100 s; --quick ≈ 30 s; --json"): "minutes",
-    ("docs/benchmarks/goodput.md", ".venv/bin/prazo bench goodput [--quick] [--json] [--plot bench/goodput.png] \\"): "minutes",
-    ("docs/benchmarks/index.md", ".venv/bin/prazo bench              # core, wsgi and pool, one after another (≈ 15 s; --quick ≈ 4 s)"): "minutes",
+    (
+        "docs/benchmarks/demos.md",
+        ".venv/bin/prazo demo slow-dependency --plot bench/slow_dependency.png   # ≈ 100 s; --quick ≈ 30 s; --json",
+    ): "minutes",
+    (
+        "docs/benchmarks/goodput.md",
+        ".venv/bin/prazo bench goodput [--quick] [--json] [--plot bench/goodput.png] \\",
+    ): "minutes",
+    (
+        "docs/benchmarks/index.md",
+        ".venv/bin/prazo bench              # core, wsgi and pool, one after another (≈ 15 s; --quick ≈ 4 s)",
+    ): "minutes",
     ("docs/how-to/outgoing-calls.md", "from prazo.bindings.clients.requests import DeadlineSession"): "a host of yours",
-    ("docs/how-to/outgoing-calls.md", "from prazo.bindings.clients.urllib3 import DeadlinePoolManager"): "a host of yours",
+    (
+        "docs/how-to/outgoing-calls.md",
+        "from prazo.bindings.clients.urllib3 import DeadlinePoolManager",
+    ): "a host of yours",
     ("docs/how-to/outgoing-calls.md", "from prazo.bindings.clients.urllib import deadline_urlopen"): "a host of yours",
-    ("docs/how-to/queue-policies.md", "prazo serve app:app --server prazo --threads 8 --order adaptive --expected-service-ms p90 \\"): "serves until stopped",
-    ("docs/how-to/servers.md", "from prazo.bindings.servers.waitress import create_server, shutdown"): "serves until stopped",
+    (
+        "docs/how-to/queue-policies.md",
+        "prazo serve app:app --server prazo --threads 8 --order adaptive --expected-service-ms p90 \\",
+    ): "serves until stopped",
+    (
+        "docs/how-to/servers.md",
+        "from prazo.bindings.servers.waitress import create_server, shutdown",
+    ): "serves until stopped",
     ("docs/how-to/servers.md", "PRAZO_MAX_QUEUE=16 PRAZO_DEFAULT_BUDGET_MS=1000 \\"): "serves until stopped",
-    ("docs/how-to/servers.md", "from prazo.bindings.servers.werkzeug import make_server  # or prazo.bindings.servers.wsgiref"): "serves until stopped",
+    (
+        "docs/how-to/servers.md",
+        "from prazo.bindings.servers.werkzeug import make_server  # or prazo.bindings.servers.wsgiref",
+    ): "serves until stopped",
     ("docs/how-to/servers.md", "from prazo.bindings.servers.cheroot import create_server"): "serves until stopped",
     ("docs/how-to/servers.md", "from prazo.bindings.servers.frontdoor import create_server"): "serves until stopped",
     ("docs/how-to/metrics.md", "  from prometheus_client import start_http_server"): "serves until stopped",
-    ("docs/how-to/tracing.md", "OpenTelemetryMiddleware(app, request_hook=prazo_otel.request_hook)                 # opentelemetry-instrumentation-wsgi"): "another package",
+    (
+        "docs/how-to/tracing.md",
+        "OpenTelemetryMiddleware(app, request_hook=prazo_otel.request_hook)                 # opentelemetry-instrumentation-wsgi",
+    ): "another package",
 }
 
 RUN_BY_SYBIL = {"python", "sh"}
@@ -68,7 +98,9 @@ def run_sh(example: Any) -> None:
     script = example.parsed
     if "prazo serve" in script and "8000" in script:
         port = _free_port()
-        script = re.sub(r"(prazo serve \S+)", rf"\1 --port {port}", script).replace("localhost:8000", f"localhost:{port}")
+        script = re.sub(r"(prazo serve \S+)", rf"\1 --port {port}", script).replace(
+            "localhost:8000", f"localhost:{port}"
+        )
     result = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],
         cwd=ROOT,

@@ -80,13 +80,18 @@ print(response.status_code, 0 < response.get_json()["remaining_ms"] <= 250)
 response = client.get("/report", headers={"X-Request-Budget-Ms": "0"})
 print(response.status_code, response.headers["X-Prazo-Reason"])
 """
-    assert run_recipe("## Flask: `init_app`", "docs/how-to/frameworks.md", then=check) == ["200 True", "504 expired-on-arrival"]
+    assert run_recipe("## Flask: `init_app`", "docs/how-to/frameworks.md", then=check) == [
+        "200 True",
+        "504 expired-on-arrival",
+    ]
 
 
 def test_the_django_statement_deadline_recipe_runs_in_the_example_projects_shell(tmp_path: Path) -> None:
     require("django")
     (block,) = [
-        b for b in fenced_blocks(section("## Django: `DeadlineMiddleware`", "docs/how-to/frameworks.md"), "python") if "StatementDeadline(" in b
+        b
+        for b in fenced_blocks(section("## Django: `DeadlineMiddleware`", "docs/how-to/frameworks.md"), "python")
+        if "StatementDeadline(" in b
     ]
     project = ROOT / "examples" / "django_project"
     # manage.py picks the example's settings unless the environment names others.
