@@ -188,11 +188,11 @@ clean:
 		core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every
-# warning fails it (-W; --keep-going reports them all first); -n checks every
-# cross-reference. Nothing is fetched: no intersphinx, no link check. The reference
+# warning fails it (-W; --keep-going reports them all first), broken links between pages
+# included. Nothing is fetched: no intersphinx, no link check. The reference
 # tables are read from the code at build time (docs/_ext/prazo_reference.py), so the
 # C twins are built first for autodoc.
 DOCS_OUT := build/docs
 docs: build
 	rm -rf $(DOCS_OUT)
-	$(PY) -m sphinx -W --keep-going -n -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html
+	$(PY) -m sphinx -W --keep-going -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html

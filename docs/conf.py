@@ -21,6 +21,8 @@ copyright = "prazo authors, MIT licence"
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    # The docstrings say "Args:" and "Returns:" (Google style).
+    "sphinx.ext.napoleon",
     "sphinxarg.ext",
     "prazo_reference",
 ]
@@ -35,5 +37,8 @@ html_title = "prazo"
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}
-# One warning is a failed build (make docs runs sphinx -W --keep-going).
+# A method without a docstring of its own gets none: not the base class's (httpx's, waitress's, ...).
+autodoc_inherit_docstrings = False
+# One warning is a failed build (make docs runs sphinx -W --keep-going). Not nitpicky: with no
+# intersphinx (offline) every annotation naming the stdlib or a third-party class would warn.
 nitpicky = False

@@ -67,16 +67,22 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "prazo serve app:app --server prazo --threads 8 --order adaptive --expected-service-ms p90 \\",
     ): "serves until stopped",
     (
-        "docs/how-to/servers.md",
+        "docs/how-to/server-waitress.md",
         "from prazo.bindings.servers.waitress import create_server, shutdown",
     ): "serves until stopped",
-    ("docs/how-to/servers.md", "PRAZO_MAX_QUEUE=16 PRAZO_DEFAULT_BUDGET_MS=1000 \\"): "serves until stopped",
+    ("docs/how-to/server-gunicorn.md", "PRAZO_MAX_QUEUE=16 PRAZO_DEFAULT_BUDGET_MS=1000 \\"): "serves until stopped",
     (
-        "docs/how-to/servers.md",
+        "docs/how-to/server-werkzeug-wsgiref.md",
         "from prazo.bindings.servers.werkzeug import make_server  # or prazo.bindings.servers.wsgiref",
     ): "serves until stopped",
-    ("docs/how-to/servers.md", "from prazo.bindings.servers.cheroot import create_server"): "serves until stopped",
-    ("docs/how-to/servers.md", "from prazo.bindings.servers.frontdoor import create_server"): "serves until stopped",
+    (
+        "docs/how-to/server-cheroot.md",
+        "from prazo.bindings.servers.cheroot import create_server",
+    ): "serves until stopped",
+    (
+        "docs/how-to/server-front-door.md",
+        "from prazo.bindings.servers.frontdoor import create_server",
+    ): "serves until stopped",
     ("docs/how-to/metrics.md", "  from prometheus_client import start_http_server"): "serves until stopped",
     (
         "docs/how-to/tracing.md",

@@ -27,7 +27,7 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```$", SECTION, re.MULTILINE | re.DOTALL
 def namespace() -> dict[str, Any]:
     require("requests")
     require("httpx")
-    names: dict[str, Any] = {"__name__": "__readme__"}
+    names: dict[str, Any] = {"__name__": "__recipe__"}
     for index, source in enumerate(BLOCKS):
         exec(compile(source, f"{PAGE.name}[{index}]", "exec"), names)  # noqa: S102 - the recipe is what is tested
     return names
