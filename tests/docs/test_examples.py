@@ -1,7 +1,11 @@
 """Every code block of the README and of ``docs/`` runs, one way: Sybil, page by page, in order.
 
 A page's ``python`` blocks share one namespace, as a reader going down the page
-would (a ``>>>`` block is a doctest: its outputs are checked). Its ``sh`` blocks
+would (a ``>>>`` block is a doctest: its outputs are checked; in a plain block,
+``print(...)  # what it prints`` must print that, one of its `` / ``-separated
+alternatives, quotes aside, whenever the block prints at all). HTML comments with ``invisible-code-block: python``
+set up the names a sketch assumes or check what a recipe built; a reader of the
+site does not see them. Its ``sh`` blocks
 run in bash from the repository root and must exit 0; a line whose comment is a
 bare HTTP status (``# 504``) must have printed it. A recipe that starts
 ``prazo serve`` on port 8000 runs on a free port instead (``--port`` added,
@@ -16,7 +20,9 @@ holds every block of every page to one of these.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import io
 import re
 import socket
 import subprocess
@@ -121,7 +127,7 @@ def run_sh(example: Any) -> None:
 
 
 def _setup(namespace: dict[str, Any]) -> None:
-    namespace["__name__"] = "__docs__"
+    namespace["__name__"] = "__main__"  # as a reader running the page as a script (Flask finds its root by it)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # the examples import as ``examples.*`` from the repository root
 
@@ -149,6 +155,7 @@ def test_the_page_runs_as_written(page: str, tmp_path: Path, monkeypatch: pytest
     # A recipe that writes a file (``sqlite3.connect("app.db")``) writes it here, not in the checkout.
     monkeypatch.chdir(tmp_path)
     document = SYBIL.parse(ROOT / page)
+    SYBIL.setup(document.namespace)  # parse() alone does not: Sybil's pytest plugin would
     every = blocks(ROOT / page)
     marked = [block for block in every if block.marker is not None]
     wanted = _to_run(ROOT / page)
@@ -161,7 +168,17 @@ def test_the_page_runs_as_written(page: str, tmp_path: Path, monkeypatch: pytest
         for example in document:
             if block_of(example.line, marked) is not None:
                 continue  # its marker names the test that runs it
-            example.evaluate()  # a visible block, or an invisible set-up block (an HTML comment)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                example.evaluate()  # a visible block, or an invisible set-up block (an HTML comment)
+            # A code block (not a doctest example) that printed: every commented print says what
+            # it printed. A block that printed nothing took none of them (a print in an except
+            # clause shows what the error path would say).
+            if isinstance(example.parsed, str) and printed.getvalue():
+                source = document.text[example.region.start : example.region.end]
+                for comment in re.findall(r"^\s*print\(.*\)\s+# (.+)$", source, re.MULTILINE):
+                    alternatives = [part.strip().strip('"') for part in comment.split(" / ")]
+                    assert any(a in printed.getvalue() for a in alternatives), (comment, printed.getvalue())
             block = block_of(example.line, wanted)
             if block is not None:
                 ran.add(block.line)
