@@ -4,10 +4,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.prazo-installed
-EXTRAS := test,servers,clients,metrics,plot,dev,postgres,django,flask,grpc,otel
+EXTRAS := test,docs,servers,clients,metrics,plot,dev,postgres,django,flask,grpc,otel
 PYTEST_ARGS ?=
 
-.PHONY: all venv build services test test-deep stress-tests demo bench check sanitize clean
+.PHONY: all venv build services test test-deep stress-tests demo bench check sanitize clean docs
 
 all: test
 
@@ -73,8 +73,8 @@ TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
 	prazo.bindings.servers._frontdoor_c
 check: build
-	$(VENV)/bin/ruff check core bindings tests bench
-	$(VENV)/bin/ruff format --check core bindings tests bench
+	$(VENV)/bin/ruff check core bindings tests bench docs/conf.py docs/_ext
+	$(VENV)/bin/ruff format --check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/codespell
 	mkdir -p $(TYPECHECK)
 	for folder in core bindings bench; do ln -sfn ../../../$$folder $(TYPECHECK)/$$folder; done
@@ -186,3 +186,13 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 clean:
 	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
 		core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
+
+# The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every
+# warning fails it (-W; --keep-going reports them all first), broken links between pages
+# included. Nothing is fetched: no intersphinx, no link check. The reference
+# tables are read from the code at build time (docs/_ext/prazo_reference.py), so the
+# C twins are built first for autodoc.
+DOCS_OUT := build/docs
+docs: build
+	rm -rf $(DOCS_OUT)
+	$(PY) -m sphinx -W --keep-going -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html

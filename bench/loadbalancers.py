@@ -2,7 +2,7 @@
 
 ``HAProxyProcess.start(..., config=...)`` runs ``haproxy`` on the shipped
 ``haproxy.cfg`` (``examples/loadbalancers/`` in a checkout) exactly as the
-README ships it, filling its ``${PRAZO_...}`` variables from the environment;
+docs include it, filling its ``${PRAZO_...}`` variables from the environment;
 ``NginxProcess.start(..., config=...)`` runs ``nginx`` on the shipped
 ``nginx.conf`` with only its example addresses (and pid file) replaced, since
 nginx has no variables in its config. So what the tests and this runner

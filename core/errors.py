@@ -54,9 +54,9 @@ REASON_HEADER_TIMEOUT = "header-timeout"
 REASON_BAD_REQUEST = "bad-request"
 REASON_HEAD_TOO_LARGE = "head-too-large"
 
-# Every reason prazo itself gives, by name. README's outcome table lists exactly
-# these, and the front door's C engine spells its own the same
-# (tests/test_reasons.py).
+# Every reason prazo itself gives, by name. The docs' table of statuses and reasons
+# is built from it (docs/_ext/prazo_reference.py), and the front door's C engine
+# spells its own the same (tests/docs/test_reasons.py).
 REASONS: Mapping[str, Reason] = MappingProxyType(
     {
         reason.name: reason

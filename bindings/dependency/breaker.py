@@ -95,7 +95,7 @@ _SLOW = 2
 class Breaker:
     """A count-based (optionally also time-bounded) sliding-window circuit breaker.
 
-    Args (all keyword-only):
+    Keyword Args:
         window: how many of the most recent calls the closed state judges by.
         min_calls: no verdict before the window holds this many calls (≤ ``window``).
         failure_rate: open when failed calls / calls in the window reach it, in (0, 1].

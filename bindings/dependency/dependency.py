@@ -700,7 +700,7 @@ class Dependency:
     # -- observing ---------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters and the live latency quantiles, as flat keys (see the README for each)."""
+        """Counters and the live latency quantiles, as flat keys (docs/how-to/slow-dependency.md has each)."""
         now = self._clock()
         snapshot = self._histogram.snapshot(now)
         p50, p95, p99 = snapshot.quantiles((0.5, 0.95, 0.99))

@@ -21,7 +21,7 @@ output at the next scrape instead of being kept alive by its metrics.
 Every admission point — an ``AdmissionQueue`` of either twin, an
 ``AdmissionMiddleware``, an ``AdmissionPool``, a server embedding — is labelled
 ``queue="<name>"``; a ``Dependency`` is labelled ``dependency="<its name>"``.
-The metric names are listed in ``METRIC_NAMES`` and in the README ("Metrics").
+The metric names are listed in ``METRIC_NAMES`` and in docs/how-to/metrics.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Why a cancel and not ``SET LOCAL statement_timeout``: the cancel costs no
 round trip when the statement finishes in time (the timeout needs one more
 statement per call, two in autocommit to put the old value back), bounds the
 whole call rather than each of its statements, and works the same in
-autocommit and inside a transaction. Figures in the README (prazo's
+autocommit and inside a transaction. Figures in docs/benchmarks (prazo's
 ``bench/test_bench_psycopg.py``). ``statement_limit_ms`` gives the same
 budget as a ``statement_timeout`` value for code that prefers the server-side
 limit.

@@ -924,7 +924,7 @@ def test_critical_arrivals_reserved_slots_and_the_vegas_limit_with_real_threads(
 def test_stats_snapshots_balance_while_other_threads_write(impl: QueueClass) -> None:
     """A monitor reads ``stats()`` as fast as it can while gate callers and a
     producer/consumer pair work the same queue: every snapshot must balance
-    (the README promises the counters balance at all times)."""
+    (docs/reference/core.md promises the counters balance at all times)."""
     q = impl(2, 8)
     ledger, meter = Ledger(), ConcurrencyMeter()
     stop = threading.Event()
@@ -1200,7 +1200,7 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
             # handler can raise at any call: a signal landing while a woken
             # gate waiter that expired hands its slot on, in a slot's
             # __exit__, or between a work item's grant and get()'s return,
-            # can strand that slot (README, "Interrupts"; seen once in a few
+            # can strand that slot (docs/reference/core.md, "Interrupts"; seen once in a few
             # hundred loaded runs on the work face: in_flight 1, started ==
             # completed). It must still never hang, corrupt its lock or
             # unbalance the counters.

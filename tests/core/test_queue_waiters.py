@@ -1,6 +1,6 @@
 """Waiters that are interrupted, callbacks that raise or re-enter, and extreme waits.
 
-What both twins promise (README, "Core semantics"):
+What both twins promise (docs/design.md, "The core's semantics"):
 
 * a hand-over completes under the lock before any ``on_expired`` runs, so a
   callback that re-enters the queue sees the slot already with its new
@@ -306,7 +306,7 @@ SIGNAL_STRESS = textwrap.dedent(
     stop = threading.Event()
     # The C twin is waited on with no deadline: a stranded slot hangs the run
     # and fails it. The Python twin may strand a slot when a signal lands as it
-    # changes hands (README, "Interrupts"): its long waits get a deadline so
+    # changes hands (docs/reference/core.md, "Interrupts"): its long waits get a deadline so
     # such a run ends and its counters are judged instead.
     def long_wait():
         return None if sys.argv[1] == "c" else Deadline.after(2.0)
@@ -378,7 +378,7 @@ SIGNAL_STRESS = textwrap.dedent(
 
 def test_signals_interrupting_a_waiting_main_thread_never_deadlock_or_lose_a_slot() -> None:
     # The C twin only: the pure-Python twin can be interrupted at any call,
-    # inside its lock's own code too, so it cannot promise this (README,
+    # inside its lock's own code too, so it cannot promise this (docs/reference/core.md,
     # "Interrupts"); in CI it deadlocked once in a few hundred runs.
     load_twin("c")  # fails when the C twin is missing (skips only under PRAZO_NO_EXTENSIONS=1)
     twin = "c"

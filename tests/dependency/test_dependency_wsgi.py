@@ -4,7 +4,7 @@ A view behind the real ``AdmissionMiddleware``, served by werkzeug's
 threaded server and called with ``requests``, calls a ``Dependency``; a
 refused or timed-out call becomes a 503 with ``X-Prazo-Reason``
 (bulkhead-full, dependency-timeout), a caller deadline that ran out a 504,
-and a stale value a 200 the view marks as stale. Then the README recipes:
+and a stale value a 200 the view marks as stale. Then the recipes of docs/how-to/slow-dependency.md:
 ``requests`` and ``httpx`` inside a ``Dependency`` against a slow server cap
 their own socket timeouts at the call's budget, so the dependency's thread
 comes back at the budget, not when the slow server finally answers.

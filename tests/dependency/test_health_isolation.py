@@ -1,4 +1,4 @@
-"""Health checks while a dependency is slow (the README recipe, on a real server).
+"""Health checks while a dependency is slow (the recipe of docs/how-to/slow-dependency.md, on a real server).
 
 The seed's failure: a dependency that hangs holds every server thread, and
 the health check, which never calls it, cannot get one. The recipe: the

@@ -1,17 +1,19 @@
-"""One vocabulary of reasons: ``prazo.core.REASONS`` is what every wire, the C engine and the README say.
+"""One vocabulary of reasons: ``prazo.core.REASONS`` is what every wire, the C engine and the docs say.
 
 The front door's C engine keeps its reason strings in C (``ANSWERS`` of
 ``prazo.bindings.servers._frontdoor_c``); this holds them to the registry.
-README's table "Outcomes, statuses and reasons" lists exactly the registry's
-reasons, each with its HTTP status and gRPC status.
+The docs' table of statuses and reasons (``docs/reference/reasons.md``) is built
+from the registry when the site is built (``docs/_ext/prazo_reference.py``); here
+its rows are built the same way, and must say in words when each registered
+reason is given (a reason added to the registry without its row fails).
 """
 
 from __future__ import annotations
 
-import re
+import sys
 
 import pytest
-from _readme import section
+from _docs import DOCS
 from _required import require_compiled
 from prazo.bindings.headers import REASON_HEADER_NAME
 from prazo.bindings.integrations.grpc.metadata import REASON_METADATA_KEY
@@ -21,22 +23,36 @@ from prazo.core import REASON_SHUTTING_DOWN, REASONS, DeadlineExceeded, Downstre
 grpc = pytest.importorskip("grpc")
 
 
-def _readme_rows() -> dict[str, tuple[int, str | None]]:
-    """``reason -> (HTTP status, gRPC status or None)`` from the README's outcome table."""
-    rows = {}
-    for line in section("## Outcomes, statuses and reasons").splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) != 6 or not re.fullmatch(r"`[a-z-]+`", cells[4]):
-            continue
-        status = re.match(r"\*{0,2}(\d{3})", cells[2])
-        assert status, line
-        grpc_code = None if cells[3] == "—" else cells[3].strip("`")
-        rows[cells[4].strip("`")] = (int(status.group(1)), grpc_code)
-    return rows
+sys.path.insert(0, str(DOCS / "_ext"))
+import prazo_reference  # noqa: E402 - the docs' own extension, from its folder
 
 
-def test_the_readme_table_lists_exactly_the_registry_with_its_statuses() -> None:
-    assert _readme_rows() == {reason.name: (reason.status, reason.grpc_code) for reason in REASONS.values()}
+def test_the_docs_table_lists_exactly_the_registry_with_its_statuses() -> None:
+    rows = {row[4]: (row[2], row[3]) for row in prazo_reference.reason_rows()}
+    expected = {
+        reason.name: (
+            str(reason.status) + (" + Retry-After" if reason.name in prazo_reference.RETRY_AFTER_REASONS else ""),
+            reason.grpc_code or "—",
+        )
+        for reason in REASONS.values()
+    }
+    assert rows == expected
+    assert set(prazo_reference.OUTCOMES) == set(REASONS)
+
+
+def test_a_retry_after_is_promised_only_for_503s() -> None:
+    assert all(REASONS[name].status == 503 for name in prazo_reference.RETRY_AFTER_REASONS)
+
+
+def test_the_settings_table_has_every_server_setting_and_variable() -> None:
+    from dataclasses import fields
+
+    from prazo.bindings.servers import settings
+
+    rows = prazo_reference.settings_rows()
+    assert [row[0] for row in rows] == [field.name for field in fields(settings.ServerSettings)]
+    variables = {getattr(settings, name) for name in settings.__all__ if name.startswith("ENV_")}
+    assert {row[2] for row in rows} - {"—"} == variables
 
 
 def test_every_registered_grpc_code_is_a_grpc_status() -> None:

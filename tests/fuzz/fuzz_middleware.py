@@ -91,7 +91,7 @@ _SHUTTING_DOWN = "shutting-down"
 _503 = "503 Service Unavailable"
 _504 = "504 Gateway Timeout"
 _APP_STATUS = "200 OK"
-# The answers of a request the app never saw (README, "WSGI").
+# The answers of a request the app never saw (docs/how-to/wsgi-middleware.md).
 _REFUSALS = {
     (_503, REASON_QUEUE_FULL),
     (_503, _SHUTTING_DOWN),

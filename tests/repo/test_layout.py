@@ -328,3 +328,42 @@ def test_the_command_reaches_the_bench_lazily_and_integrations_reach_down() -> N
 def test_a_package_may_import_its_own_twin_and_a_cimport_reads_a_pxd() -> None:
     assert private_violations([Import("prazo.core", "prazo.core._queue_c", "AdmissionQueue", 1, True)]) == []
     assert private_violations([Import("prazo.bindings._wsgi_c", "prazo.core._queue_c", "X", 1, True, True)]) == []
+
+
+# -- the documentation site (docs/) -------------------------------------------------------------
+
+# Every page of the site lives where a reader looks for its kind (docs/index.md's tables of
+# contents): the entry pages at the top, then one folder per kind. docs/_ext holds the Sphinx
+# extension that builds the reference tables from the code; it is no module of prazo.
+DOCS = ROOT / "docs"
+DOCS_TOP_PAGES = {"index.md", "install.md", "tutorial.md", "design.md"}
+DOCS_FOLDERS = {"how-to", "explanation", "reference", "benchmarks", "development"}
+
+
+def test_every_page_of_the_site_is_in_its_place() -> None:
+    misplaced = []
+    for page in sorted(DOCS.rglob("*.md")):
+        parts = page.relative_to(DOCS).parts
+        if "_build" in parts:
+            continue
+        if (len(parts) == 1 and parts[0] not in DOCS_TOP_PAGES) or (len(parts) > 1 and parts[0] not in DOCS_FOLDERS):
+            misplaced.append(str(page.relative_to(ROOT)))
+    assert misplaced == [], f"pages outside docs/{{{','.join(sorted(DOCS_FOLDERS))}}}/: {misplaced}"
+
+
+def test_the_package_never_reaches_into_the_docs() -> None:
+    # The site reads the package (autodoc, the reference tables), never the other way round:
+    # a wheel has no docs/ beside it.
+    reaching = [
+        name
+        for name, path in MODULES.items()
+        if re.search(r"(import|from) prazo_reference\b|[\"']docs/", path.read_text("utf-8"))
+    ]
+    assert reaching == []
+
+
+def test_the_docs_extension_imports_only_the_public_package() -> None:
+    extension = DOCS / "_ext" / "prazo_reference.py"
+    found = _imports_of_tree("prazo_reference", False, ast.parse(extension.read_text("utf-8")), False, 0)
+    private = [str(i) for i in found if i.target.startswith("prazo") and (i.name or "").startswith("_")]
+    assert private == []

@@ -8,7 +8,7 @@ what follows a body); h11 answers each request and starts the next cycle, as a
 server would. Both must find the same requests (method, target, decoded body)
 ending at the same offsets and agree on accept/reject, except where a part
 carries one of the ``DIFFERENCES`` below: those are deliberate (see the
-README's strictness list), each with its reason, and from the first request
+the strictness list of docs/how-to/server-front-door.md), each with its reason, and from the first request
 that has one only the front door's documented side is checked.
 """
 

@@ -4,7 +4,7 @@ Each defect has its own test: what the app returns never becomes a header of
 its own (6), the head limit holds however the head is split (7), lingering
 closes are capped (8), and two Host fields are a 400 (9). Then a sample of the
 framing the front door now refuses, each on a live server: what reaches the
-app is what the README's strictness list says. No timing is asserted: the
+app is what the the strictness list of docs/how-to/server-front-door.md says. No timing is asserted: the
 pauses only give the server the chance to read a head in two pieces.
 """
 

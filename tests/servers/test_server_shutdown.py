@@ -1,4 +1,4 @@
-"""What each embedding does when it stops, as README.md's shutdown table promises.
+"""What each embedding does when it stops, as the shutdown table of docs/how-to/servers.md promises.
 
 Admitted requests (running and queued) are held at a gate while the server
 stops, so "during the drain" never depends on timing: the server cannot

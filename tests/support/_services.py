@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 LOADBALANCER_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "loadbalancers"
-# The configs the README ships, which the tests run (prazo.bench.loadbalancers launches them).
+# The configs the docs include (examples/loadbalancers), which the tests run (prazo.bench.loadbalancers launches them).
 SHIPPED_HAPROXY_CONFIG = LOADBALANCER_EXAMPLES / "haproxy.cfg"
 SHIPPED_NGINX_CONFIG = LOADBALANCER_EXAMPLES / "nginx.conf"
 

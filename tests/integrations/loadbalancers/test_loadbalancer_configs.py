@@ -60,7 +60,7 @@ def test_nginx_accepts_the_shipped_config(tmp_path: Path) -> None:
         check=False,
     )
     assert check.returncode == 0, check.stderr
-    # The copy in the README is the shipped file, not the rendered one: only the addresses differ.
+    # The file the docs include is the shipped one, not the rendered one: only the addresses differ.
     assert config.read_text().count("\n") == SHIPPED_NGINX_CONFIG.read_text().count("\n")
 
 

@@ -435,7 +435,7 @@ def call_then_settle(port: int, path: str, headers: dict[str, str] | None = None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("server", ["waitress", "prazo"])
-def test_the_readme_recipe_prazo_serve_processes_behind_the_shipped_haproxy(server: str, workdir: Path) -> None:
+def test_the_recipe_prazo_serve_processes_behind_the_shipped_haproxy(server: str, workdir: Path) -> None:
     # The flags of the recipe in haproxy.cfg's header, HAProxy's address as the trusted proxy.
     flags = ("--server", server, "--threads", "1", "--max-queue", "0")
     flags += ("--trust-request-start", "--trusted-proxy", HAPROXY_ADDRESS)

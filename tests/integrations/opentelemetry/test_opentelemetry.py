@@ -651,7 +651,7 @@ def test_prazo_works_when_opentelemetry_cannot_be_imported() -> None:
 
 @pytest.mark.slow
 def test_the_console_recipe_runs() -> None:
-    """``examples/opentelemetry/console.py``, the README recipe, as a user runs it."""
+    """``examples/opentelemetry/console.py``, the example the tracing page includes, as a user runs it."""
     recipe = Path(__file__).resolve().parents[3] / "examples" / "opentelemetry" / "console.py"
     result = subprocess.run([sys.executable, str(recipe)], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr

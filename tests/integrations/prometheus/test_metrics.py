@@ -847,16 +847,14 @@ def test_alert_rules_parse_and_use_only_exported_names(registry: CollectorRegist
             assert all(names.get(i) == "histogram" for i in identifiers if i.endswith("_bucket") and i in names), expr
 
 
-# -- the README -------------------------------------------------------------------------
+# -- the docs' page (docs/how-to/metrics.md) ---------------------------------------------
 
 
 def metrics_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Metrics\n")
-    return readme[start : readme.index("\n## ", start + 1)]
+    return (ROOT / "docs" / "how-to" / "metrics.md").read_text()
 
 
-def test_the_readme_recipe_runs_and_serves_metrics_beside_the_service() -> None:
+def test_the_recipe_runs_and_serves_metrics_beside_the_service() -> None:
     recipe = re.search(r"```python\n(.*?)```", metrics_section(), re.DOTALL)
     assert recipe is not None
     check = textwrap.dedent(
@@ -892,9 +890,9 @@ def test_the_readme_recipe_runs_and_serves_metrics_beside_the_service() -> None:
     assert result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
-def test_the_readme_table_names_every_family() -> None:
+def test_the_docs_table_names_every_family() -> None:
     section = metrics_section()
-    table = section[section.index("| metric | type |") : section.index("### Alerting")]
+    table = section[section.index("| metric | type |") : section.index("## Alerting")]
     listed: set[str] = set()
     for row in table.strip().splitlines()[2:]:
         # "`prazo_queue_in_flight`, `_assigned`, ...": the short names continue the first one's prefix.

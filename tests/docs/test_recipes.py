@@ -1,15 +1,13 @@
-"""The README's gRPC, PostgreSQL, Flask and Django recipes run as written, against the real thing.
+"""The gRPC, PostgreSQL and Django recipes of ``docs/how-to/`` run as written, against the real thing.
 
 Each section's ``python`` blocks run in order as one script in a fresh
 interpreter (the PostgreSQL blocks continue one another), as a reader pasting
 them would: gRPC on loopback, PostgreSQL on the session's own cluster through
-``DATABASE_URL``, which the recipe reads; the Flask app is then asked through
-its test client, and Django's ``StatementDeadline`` block runs in
-``manage.py shell`` of the example project, where the README runs it. The
-``prazo serve`` shell recipes of Django and Flask use a fixed port; the same
-commands on a free port are ``tests/integrations/django/test_django.py`` and ``tests/integrations/flask/test_flask.py``.
-The load-balancer configs and the OpenTelemetry example are files the README
-copies (``test_readme_configs.py``) and their own tests run.
+``DATABASE_URL``, which the recipe reads; Django's ``StatementDeadline`` block runs
+in ``manage.py shell`` of the example project, where the page runs it. These need a
+server, a database or another interpreter's set-up, so each block carries a
+``tested-by`` marker naming its test here, and ``test_examples.py`` (which runs every
+other block with Sybil) leaves it to this file.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _readme import fenced_blocks, section
+from _docs import fenced_blocks, section
 from _required import require
 from _services import PostgresServer
 
@@ -43,19 +41,19 @@ def run_script(command: list[str], env: dict[str, str] | None = None, cwd: Path 
     return result.stdout.splitlines()
 
 
-def run_recipe(heading: str, env: dict[str, str] | None = None, then: str = "") -> list[str]:
+def run_recipe(heading: str, page: str, env: dict[str, str] | None = None, then: str = "") -> list[str]:
     """The section's ``python`` blocks as one script; a ``DeprecationWarning`` it triggers fails it.
 
     A reader pasting a recipe should not be told it is out of date (psycopg_pool 3.3
     deprecates a pool opened without ``open=`` or a ``with`` block, for one).
     """
-    script = "\n".join(fenced_blocks(section(heading), "python"))
+    script = "\n".join(fenced_blocks(section(heading, page), "python"))
     return run_script([sys.executable, "-W", "error::DeprecationWarning", "-c", script + then], env)
 
 
 def test_the_grpc_recipe_runs_and_the_handler_sees_the_callers_budget_less_the_margin() -> None:
     require("grpc")
-    (line,) = run_recipe("### gRPC servers and clients (grpcio, sync)")
+    (line,) = run_recipe("# gRPC servers and clients (grpcio, sync)", "docs/how-to/grpc.md")
     match = re.fullmatch(r"hello \((\d+) ms left\)", line)
     assert match is not None, line
     # 500 ms at the caller, 20 ms kept back by the client interceptor; loopback takes the rest.
@@ -64,27 +62,21 @@ def test_the_grpc_recipe_runs_and_the_handler_sees_the_callers_budget_less_the_m
 
 def test_the_postgresql_recipes_run_and_answer_504(postgres: PostgresServer) -> None:
     require("psycopg_pool")
-    lines = run_recipe("### Deadline as cancellation: PostgreSQL (psycopg 3, psycopg2)", {"DATABASE_URL": postgres.dsn})
+    lines = run_recipe(
+        "## Deadline as cancellation: PostgreSQL (psycopg 3, psycopg2)",
+        "docs/how-to/databases.md",
+        {"DATABASE_URL": postgres.dsn},
+    )
     # The bounded pg_sleep, the explicit deadline's SELECT 1, the pooled pg_sleep.
     assert lines == ["504 deadline-exceeded", "(1,)", "504 deadline-exceeded"], lines
-
-
-def test_the_flask_recipe_gives_the_view_the_deadline_and_answers_504_when_none_is_left() -> None:
-    require("flask")
-    check = """
-client = app.test_client()
-response = client.get("/report", headers={"X-Request-Budget-Ms": "250"})
-print(response.status_code, 0 < response.get_json()["remaining_ms"] <= 250)
-response = client.get("/report", headers={"X-Request-Budget-Ms": "0"})
-print(response.status_code, response.headers["X-Prazo-Reason"])
-"""
-    assert run_recipe("### Flask: `init_app`", then=check) == ["200 True", "504 expired-on-arrival"]
 
 
 def test_the_django_statement_deadline_recipe_runs_in_the_example_projects_shell(tmp_path: Path) -> None:
     require("django")
     (block,) = [
-        b for b in fenced_blocks(section("### Django: `DeadlineMiddleware`"), "python") if "StatementDeadline(" in b
+        b
+        for b in fenced_blocks(section("## Django: `DeadlineMiddleware`", "docs/how-to/frameworks.md"), "python")
+        if "StatementDeadline(" in b
     ]
     project = ROOT / "examples" / "django_project"
     # manage.py picks the example's settings unless the environment names others.
