@@ -635,7 +635,9 @@ def test_a_refused_thread_is_a_503_and_holds_nothing(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_starts_with_the_whole_bulkhead(hang: Hang) -> None:
-    dep = Dependency("forked", max_concurrent=2, timeout_ms=50)
+    # 1.5 s: the quick calls (here and in the child, whose first call starts a thread) must
+    # not time out on a loaded machine; only the hung one does, once.
+    dep = Dependency("forked", max_concurrent=2, timeout_ms=1500)
     dep.call(lambda: 1)
     with pytest.raises(DependencyUnavailable):
         dep.call(hang)  # holds a place, in the parent only
