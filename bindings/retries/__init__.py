@@ -11,7 +11,7 @@ adapters (``prazo.bindings.clients``), the gRPC client interceptor and
 
 from .budget import RetryBudget, RetryBudgets
 from .failures import Failure, connection_failure, response_failure
-from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy
+from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy, idempotent_request, replayable_body
 from .retry_after import retry_after_seconds
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "connection_failure",
+    "idempotent_request",
+    "replayable_body",
     "response_failure",
     "retry_after_seconds",
 ]

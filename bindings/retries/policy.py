@@ -56,6 +56,8 @@ __all__ = [
     "RETRY_COUNTERS",
     "RetryDecision",
     "RetryPolicy",
+    "idempotent_request",
+    "replayable_body",
 ]
 
 T = TypeVar("T")
@@ -70,6 +72,20 @@ _MIN_ROOM_NS = NS_PER_MS
 _MAX_MS = 86_400_000.0
 # Every counter of ``RetryPolicy.stats()``, the names the metrics export.
 RETRY_COUNTERS = ("calls", "retries", "retries_refused_by_budget", "retries_refused_by_deadline", "retry_after_honoured")
+
+
+def idempotent_request(method: str, idempotent: bool | None) -> bool:
+    """May this request be sent twice? ``idempotent`` (the caller's word) wins; else the method decides."""
+    if idempotent is not None:
+        if not isinstance(idempotent, bool):
+            raise TypeError(f"idempotent must be a bool or None, not {type(idempotent).__name__}")
+        return idempotent
+    return method.upper() in IDEMPOTENT_METHODS
+
+
+def replayable_body(body: object) -> bool:
+    """Can a request body be sent again as it was? Only one held in memory (or none); a stream cannot."""
+    return body is None or isinstance(body, (bytes, bytearray, str))
 
 
 class RetryDecision(NamedTuple):
@@ -311,11 +327,16 @@ class RetryPolicy:
         destination: Hashable,
         idempotent: bool,
         replayable: bool = True,
+        judge: Callable[[T], Failure | None] | None = None,
+        discard: Callable[[BaseException], None] | None = None,
     ) -> T:
-        """Run ``attempt(number)`` until it returns or this policy says no more; then its last answer.
+        """Run ``attempt(number)`` until it succeeds or this policy says no more; then its last answer.
 
         ``classify`` turns an exception of an attempt into a ``Failure``
-        (None: not retryable). The deadline is the caller's current one.
+        (None: not retryable); ``judge`` does the same for a returned value
+        (a 503 response outside a deadline, which the adapter returns as it
+        is); ``discard`` releases what a failed attempt holds (a response)
+        once it is certain to be retried. The deadline is the caller's current one.
         """
         budget = self.start_call(destination)
         deadline = current_deadline()
@@ -325,23 +346,45 @@ class RetryPolicy:
             try:
                 result = attempt(number)
             except Exception as exc:
-                decision = self.decide(
-                    classify(exc),
-                    number,
-                    budget,
-                    idempotent=idempotent,
-                    replayable=replayable,
-                    deadline=deadline,
-                    expected_attempt_ns=self.expected_attempt_ns(destination),
-                )
-                if not decision.retry:
+                failure: Failure | None = classify(exc)
+                if not self._again(failure, number, budget, destination, idempotent, replayable, deadline):
                     raise
-                self.wait(decision.delay_s)
+                if discard is not None:
+                    discard(exc)
                 number += 1
                 continue
-            ended = self._clock()
-            self.record_success(destination, max(0, ended - began), ended)
-            return result
+            failure = None if judge is None else judge(result)
+            if failure is None:
+                ended = self._clock()
+                self.record_success(destination, max(0, ended - began), ended)
+                return result
+            if not self._again(failure, number, budget, destination, idempotent, replayable, deadline):
+                return result
+            number += 1
+
+    def _again(
+        self,
+        failure: Failure | None,
+        number: int,
+        budget: RetryBudget,
+        destination: Hashable,
+        idempotent: bool,
+        replayable: bool,
+        deadline: Deadline | None,
+    ) -> bool:
+        """Decide after a failed attempt; wait the delay when the answer is yes."""
+        decision = self.decide(
+            failure,
+            number,
+            budget,
+            idempotent=idempotent,
+            replayable=replayable,
+            deadline=deadline,
+            expected_attempt_ns=self.expected_attempt_ns(destination),
+        )
+        if decision.retry:
+            self.wait(decision.delay_s)
+        return decision.retry
 
     def stats(self) -> dict[str, Any]:
         """The counters of ``RETRY_COUNTERS`` and ``not_retried``: how many times each rule said no."""
