@@ -272,12 +272,16 @@ class RetryPolicy:
         idempotent: bool,
         replayable: bool = True,
         deadline: Deadline | None = None,
-        expected_attempt_ns: int = 0,
+        expected_attempt_ns: int | None = None,
     ) -> RetryDecision:
         """Whether attempt ``attempt`` (1 = the first), which failed with ``failure``, is followed by another.
 
-        A retry decision has taken its token from ``budget`` and been counted.
+        ``expected_attempt_ns``: what the next attempt should take (None: the
+        fixed ``attempt_ms``, 0 for a quantile). A retry decision has taken
+        its token from ``budget`` and been counted.
         """
+        if expected_attempt_ns is None:
+            expected_attempt_ns = self._fixed_attempt_ns
         if failure is None or failure.kind not in RETRYABLE_KINDS:
             return self._no("not-retryable")
         if not idempotent:
