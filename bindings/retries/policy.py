@@ -89,11 +89,12 @@ def replayable_body(body: object) -> bool:
 
 
 class RetryDecision(NamedTuple):
-    """``retry``: try again after ``delay_s``; else ``why`` names the rule that said no."""
+    """``retry``: try again after ``delay_s`` (the server's ``Retry-After`` when ``retry_after``); else ``why`` names the rule that said no."""
 
     retry: bool
     delay_s: float
     why: str
+    retry_after: bool = False
 
 
 def _check_ms(value: object, name: str, *, allow_zero: bool) -> float:
@@ -309,7 +310,7 @@ class RetryPolicy:
             if retry_after_ns is not None:
                 self._counters["retry_after_honoured"] += 1
         delay_ns = backoff_ns if retry_after_ns is None else retry_after_ns
-        return RetryDecision(True, delay_ns / NS_PER_SECOND, "retry")
+        return RetryDecision(True, delay_ns / NS_PER_SECOND, "retry", retry_after_ns is not None)
 
     def _no(self, why: str, counter: str | None = None) -> RetryDecision:
         with self._lock:
