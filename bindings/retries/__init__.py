@@ -10,7 +10,7 @@ adapters (``prazo.bindings.clients``), the gRPC client interceptor and
 """
 
 from .budget import RetryBudget, RetryBudgets
-from .failures import Failure, connection_failure, response_failure
+from .failures import Failure, connection_failure, overloaded_failure, response_failure
 from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy, idempotent_request, replayable_body
 from .retry_after import retry_after_seconds
 
@@ -24,6 +24,7 @@ __all__ = [
     "RetryPolicy",
     "connection_failure",
     "idempotent_request",
+    "overloaded_failure",
     "replayable_body",
     "response_failure",
     "retry_after_seconds",
