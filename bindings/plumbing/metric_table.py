@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prazo.bindings.dependency import Dependency
+from prazo.bindings.retries import RetryPolicy
 from prazo.core import NS_PER_SECOND
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Sample",
     "dependency_samples",
     "queue_samples",
+    "retry_samples",
     "stats_or_none",
     "stats_owner",
 ]
@@ -52,6 +54,7 @@ Sample = tuple[str, tuple[str, ...], float]
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 _Q = ("queue",)
 _D = ("dependency",)
+_P = ("policy",)
 
 # Every family: name (counters without _total) -> (type, labels, help).
 SPECS: dict[str, MetricSpec] = {
@@ -126,6 +129,24 @@ SPECS: dict[str, MetricSpec] = {
         "Live call latency quantiles over the dependency's recent window (NaN before any call).",
     ),
     "prazo_dependency_call_duration_seconds": (HISTOGRAM, _D, "Durations of the calls that returned, since start."),
+    "prazo_dependency_retries": (COUNTER, _D, "Retries started (Dependency(retry=...))."),
+    "prazo_dependency_retries_refused_by_budget": (COUNTER, _D, "Retries the retry budget refused."),
+    "prazo_dependency_retries_refused_by_deadline": (
+        COUNTER,
+        _D,
+        "Retries refused because the deadline (or a longer Retry-After) left no room for them.",
+    ),
+    "prazo_dependency_retry_after_honoured": (COUNTER, _D, "Retries that waited the Retry-After the server asked for."),
+    # A RetryPolicy (the client adapters, the gRPC client interceptor, a Dependency).
+    "prazo_retry_calls": (COUNTER, _P, "Calls made under the retry policy (one deposit each into their budget)."),
+    "prazo_retry_retries": (COUNTER, _P, "Retries started."),
+    "prazo_retry_retries_refused_by_budget": (COUNTER, _P, "Retries the retry budget refused."),
+    "prazo_retry_retries_refused_by_deadline": (
+        COUNTER,
+        _P,
+        "Retries refused because the deadline (or a longer Retry-After) left no room for them.",
+    ),
+    "prazo_retry_retry_after_honoured": (COUNTER, _P, "Retries that waited the Retry-After the server asked for."),
 }
 
 #: Every metric family the collector can export: counters without their
@@ -190,6 +211,17 @@ _DEPENDENCY_KEYS = {
     "prazo_dependency_saturation": "saturation",
     "prazo_dependency_threads": "threads",
     "prazo_dependency_lkg_entries": "lkg_entries",
+    "prazo_dependency_retries": "retries",
+    "prazo_dependency_retries_refused_by_budget": "retries_refused_by_budget",
+    "prazo_dependency_retries_refused_by_deadline": "retries_refused_by_deadline",
+    "prazo_dependency_retry_after_honoured": "retry_after_honoured",
+}
+_RETRY_KEYS = {
+    "prazo_retry_calls": "calls",
+    "prazo_retry_retries": "retries",
+    "prazo_retry_retries_refused_by_budget": "retries_refused_by_budget",
+    "prazo_retry_retries_refused_by_deadline": "retries_refused_by_deadline",
+    "prazo_retry_retry_after_honoured": "retry_after_honoured",
 }
 _DEPENDENCY_OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
 _BREAKER_STATES = ("closed", "open", "half-open", "disabled")
@@ -234,6 +266,12 @@ def dependency_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
     for quantile, key in _QUANTILE_KEYS.items():
         value = stats[key]
         yield "prazo_dependency_latency_seconds", (name, quantile), float("nan") if value is None else value / 1000
+
+
+def retry_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
+    """Every counter sample of the retry policy registered as ``name``, from one ``stats()``."""
+    for family, key in _RETRY_KEYS.items():
+        yield family, (name,), stats[key]
 
 
 def stats_owner(thing: object) -> object:
@@ -290,6 +328,7 @@ class MetricSources:
         self._lock = threading.Lock()
         self._queues: dict[str, weakref.ReferenceType[Any]] = {}
         self._dependencies: dict[str, weakref.ReferenceType[Any]] = {}
+        self._retry_policies: dict[str, weakref.ReferenceType[Any]] = {}
 
     def _add(self, table: dict[str, weakref.ReferenceType[Any]], name: str, thing: object) -> None:
         ref = _weak(thing)
@@ -339,6 +378,12 @@ class MetricSources:
             )
         self._add(self._dependencies, _check_name(dependency.name if name is None else name), dependency)
 
+    def add_retry_policy(self, name: str, policy: RetryPolicy) -> None:
+        """Export a ``prazo.bindings.retries.RetryPolicy``'s counters as ``policy=name``."""
+        if not isinstance(policy, RetryPolicy):
+            raise TypeError(f"policy must be a prazo.bindings.retries.RetryPolicy, not {type(policy).__name__}")
+        self._add(self._retry_policies, _check_name(name), policy)
+
     def add(self, *dependencies: Dependency, **named: Any) -> None:
         """Register ``dependencies`` (each names itself) and every ``name=thing`` (an admission point)."""
         for dependency in dependencies:
@@ -349,7 +394,8 @@ class MetricSources:
     def remove(self, name: str) -> None:
         """Stop exporting what is registered as ``name`` (an admission point, a dependency, or both); KeyError if none."""
         with self._lock:
-            found = [table.pop(name) for table in (self._queues, self._dependencies) if name in table]
+            tables = (self._queues, self._dependencies, self._retry_policies)
+            found = [table.pop(name) for table in tables if name in table]
         if not found:
             raise KeyError(name)
 
@@ -367,6 +413,10 @@ class MetricSources:
     def dependencies(self) -> list[tuple[str, Any]]:
         """The live dependencies as ``(name, Dependency)``."""
         return self._live(self._dependencies)
+
+    def retry_policies(self) -> list[tuple[str, Any]]:
+        """The live retry policies as ``(name, RetryPolicy)``."""
+        return self._live(self._retry_policies)
 
     def _live(self, table: dict[str, weakref.ReferenceType[Any]]) -> list[tuple[str, Any]]:
         live: list[tuple[str, Any]] = []
@@ -392,3 +442,7 @@ class MetricSources:
             stats = stats_or_none(name, dependency)
             if stats is not None:
                 yield from dependency_samples(name, stats)
+        for name, policy in self.retry_policies():
+            stats = stats_or_none(name, policy)
+            if stats is not None:
+                yield from retry_samples(name, stats)
