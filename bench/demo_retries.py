@@ -71,7 +71,7 @@ _DRAIN_LIMIT_S = 30.0
 class RetryExperimentParams:
     """The scenario: the seed's B, clients three times faster than B can serve."""
 
-    rate_per_s: float = 40.0
+    rate_per_s: float = 60.0
     duration_s: float = 10.0
     budget_ms: float = 2000.0
     concurrency: int = 4
