@@ -2,7 +2,8 @@
 
 A chain client → A → B on real HTTP servers on loopback. B is the seed's
 overloaded service: ``AdmissionMiddleware`` with 4 at once, 20 waiting,
-300 ms of work that checks its deadline; it answers 503 ``queue-full``
+300 ms of work that checks its deadline (and is not started with less
+budget than that left, as the seed's deadline-aware B); it answers 503 ``queue-full``
 (with ``Retry-After: 1``) when its line is full. Clients send requests to A
 open-loop, at a fixed rate faster than B can serve (``rate_per_s``), each
 with ``budget_ms`` to get an answer; they never retry themselves. A calls B,
@@ -266,6 +267,9 @@ def _b_app(work_ms: float, fault_rate: float, rng: random.Random, rng_lock: thre
                 start_response("503 Service Unavailable", [("Content-Length", "5")])
                 return [b"fault"]
         deadline: Deadline | None = environ.get(DEADLINE_KEY)
+        if deadline is not None and deadline.remaining_ms() < work_ms:
+            # Not enough budget left to finish: starting would only make dead work.
+            raise DeadlineExceeded("not-enough-budget")
         arrival.work_start_ns = time.monotonic_ns()
         try:
             end = time.monotonic() + work_ms / 1000
