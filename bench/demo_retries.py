@@ -236,7 +236,10 @@ class RetryExperimentResult:
                 **run.notes,
             }
 
-        return {"params": vars(self.params), **{run.setup: summary(run) for run in (self.naive, self.prazo, self.light)}}
+        return {
+            "params": vars(self.params),
+            **{run.setup: summary(run) for run in (self.naive, self.prazo, self.light)},
+        }
 
 
 class _BLog:
@@ -296,7 +299,8 @@ def _logged(app: Any, log: _BLog) -> Any:
             arrival.status = int(status.split(" ", 1)[0])
             return start_response(status, headers, exc_info)
 
-        return app(environ, recording)
+        answer: Iterable[bytes] = app(environ, recording)
+        return answer
 
     return logged
 
@@ -385,7 +389,10 @@ def _run_setup(
             try:
                 response = local.session.get(
                     a_url,
-                    headers={BUDGET_HEADER: format_budget_ms(max(remaining_ms, 1.0)), DEMO_ID_HEADER: request.request_id},
+                    headers={
+                        BUDGET_HEADER: format_budget_ms(max(remaining_ms, 1.0)),
+                        DEMO_ID_HEADER: request.request_id,
+                    },
                     timeout=max(remaining_ms, 1.0) / 1000,
                 )
                 request.status = response.status_code
@@ -448,7 +455,7 @@ def render_report(result: RetryExperimentResult) -> str:
         "",
     ]
     runs = (result.naive, result.prazo)
-    rows = [
+    rows: list[tuple[str, Callable[[SetupRun], str]]] = [
         ("client requests", lambda r: str(len(r.requests))),
         ("arrivals at B", lambda r: str(len(r.arrivals))),
         ("offered load at B (× client requests)", lambda r: f"{r.offered_multiple():.2f}"),

@@ -92,7 +92,7 @@ class DeadlineSession(requests.Session):
         self.retry = retry
         super().__init__()
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         """``requests.Session.request``, plus ``idempotent=`` (None: the method decides) for ``retry``."""
         idempotent = kwargs.pop("idempotent", None)
         if idempotent is not None and not isinstance(idempotent, bool):

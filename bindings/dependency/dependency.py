@@ -264,7 +264,9 @@ def _dependency_failure(exc: BaseException, retryable_reasons: frozenset[str]) -
     for _ in range(16):
         if cause is None:
             break
-        if isinstance(cause, ConnectionRefusedError) or isinstance(getattr(cause, "reason", None), ConnectionRefusedError):
+        if isinstance(cause, ConnectionRefusedError) or isinstance(
+            getattr(cause, "reason", None), ConnectionRefusedError
+        ):
             return Failure("refused")
         cause = cause.__cause__ or cause.__context__
     if isinstance(exc, ConnectionResetError):

@@ -81,7 +81,7 @@ def check_clock(clock: object) -> Callable[[], int]:
         return time.monotonic_ns
     if not callable(clock):
         raise TypeError(f"clock must be a callable returning monotonic nanoseconds, not {type(clock).__name__}")
-    return clock  # type: ignore[return-value]
+    return clock
 
 
 class RetryBudget:
@@ -102,19 +102,19 @@ class RetryBudget:
 
     __slots__ = (
         "_clock",
+        "_deposits",
         "_generation",
         "_generation_ns",
         "_lock",
         "_min_per_s",
         "_per_call",
         "_percent",
+        "_refused",
         "_reserve",
         "_slots",
         "_sum",
         "_ttl_s",
         "_withdrawn",
-        "_refused",
-        "_deposits",
     )
 
     def __init__(

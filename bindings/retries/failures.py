@@ -50,7 +50,9 @@ KINDS = ("overloaded", "refused", "reset", "deadline", "other")
 RETRYABLE_KINDS = frozenset(("overloaded", "refused", "reset"))
 # 503 reasons that mean "refused before any work": retrying elsewhere adds no
 # load to whatever the destination itself calls.
-RETRYABLE_REASONS = frozenset((REASON_QUEUE_FULL, REASON_SHUTTING_DOWN, REASON_BULKHEAD_FULL, REASON_SHED, REASON_EVICTED))
+RETRYABLE_REASONS = frozenset(
+    (REASON_QUEUE_FULL, REASON_SHUTTING_DOWN, REASON_BULKHEAD_FULL, REASON_SHED, REASON_EVICTED)
+)
 REASON_HEADER = "X-Prazo-Reason"
 RETRY_AFTER_HEADER = "Retry-After"
 
@@ -102,7 +104,9 @@ def connection_failure(exc: BaseException) -> Failure | None:
     chain = _walk(exc)
     if any(isinstance(error, ConnectionRefusedError) for error in chain):
         return Failure("refused")
-    if any(isinstance(error, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)) for error in chain):
+    if any(
+        isinstance(error, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)) for error in chain
+    ):
         return Failure("reset")
     return None
 
@@ -119,4 +123,3 @@ def response_failure(exc: BaseException, *, retryable_reasons: frozenset[str]) -
             _header(headers, REASON_HEADER), _header(headers, RETRY_AFTER_HEADER), retryable_reasons=retryable_reasons
         )
     return None
-

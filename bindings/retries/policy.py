@@ -71,7 +71,13 @@ _MIN_SAMPLES = 5
 _MIN_ROOM_NS = NS_PER_MS
 _MAX_MS = 86_400_000.0
 # Every counter of ``RetryPolicy.stats()``, the names the metrics export.
-RETRY_COUNTERS = ("calls", "retries", "retries_refused_by_budget", "retries_refused_by_deadline", "retry_after_honoured")
+RETRY_COUNTERS = (
+    "calls",
+    "retries",
+    "retries_refused_by_budget",
+    "retries_refused_by_deadline",
+    "retry_after_honoured",
+)
 
 
 def idempotent_request(method: str, idempotent: bool | None) -> bool:
@@ -166,7 +172,9 @@ class RetryPolicy:
             raise ValueError(f"max_backoff_ms must be >= backoff_ms ({self.backoff_ms:g}), got {self.max_backoff_ms:g}")
         if isinstance(attempt_ms, str):
             if attempt_ms not in _QUANTILES:
-                raise ValueError(f"attempt_ms must be a number of ms or one of {', '.join(_QUANTILES)}, got {attempt_ms!r}")
+                raise ValueError(
+                    f"attempt_ms must be a number of ms or one of {', '.join(_QUANTILES)}, got {attempt_ms!r}"
+                )
             self._quantile: float | None = _QUANTILES[attempt_ms]
             self._fixed_attempt_ns = 0
         else:
@@ -237,7 +245,9 @@ class RetryPolicy:
                 histogram = self._histograms[destination] = WindowedHistogram(10.0)
         histogram.record(duration_ns, self._clock() if now_ns is None else now_ns)
 
-    def expected_attempt_ns(self, destination: Hashable, quantile_ns: Callable[[float], int | None] | None = None) -> int:
+    def expected_attempt_ns(
+        self, destination: Hashable, quantile_ns: Callable[[float], int | None] | None = None
+    ) -> int:
         """What the next attempt to ``destination`` should take: the fixed value, or the live quantile (0 unknown).
 
         ``quantile_ns`` reads the quantile from elsewhere (a ``Dependency``'s own histogram).
@@ -291,7 +301,9 @@ class RetryPolicy:
             return self._no("streamed-body")
         if attempt >= self.max_attempts:
             return self._no("attempts")
-        backoff_ns = self._rng.uniform(0.0, min(self.max_backoff_ms, self.backoff_ms * 2.0 ** (attempt - 1))) * NS_PER_MS
+        backoff_ns = (
+            self._rng.uniform(0.0, min(self.max_backoff_ms, self.backoff_ms * 2.0 ** (attempt - 1))) * NS_PER_MS
+        )
         retry_after_ns = None if failure.retry_after_s is None else failure.retry_after_s * NS_PER_SECOND
         if deadline is not None:
             room_ns = deadline.ns - self._clock() - self._margin_ns - expected_attempt_ns - _MIN_ROOM_NS

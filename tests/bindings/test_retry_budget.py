@@ -8,13 +8,12 @@ is the reserve plus the amounts whose generation is one of the last
 
 from __future__ import annotations
 
+import pytest
 from _helpers import SecondsClock, examples, run_checked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.retries import RetryBudget, RetryBudgets
 from prazo.bindings.retries.budget import GENERATIONS, TOKEN
-
-import pytest
 
 
 class Model:
@@ -56,7 +55,9 @@ operations = st.lists(
     percent=st.sampled_from([0.0, 0.1, 0.2, 0.5, 1.0]),
     steps=operations,
 )
-def test_the_budget_follows_the_model(ttl_s: float, min_per_s: float, percent: float, steps: list[tuple[str, float]]) -> None:
+def test_the_budget_follows_the_model(
+    ttl_s: float, min_per_s: float, percent: float, steps: list[tuple[str, float]]
+) -> None:
     clock = SecondsClock()
     budget = RetryBudget(ttl_s=ttl_s, min_per_s=min_per_s, percent=percent, clock=clock)
     model = Model(ttl_s, min_per_s, percent)

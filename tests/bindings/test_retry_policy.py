@@ -27,7 +27,7 @@ def make(clock: SecondsClock, **overrides: Any) -> RetryPolicy:
         "attempt_ms": 0.0,
         "margin_ms": 20.0,
         "rng": random.Random(1),
-        "sleep": lambda seconds: clock.advance(seconds),
+        "sleep": clock.advance,
         "clock": clock,
     }
     arguments.update(overrides)
@@ -98,7 +98,9 @@ def test_backoff_is_full_jitter_capped_by_the_remaining_budget(seed: int, attemp
     clock = SecondsClock()
     policy = make(clock, max_attempts=10, backoff_ms=25.0, max_backoff_ms=1000.0, rng=random.Random(seed))
     budget = policy.start_call("b")
-    decision = policy.decide(OVERLOADED, attempt, budget, idempotent=True, deadline=deadline_in(clock, remaining_ms / 1000))
+    decision = policy.decide(
+        OVERLOADED, attempt, budget, idempotent=True, deadline=deadline_in(clock, remaining_ms / 1000)
+    )
     if remaining_ms - 20.0 - 1.0 < 0:
         assert not decision.retry
         return
@@ -220,13 +222,9 @@ def test_a_503_is_retryable_only_when_it_did_no_work() -> None:
 
 def test_connection_failures_are_found_in_the_cause_chain() -> None:
     def chained(cause: BaseException) -> BaseException:
-        try:
-            raise cause
-        except BaseException as inner:
-            try:
-                raise RuntimeError("wrapped") from inner
-            except RuntimeError as outer:
-                return outer
+        outer = RuntimeError("wrapped")
+        outer.__cause__ = cause
+        return outer
 
     assert connection_failure(chained(ConnectionRefusedError())) == Failure("refused")
     assert connection_failure(chained(ConnectionResetError())) == Failure("reset")

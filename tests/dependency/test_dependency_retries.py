@@ -107,7 +107,9 @@ def test_a_refused_connection_is_retried(dependency: Dependency) -> None:
 
 
 def test_the_budget_refuses_and_the_last_503_comes_back() -> None:
-    dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, retry=policy(budget=RetryBudget(percent=0, min_per_s=0)))
+    dep = Dependency(
+        "recs", max_concurrent=2, timeout_ms=2000, retry=policy(budget=RetryBudget(percent=0, min_per_s=0))
+    )
     fn = Flaky(DownstreamOverloaded())
     with pytest.raises(DownstreamOverloaded):
         dep.call(fn, idempotent=True)
@@ -168,7 +170,9 @@ def test_through_a_real_server_with_a_deadline_session() -> None:
     session = DeadlineSession()
     with LoopbackServer() as server:
         with deadline_scope(Deadline.after(5.0)):
-            status = dep.call(lambda: session.get(server.url("/items?fail=1&reason=queue-full")).status_code, idempotent=True)
+            status = dep.call(
+                lambda: session.get(server.url("/items?fail=1&reason=queue-full")).status_code, idempotent=True
+            )
         assert status == 200 and server.count == 2
         budgets = [int(r.budget_ms or "-1") for r in server.requests]
         assert budgets[0] >= budgets[1] > 0

@@ -36,10 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
         with self.server.lock:
             seen = self.server.seen[self.path] = self.server.seen.get(self.path, 0) + 1
-        if self.path.startswith("/report"):
-            refuse = not self.server.second  # the first instance is down for /report
-        else:
-            refuse = seen == 1
+        # The first instance is down for /report; otherwise each path's first request is refused.
+        refuse = not self.server.second if self.path.startswith("/report") else seen == 1
         body = b"{}"
         self.send_response(503 if refuse else 200)
         if refuse:
@@ -93,7 +91,9 @@ def test_the_guide_has_the_blocks_this_test_expects() -> None:
 
 
 @pytest.mark.parametrize(("index", "expected"), list(enumerate(EXPECTED)))
-def test_each_block_runs_and_prints_what_the_guide_says(addresses: dict[str, str], index: int, expected: list[str]) -> None:
+def test_each_block_runs_and_prints_what_the_guide_says(
+    addresses: dict[str, str], index: int, expected: list[str]
+) -> None:
     script = BLOCKS[index]
     for name, address in addresses.items():
         script = script.replace(name, address)

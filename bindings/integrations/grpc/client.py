@@ -303,7 +303,9 @@ class DeadlineClientInterceptor(
             self._idempotent_all = idempotent
             self._idempotent_methods: frozenset[str] = frozenset()
         elif isinstance(idempotent, str) or not isinstance(idempotent, Collection):
-            raise TypeError(f"idempotent must be a bool or a collection of method names, not {type(idempotent).__name__}")
+            raise TypeError(
+                f"idempotent must be a bool or a collection of method names, not {type(idempotent).__name__}"
+            )
         else:
             self._idempotent_all = False
             self._idempotent_methods = frozenset(idempotent)
