@@ -39,7 +39,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
@@ -247,9 +247,31 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
+def _check_plot_extra(args: argparse.Namespace) -> None:
+    """With ``--plot``, fail now, naming the extra, rather than after a minute of demo."""
+    if getattr(args, "plot", None) is not None:
+        import matplotlib  # noqa: F401
+
+
+def _report(
+    args: argparse.Namespace, out: TextIO, result: Any, render: Callable[[Any], str], plot: Callable[[Any, str], None]
+) -> None:
+    """Print a demo's result (``--json``: its ``to_json()``; else its report) and draw ``--plot``."""
     import json
 
+    as_json = getattr(args, "json", False)
+    if as_json:
+        json.dump(result.to_json(), out, indent=2, default=str)
+        print(file=out)
+    else:
+        print(render(result), file=out)
+    path = getattr(args, "plot", None)
+    if path is not None:
+        plot(result, path)
+        print(f"plot written to {path}", file=sys.stderr if as_json else out)
+
+
+def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
     from prazo.bench.demo_slow_dependency import (
         QUICK_PARAMS,
         SlowDependencyParams,
@@ -258,10 +280,7 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
         run_demo,
     )
 
-    plot = getattr(args, "plot", None)
-    if plot is not None:
-        # Fail now, naming the extra, rather than after a minute of demo.
-        import matplotlib  # noqa: F401
+    _check_plot_extra(args)
     params = QUICK_PARAMS if getattr(args, "quick", False) else SlowDependencyParams()
     changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
     if changes:
@@ -273,20 +292,11 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
             f"the server runs on the twin prazo.core picked ({IMPLEMENTATION}); --impl {impl} does not apply to it "
             "(PRAZO_NO_EXTENSIONS=1 selects the Python twin)"
         )
-    if getattr(args, "json", False):
-        json.dump(result.to_json(), out, indent=2, default=str)
-        print(file=out)
-    else:
-        print(render_report(result), file=out)
-    if plot is not None:
-        plot_timeline(result, plot)
-        print(f"plot written to {plot}", file=sys.stderr if getattr(args, "json", False) else out)
+    _report(args, out, result, render_report, plot_timeline)
     return 0
 
 
 def _run_demo_retries(args: argparse.Namespace, out: TextIO) -> int:
-    import json
-
     from prazo.bench.demo_retries import (
         QUICK_PARAMS,
         RetryExperimentParams,
@@ -295,22 +305,13 @@ def _run_demo_retries(args: argparse.Namespace, out: TextIO) -> int:
         run_experiment,
     )
 
-    plot = getattr(args, "plot", None)
-    if plot is not None:
-        import matplotlib  # noqa: F401  (fail now, naming the extra, not after the runs)
+    _check_plot_extra(args)
     params = QUICK_PARAMS if getattr(args, "quick", False) else RetryExperimentParams()
     changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
     if changes:
         params = dataclasses.replace(params, **changes)
     result = run_experiment(params)
-    if getattr(args, "json", False):
-        json.dump(result.to_json(), out, indent=2, default=str)
-        print(file=out)
-    else:
-        print(render_report(result), file=out)
-    if plot is not None:
-        plot_experiment(result, plot)
-        print(f"plot written to {plot}", file=sys.stderr if getattr(args, "json", False) else out)
+    _report(args, out, result, render_report, plot_experiment)
     # Exit status on what the policy guarantees, whatever the machine's load.
     safe = result.prazo.retries_after_deadline() == 0 and result.prazo.retries_of_a_504() == 0
     return 0 if safe else 1

@@ -56,6 +56,14 @@ _Q = ("queue",)
 _D = ("dependency",)
 _P = ("policy",)
 
+# The retry counters of a RetryPolicy's and a Dependency's stats(), and what each counts.
+_RETRY_HELP = {
+    "retries": "Retries started.",
+    "retries_refused_by_budget": "Retries the retry budget refused.",
+    "retries_refused_by_deadline": "Retries refused because the deadline (or a longer Retry-After) left no room.",
+    "retry_after_honoured": "Retries that waited the Retry-After the server asked for.",
+}
+
 # Every family: name (counters without _total) -> (type, labels, help).
 SPECS: dict[str, MetricSpec] = {
     # Every admission point: a queue, a middleware, a pool, a server embedding.
@@ -129,24 +137,11 @@ SPECS: dict[str, MetricSpec] = {
         "Live call latency quantiles over the dependency's recent window (NaN before any call).",
     ),
     "prazo_dependency_call_duration_seconds": (HISTOGRAM, _D, "Durations of the calls that returned, since start."),
-    "prazo_dependency_retries": (COUNTER, _D, "Retries started (Dependency(retry=...))."),
-    "prazo_dependency_retries_refused_by_budget": (COUNTER, _D, "Retries the retry budget refused."),
-    "prazo_dependency_retries_refused_by_deadline": (
-        COUNTER,
-        _D,
-        "Retries refused because the deadline (or a longer Retry-After) left no room for them.",
-    ),
-    "prazo_dependency_retry_after_honoured": (COUNTER, _D, "Retries that waited the Retry-After the server asked for."),
-    # A RetryPolicy (the client adapters, the gRPC client interceptor, a Dependency).
+    # A RetryPolicy (the client adapters, the gRPC client interceptor): calls, and the
+    # retry counters below, which a Dependency(retry=...) keeps for itself too.
     "prazo_retry_calls": (COUNTER, _P, "Calls made under the retry policy (one deposit each into their budget)."),
-    "prazo_retry_retries": (COUNTER, _P, "Retries started."),
-    "prazo_retry_retries_refused_by_budget": (COUNTER, _P, "Retries the retry budget refused."),
-    "prazo_retry_retries_refused_by_deadline": (
-        COUNTER,
-        _P,
-        "Retries refused because the deadline (or a longer Retry-After) left no room for them.",
-    ),
-    "prazo_retry_retry_after_honoured": (COUNTER, _P, "Retries that waited the Retry-After the server asked for."),
+    **{f"prazo_retry_{counter}": (COUNTER, _P, text) for counter, text in _RETRY_HELP.items()},
+    **{f"prazo_dependency_{counter}": (COUNTER, _D, text) for counter, text in _RETRY_HELP.items()},
 }
 
 #: Every metric family the collector can export: counters without their
@@ -211,18 +206,9 @@ _DEPENDENCY_KEYS = {
     "prazo_dependency_saturation": "saturation",
     "prazo_dependency_threads": "threads",
     "prazo_dependency_lkg_entries": "lkg_entries",
-    "prazo_dependency_retries": "retries",
-    "prazo_dependency_retries_refused_by_budget": "retries_refused_by_budget",
-    "prazo_dependency_retries_refused_by_deadline": "retries_refused_by_deadline",
-    "prazo_dependency_retry_after_honoured": "retry_after_honoured",
+    **{f"prazo_dependency_{counter}": counter for counter in _RETRY_HELP},
 }
-_RETRY_KEYS = {
-    "prazo_retry_calls": "calls",
-    "prazo_retry_retries": "retries",
-    "prazo_retry_retries_refused_by_budget": "retries_refused_by_budget",
-    "prazo_retry_retries_refused_by_deadline": "retries_refused_by_deadline",
-    "prazo_retry_retry_after_honoured": "retry_after_honoured",
-}
+_RETRY_KEYS = {"prazo_retry_calls": "calls", **{f"prazo_retry_{counter}": counter for counter in _RETRY_HELP}}
 _DEPENDENCY_OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
 _BREAKER_STATES = ("closed", "open", "half-open", "disabled")
 _QUANTILE_KEYS = {"0.5": "p50_ms", "0.95": "p95_ms", "0.99": "p99_ms"}
