@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import urllib3
 import pytest
 from _loopback import LoopbackServer
 from prazo.bindings.clients.httpx import IDEMPOTENT_EXTENSION, DeadlineTransport
@@ -346,3 +347,12 @@ def test_retry_must_be_a_retry_policy(make: Callable[..., Any]) -> None:
         make(retry=3)
     with pytest.raises(TypeError, match="retry"):
         deadline_urlopen("http://127.0.0.1:9/", retry=3)  # type: ignore[arg-type]
+
+
+def test_urllib3_a_refused_connection_under_a_deadline_is_no_timeout() -> None:
+    # urllib3 makes NewConnectionError a ConnectTimeoutError; without retry=
+    # it still comes out as urllib3's error, not as a 504 DeadlineExceeded.
+    http = DeadlinePoolManager()
+    with deadline_scope(Deadline.after(5.0)), pytest.raises(urllib3.exceptions.MaxRetryError) as info:
+        http.request("GET", f"http://127.0.0.1:{_refused_port()}/")
+    assert isinstance(info.value.reason, urllib3.exceptions.NewConnectionError)
