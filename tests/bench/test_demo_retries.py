@@ -56,10 +56,21 @@ def test_the_report_and_the_plot(short_run: Any, tmp_path: Path) -> None:
     assert path.stat().st_size > 0
 
 
-def test_the_command_runs_the_quick_experiment_as_json() -> None:
+def test_the_command_prints_the_experiment_as_json(short_run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command's wiring (flags, JSON, exit status) on the run above, not a second run.
+    import prazo.bench.demo_retries as demo
+
+    asked: list[Any] = []
+
+    def run(params: Any) -> Any:
+        asked.append(params)
+        return short_run
+
+    monkeypatch.setattr(demo, "run_experiment", run)
     out = io.StringIO()
-    status = main(["demo", "retries", "--quick", "--json", "--rate", "20"], out=out)
+    status = main(["demo", "retries", "--quick", "--json", "--rate", "20", "--seed", "3"], out=out)
     summary = json.loads(out.getvalue())
     assert status == 0
     assert summary["prazo"]["retries_after_deadline"] == 0 and summary["prazo"]["retries_of_a_504"] == 0
-    assert summary["params"]["rate_per_s"] == 20.0
+    (params,) = asked
+    assert params.rate_per_s == 20.0 and params.seed == 3 and params.duration_s == QUICK_PARAMS.duration_s
