@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import urllib3
 import pytest
+import urllib3
 from _loopback import LoopbackServer
 from prazo.bindings.clients.httpx import IDEMPOTENT_EXTENSION, DeadlineTransport
 from prazo.bindings.clients.requests import DeadlineSession
