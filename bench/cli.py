@@ -253,6 +253,13 @@ def _check_plot_extra(args: argparse.Namespace) -> None:
         import matplotlib  # noqa: F401
 
 
+def _demo_params(args: argparse.Namespace, quick: Any, full: Any) -> Any:
+    """``quick`` with ``--quick``, else ``full``, with ``--rate`` and ``--seed`` applied."""
+    params = quick if getattr(args, "quick", False) else full
+    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
+    return dataclasses.replace(params, **changes) if changes else params
+
+
 def _report(
     args: argparse.Namespace, out: TextIO, result: Any, render: Callable[[Any], str], plot: Callable[[Any, str], None]
 ) -> None:
@@ -281,11 +288,7 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
     )
 
     _check_plot_extra(args)
-    params = QUICK_PARAMS if getattr(args, "quick", False) else SlowDependencyParams()
-    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
-    if changes:
-        params = dataclasses.replace(params, **changes)
-    result = run_demo(params)
+    result = run_demo(_demo_params(args, QUICK_PARAMS, SlowDependencyParams()))
     impl = getattr(args, "impl", None)
     if impl is not None and impl != IMPLEMENTATION:
         result.notes.append(
@@ -306,11 +309,7 @@ def _run_demo_retries(args: argparse.Namespace, out: TextIO) -> int:
     )
 
     _check_plot_extra(args)
-    params = QUICK_PARAMS if getattr(args, "quick", False) else RetryExperimentParams()
-    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
-    if changes:
-        params = dataclasses.replace(params, **changes)
-    result = run_experiment(params)
+    result = run_experiment(_demo_params(args, QUICK_PARAMS, RetryExperimentParams()))
     _report(args, out, result, render_report, plot_experiment)
     # Exit status on what the policy guarantees, whatever the machine's load.
     safe = result.prazo.retries_after_deadline() == 0 and result.prazo.retries_of_a_504() == 0
