@@ -6,6 +6,7 @@
     prazo demo http [flags]    the same, by name
     prazo demo core [flags]    the seed scenario on the admission queue, real threads
     prazo demo slow-dependency [--quick] [--json] [--plot FILE.png]
+    prazo demo retries [--quick] [--json] [--plot FILE.png] [--rate N] [--seed N]
                                the second seed's incident: a dependency slows down, without and with prazo
     prazo bench [--quick]      the default benchmarks: core, wsgi and pool, one after another
     prazo bench core [flags]   core micro-benchmarks as a table of ratios and targets
@@ -38,7 +39,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
@@ -246,9 +247,38 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
+def _check_plot_extra(args: argparse.Namespace) -> None:
+    """With ``--plot``, fail now, naming the extra, rather than after a minute of demo."""
+    if getattr(args, "plot", None) is not None:
+        import matplotlib  # noqa: F401
+
+
+def _demo_params(args: argparse.Namespace, quick: Any, full: Any) -> Any:
+    """``quick`` with ``--quick``, else ``full``, with ``--rate`` and ``--seed`` applied."""
+    params = quick if getattr(args, "quick", False) else full
+    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
+    return dataclasses.replace(params, **changes) if changes else params
+
+
+def _report(
+    args: argparse.Namespace, out: TextIO, result: Any, render: Callable[[Any], str], plot: Callable[[Any, str], None]
+) -> None:
+    """Print a demo's result (``--json``: its ``to_json()``; else its report) and draw ``--plot``."""
     import json
 
+    as_json = getattr(args, "json", False)
+    if as_json:
+        json.dump(result.to_json(), out, indent=2, default=str)
+        print(file=out)
+    else:
+        print(render(result), file=out)
+    path = getattr(args, "plot", None)
+    if path is not None:
+        plot(result, path)
+        print(f"plot written to {path}", file=sys.stderr if as_json else out)
+
+
+def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
     from prazo.bench.demo_slow_dependency import (
         QUICK_PARAMS,
         SlowDependencyParams,
@@ -257,30 +287,33 @@ def _run_demo_slow_dependency(args: argparse.Namespace, out: TextIO) -> int:
         run_demo,
     )
 
-    plot = getattr(args, "plot", None)
-    if plot is not None:
-        # Fail now, naming the extra, rather than after a minute of demo.
-        import matplotlib  # noqa: F401
-    params = QUICK_PARAMS if getattr(args, "quick", False) else SlowDependencyParams()
-    changes = {name: getattr(args, name) for name in ("rate_per_s", "seed") if hasattr(args, name)}
-    if changes:
-        params = dataclasses.replace(params, **changes)
-    result = run_demo(params)
+    _check_plot_extra(args)
+    result = run_demo(_demo_params(args, QUICK_PARAMS, SlowDependencyParams()))
     impl = getattr(args, "impl", None)
     if impl is not None and impl != IMPLEMENTATION:
         result.notes.append(
             f"the server runs on the twin prazo.core picked ({IMPLEMENTATION}); --impl {impl} does not apply to it "
             "(PRAZO_NO_EXTENSIONS=1 selects the Python twin)"
         )
-    if getattr(args, "json", False):
-        json.dump(result.to_json(), out, indent=2, default=str)
-        print(file=out)
-    else:
-        print(render_report(result), file=out)
-    if plot is not None:
-        plot_timeline(result, plot)
-        print(f"plot written to {plot}", file=sys.stderr if getattr(args, "json", False) else out)
+    _report(args, out, result, render_report, plot_timeline)
     return 0
+
+
+def _run_demo_retries(args: argparse.Namespace, out: TextIO) -> int:
+    from prazo.bench.demo_retries import (
+        QUICK_PARAMS,
+        RetryExperimentParams,
+        plot_experiment,
+        render_report,
+        run_experiment,
+    )
+
+    _check_plot_extra(args)
+    result = run_experiment(_demo_params(args, QUICK_PARAMS, RetryExperimentParams()))
+    _report(args, out, result, render_report, plot_experiment)
+    # Exit status on what the policy guarantees, whatever the machine's load.
+    safe = result.prazo.retries_after_deadline() == 0 and result.prazo.retries_of_a_504() == 0
+    return 0 if safe else 1
 
 
 # ``prazo demo`` with no topic runs this (looked up at call time, so it can be repointed).
@@ -364,6 +397,25 @@ def _add_demo(commands: Commands) -> Commands:
         help="requests per second, all endpoints together (default 200, the seed's)",
     )
     slow.add_argument("--seed", type=_integer(0), metavar="N", help="seed of the arrival schedule (default 9)")
+    retries = _add_topic(
+        topics,
+        "retries",
+        "retry amplification at an overloaded B: naive retries vs a retry budget (≈ 1 min)",
+        "Clients send 60 requests/s to A, which calls B (4 at once, queue 20, 300 ms of work) and retries: "
+        "first with urllib3's Retry (3 attempts, fixed 2 s timeout), then with prazo's RetryPolicy and a 10 % "
+        "RetryBudget. Prints B's offered load as a multiple of the client requests, B's wasted work and the "
+        "clients' goodput; then a light-faults run (B not overloaded, 5 % random 503s).",
+        _run_demo_retries,
+    )
+    _add_quick(retries, "4 s overloaded runs and an 8 s light-faults run instead of 10 s and 25 s")
+    retries.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    retries.add_argument(
+        "--plot", metavar="FILE.png", help="draw offered load, wasted work and goodput over time (needs prazo[plot])"
+    )
+    retries.add_argument(
+        "--rate", dest="rate_per_s", type=_rate, metavar="N", help="client requests per second (default 60)"
+    )
+    retries.add_argument("--seed", type=_integer(0), metavar="N", help="seed of the jitter and faults (default 24)")
     return topics
 
 

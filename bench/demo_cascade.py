@@ -43,7 +43,7 @@ from prazo.bindings.headers import BUDGET_HEADER, format_budget_ms
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 from prazo.core import NS_PER_MS, Deadline, DeadlineExceeded
 
-__all__ = ["CascadeParams", "CascadeResult", "render_comparison", "run_cascade"]
+__all__ = ["CascadeParams", "CascadeResult", "LoopbackServers", "render_comparison", "run_cascade"]
 
 DEMO_ID_HEADER = "X-Demo-Id"
 _DEMO_ID_ENVIRON_KEY = "HTTP_X_DEMO_ID"
@@ -278,7 +278,7 @@ def _forwarder(next_url: str, params: CascadeParams, propagate: bool) -> Callabl
     return app
 
 
-class _Servers:
+class LoopbackServers:
     """Start WSGI apps on loopback in threads and stop them all afterwards."""
 
     def __init__(self) -> None:
@@ -351,7 +351,7 @@ def run_cascade(params: CascadeParams, *, setup: str) -> CascadeResult:
         raise ValueError(f"setup must be 'prazo' or 'naive', got {setup!r}")
     propagate = setup == "prazo"
     recorder = _Recorder()
-    servers = _Servers()
+    servers = LoopbackServers()
     try:
         b_app = _b_app(recorder, params.work_ms, deadline_aware=propagate)
         b: Callable[..., Iterable[bytes]]

@@ -6,6 +6,7 @@ Built on ``prazo.bindings.outgoing``; needs ``requests`` (the
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from numbers import Real
 from typing import Any
 
@@ -21,9 +22,14 @@ from ..outgoing import (
     replace_budget_headers,
     validate_margin_ms,
 )
+from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, replayable_body, response_failure
 from .urllib3 import capped_urllib3_timeout
 
 __all__ = ["DeadlineSession"]
+
+# The ``idempotent=`` of the request() call being sent, for send() to read:
+# requests gives send() the prepared request only.
+_idempotent: ContextVar[bool | None] = ContextVar("prazo.clients.requests.idempotent", default=None)
 
 
 def _capped_requests_timeout(timeout: Any, budget: OutgoingBudget) -> Any:
@@ -65,14 +71,77 @@ class DeadlineSession(requests.Session):
             items = session.get("http://b.internal/items", timeout=5).json()
 
     Outside any deadline scope it is a plain ``requests.Session``.
+
+    ``retry=RetryPolicy(...)`` retries what is safe to retry (see
+    ``prazo.bindings.retries``): a 503 that did no work, a refused
+    connection, a reset before the response, within the deadline and the
+    destination's retry budget; each attempt carries what is left of the
+    budget. A POST or PATCH is retried only with ``idempotent=True`` on the
+    call (``session.post(url, json=..., idempotent=True)``), a streamed body
+    never. It replaces urllib3's ``Retry``: leave the transport adapter's
+    ``max_retries`` at its default of 0.
     """
 
-    def __init__(self, *, margin_ms: float = DEFAULT_MARGIN_MS, grpc: bool = False) -> None:
+    def __init__(
+        self, *, margin_ms: float = DEFAULT_MARGIN_MS, grpc: bool = False, retry: RetryPolicy | None = None
+    ) -> None:
         self.margin_ms = validate_margin_ms(margin_ms)
         self.grpc = grpc
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a prazo RetryPolicy or None, not {type(retry).__name__}")
+        self.retry = retry
         super().__init__()
 
+    def request(self, method: str, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+        """``requests.Session.request``, plus ``idempotent=`` (None: the method decides) for ``retry``."""
+        idempotent = kwargs.pop("idempotent", None)
+        if idempotent is not None and not isinstance(idempotent, bool):
+            raise TypeError(f"idempotent must be a bool or None, not {type(idempotent).__name__}")
+        token = _idempotent.set(idempotent)
+        try:
+            return super().request(method, url, *args, **kwargs)
+        finally:
+            _idempotent.reset(token)
+
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        policy = self.retry
+        if policy is None:
+            return self._send_once(request, **kwargs)
+        url = request.url or ""
+        retryable_reasons = policy.retryable_reasons
+
+        def attempt(number: int) -> requests.Response:
+            prepared = request.copy()
+            prepared.url = policy.url_for_attempt(url, number)
+            return self._send_once(prepared, **kwargs)
+
+        def classify(exc: BaseException) -> Failure | None:
+            failure = response_failure(exc, retryable_reasons=retryable_reasons)
+            if failure is not None:
+                return failure
+            # Raised while connecting or before the status line; a reset in
+            # the body is a ChunkedEncodingError, never retried.
+            if isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.Timeout):
+                return connection_failure(exc)
+            return None
+
+        def judge(response: requests.Response) -> Failure | None:
+            # Outside a deadline a 503 comes back as a response, not an exception.
+            if response.status_code != 503:
+                return None
+            _ = response.content
+            return response_failure(DownstreamOverloadedResponse(response, url), retryable_reasons=retryable_reasons)
+
+        return policy.call(
+            attempt,
+            classify,
+            destination=policy.destination_of(url),
+            idempotent=idempotent_request(request.method or "GET", _idempotent.get()),
+            replayable=replayable_body(request.body),
+            judge=judge,
+        )
+
+    def _send_once(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         budget = outgoing_budget(self.margin_ms, grpc=self.grpc, headers=request.headers)
         if budget is None:
             return super().send(request, **kwargs)

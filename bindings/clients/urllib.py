@@ -15,6 +15,7 @@ from ..outgoing import (
     drop_budget_headers,
     outgoing_budget,
 )
+from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, replayable_body, response_failure
 
 __all__ = ["deadline_urlopen"]
 
@@ -26,6 +27,8 @@ def deadline_urlopen(
     margin_ms: float = DEFAULT_MARGIN_MS,
     timeout: float | None = None,
     grpc: bool = False,
+    retry: RetryPolicy | None = None,
+    idempotent: bool | None = None,
 ) -> Any:
     """``urllib.request.urlopen`` under the current deadline.
 
@@ -46,7 +49,68 @@ def deadline_urlopen(
     A ``Request`` you pass is copied, never modified. Outside any deadline
     scope this is ``urlopen(url, data, timeout)`` (``None`` = the socket
     default).
+
+    ``retry=RetryPolicy(...)`` retries what is safe to retry (see
+    ``prazo.bindings.retries``), each attempt with what is left of the
+    budget; a POST only with ``idempotent=True``, a file or iterable
+    ``data`` never.
     """
+    if retry is None:
+        return _urlopen_once(url, data, margin_ms, timeout, grpc)
+    if not isinstance(retry, RetryPolicy):
+        raise TypeError(f"retry must be a prazo RetryPolicy or None, not {type(retry).__name__}")
+    policy = retry
+    request = url if isinstance(url, urllib.request.Request) else urllib.request.Request(url)
+    body = data if data is not None else request.data
+    full_url = request.full_url
+    retryable_reasons = policy.retryable_reasons
+
+    def attempt(number: int) -> Any:
+        moved = policy.url_for_attempt(full_url, number)
+        if moved == full_url:
+            return _urlopen_once(request, data, margin_ms, timeout, grpc)
+        copied = copy.copy(request)
+        copied.headers = {name: value for name, value in request.headers.items() if name.lower() != "host"}
+        copied.unredirected_hdrs = dict(request.unredirected_hdrs)
+        copied.full_url = moved
+        return _urlopen_once(copied, data, margin_ms, timeout, grpc)
+
+    def classify(exc: BaseException) -> Failure | None:
+        if isinstance(exc, urllib.error.HTTPError):
+            # Outside a deadline a 503 is urllib's HTTPError, whose headers are its own.
+            if exc.code != 503:
+                return None
+            return response_failure(DownstreamOverloadedResponse(exc, full_url), retryable_reasons=retryable_reasons)
+        failure = response_failure(exc, retryable_reasons=retryable_reasons)
+        if failure is not None:
+            return failure
+        # urlopen returns once the response head is read: whatever it raises
+        # (a refused connection, a reset, RemoteDisconnected) came before any of it.
+        if isinstance(exc, OSError):
+            return connection_failure(exc)
+        return None
+
+    return policy.call(
+        attempt,
+        classify,
+        destination=policy.destination_of(full_url),
+        idempotent=idempotent_request(request.get_method() if data is None else "POST", idempotent),
+        replayable=replayable_body(body),
+        discard=_close_response,
+    )
+
+
+def _close_response(exc: BaseException) -> None:
+    """Close the connection an HTTPError (or the 503 kept on ``.response``) holds: it will not be read."""
+    response = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "response", None)
+    if isinstance(response, urllib.error.HTTPError):
+        response.close()
+
+
+def _urlopen_once(
+    url: str | urllib.request.Request, data: bytes | None, margin_ms: float, timeout: float | None, grpc: bool
+) -> Any:
+    """One ``urlopen`` under the current deadline (see ``deadline_urlopen``)."""
     caller_headers = dict(url.header_items()) if isinstance(url, urllib.request.Request) else None
     budget = outgoing_budget(margin_ms, grpc=grpc, headers=caller_headers)
     if budget is None:

@@ -70,9 +70,10 @@ from prazo.core import (
     deadline_context,
 )
 
+from ..retries import Failure, RetryBudget, RetryPolicy, response_failure
 from ._arguments import check_count
 from .breaker import Breaker
-from .hedging import HedgeBudget, HedgePolicy
+from .hedging import HEDGE_MIN_SAMPLES, HedgeBudget, HedgePolicy
 from .last_known_good import LastKnownGood
 from .threads import BoundedThreads
 from .timeouts import AdaptiveTimeout, LiveQuantiles, positive_ms
@@ -84,6 +85,7 @@ __all__ = [
     "REASON_BULKHEAD_FULL",
     "REASON_DEPENDENCY_TIMEOUT",
     "REASON_DEPENDENCY_UNAVAILABLE",
+    "RETRY_STATS",
     "Attempt",
     "CallResult",
     "Dependency",
@@ -94,6 +96,13 @@ __all__ = [
 T = TypeVar("T")
 
 OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
+# The retry counters of stats() (all 0 without a retry policy).
+RETRY_STATS = ("retries", "retries_refused_by_budget", "retries_refused_by_deadline", "retry_after_honoured")
+_RETRY_COUNTER_OF = {
+    "budget": "retries_refused_by_budget",
+    "deadline": "retries_refused_by_deadline",
+    "retry-after": "retries_refused_by_deadline",
+}
 
 # A call with less budget than this is not started (as for outgoing HTTP
 # calls: a downstream budget is passed on in whole milliseconds).
@@ -220,12 +229,49 @@ class _Call:
 
 
 class _Tally:
-    """The outcome a call ended with; counted once, whatever way the call leaves."""
+    """The outcome a call ended with; counted once, whatever way the call leaves.
 
-    __slots__ = ("outcome",)
+    With a retry policy, ``retry`` decides (and waits) after a failed attempt,
+    and ``endpoint`` is the endpoint index the last attempt started with.
+    """
+
+    __slots__ = ("end_ns", "endpoint", "outcome", "retry")
 
     def __init__(self) -> None:
         self.outcome = "error"
+        self.retry: Callable[[BaseException], bool] | None = None
+        self.endpoint: int | None = None
+        # Set by the first attempt: when the call's own timeout ends, which
+        # its retries share (a retry never gets a fresh timeout).
+        self.end_ns: int | None = None
+
+
+class _Retrying(Exception):
+    """The attempt failed and the retry policy said "again": the call starts over."""
+
+
+def _dependency_failure(exc: BaseException, retryable_reasons: frozenset[str]) -> Failure | None:
+    """What ``fn``'s exception was, as far as retrying it is safe.
+
+    ``fn`` is opaque: a 503 (``DownstreamOverloaded``) that did no work, or a
+    refused connection, which sent nothing; a reset only when ``fn`` let it
+    out as it is, since wrapped ones may come from the middle of a response.
+    """
+    failure = response_failure(exc, retryable_reasons=retryable_reasons)
+    if failure is not None:
+        return failure
+    cause: BaseException | None = exc
+    for _ in range(16):
+        if cause is None:
+            break
+        if isinstance(cause, ConnectionRefusedError) or isinstance(
+            getattr(cause, "reason", None), ConnectionRefusedError
+        ):
+            return Failure("refused")
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, ConnectionResetError):
+        return Failure("reset")
+    return None
 
 
 def _check_seconds(value: object, name: str) -> float:
@@ -273,6 +319,14 @@ class Dependency:
             a fake one); waiting always uses the real monotonic clock.
         thread_idle_s: an idle thread exits after this many seconds.
         window_s: the live latency window (quantiles, adaptive timeout, hedging).
+        retry: a ``RetryPolicy`` (``prazo.bindings.retries``): a call whose
+            ``fn`` failed with a 503 that did no work or a refused
+            connection is tried again, on the next endpoint, within the
+            caller's deadline and the policy's budget for this dependency's
+            name; an attempt's expected duration is this dependency's live
+            quantile. Each retry takes a bulkhead place and asks the breaker
+            like any call. ``idempotent=True`` is needed, as for hedging.
+            None (the default): never retried.
     """
 
     def __init__(
@@ -291,6 +345,7 @@ class Dependency:
         clock: Callable[[], int] | None = None,
         thread_idle_s: float = DEFAULT_THREAD_IDLE_S,
         window_s: float = 10.0,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
@@ -337,6 +392,9 @@ class Dependency:
         self._histogram = WindowedHistogram(window_s)
         self._quantiles = LiveQuantiles(self._histogram)
         self._threads = BoundedThreads(self._max, idle_s=thread_idle_s, name=f"prazo-dependency-{name}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a prazo RetryPolicy or None, not {type(retry).__name__}")
+        self._retry = retry
 
         self._lock = threading.Lock()
         self._next_endpoint = 0
@@ -347,6 +405,7 @@ class Dependency:
         self._hedges_sent = 0
         self._hedges_won = 0
         self._late_results = 0
+        self._retry_counts = dict.fromkeys(RETRY_STATS, 0)
 
     # -- public properties -------------------------------------------------
 
@@ -378,6 +437,11 @@ class Dependency:
     def histogram(self) -> WindowedHistogram:
         """The durations of ``fn`` (every attempt that returned or raised), on the dependency's clock."""
         return self._histogram
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy (None: calls are never retried)."""
+        return self._retry
 
     @property
     def last_known_good(self) -> LastKnownGood | None:
@@ -423,10 +487,63 @@ class Dependency:
         with self._lock:
             self._calls += 1
         try:
-            return self._call(fn, args, kwargs, key, idempotent, tally)
+            if self._retry is None:
+                return self._call(fn, args, kwargs, key, idempotent, tally)
+            return self._call_with_retries(self._retry, fn, args, kwargs, key, idempotent, tally)
         finally:
             with self._lock:
                 self._outcomes[tally.outcome] += 1
+
+    def _call_with_retries(
+        self,
+        policy: RetryPolicy,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: Hashable,
+        idempotent: bool,
+        tally: _Tally,
+    ) -> CallResult[T]:
+        """``_call`` again, on the next endpoint, while ``policy`` says a failed attempt may be retried."""
+        budget: RetryBudget = policy.start_call(self._name)
+        caller_deadline = current_deadline()
+        number = 1
+
+        def quantile_ns(q: float) -> int | None:
+            value, samples = self._quantiles.get(q, self._clock())
+            return value if samples >= HEDGE_MIN_SAMPLES else None
+
+        def again(error: BaseException) -> bool:
+            # The retry must fit in what is left of the call: the caller's
+            # deadline or the call's own timeout, whichever ends first.
+            end_ns = tally.end_ns
+            deadline = caller_deadline
+            if end_ns is not None and (deadline is None or end_ns < deadline.ns):
+                deadline = Deadline.at_ns(end_ns)
+            decision = policy.decide(
+                _dependency_failure(error, policy.retryable_reasons),
+                number,
+                budget,
+                idempotent=idempotent,
+                deadline=deadline,
+                expected_attempt_ns=policy.expected_attempt_ns(self._name, quantile_ns),
+            )
+            counter = "retries" if decision.retry else _RETRY_COUNTER_OF.get(decision.why)
+            with self._lock:
+                if counter is not None:
+                    self._retry_counts[counter] += 1
+                if decision.retry_after:
+                    self._retry_counts["retry_after_honoured"] += 1
+            if decision.retry:
+                policy.wait(decision.delay_s)
+            return decision.retry
+
+        tally.retry = again
+        while True:
+            try:
+                return self._call(fn, args, kwargs, key, idempotent, tally)
+            except _Retrying:
+                number += 1
 
     def _now_arg(self, now: int) -> int | None:
         return now if self._own_clock else None
@@ -462,7 +579,11 @@ class Dependency:
             if remaining_ns < timeout_ns:
                 budget_ns = remaining_ns
                 caller_limited = True
+        if tally.end_ns is not None and tally.end_ns - start_ns < budget_ns:
+            budget_ns = max(0, tally.end_ns - start_ns)
         end_ns = start_ns + budget_ns
+        if tally.end_ns is None:
+            tally.end_ns = end_ns
 
         breaker = self._breaker
         if breaker is not None and not breaker.try_acquire(self._now_arg(now)):
@@ -470,9 +591,14 @@ class Dependency:
         call = _Call(fn, args, kwargs, key, Deadline.at_ns(end_ns))
         first = 0
         if self._endpoints is not None:
-            with self._lock:
-                first = self._next_endpoint
-                self._next_endpoint = (first + 1) % len(self._endpoints)
+            if tally.endpoint is not None:
+                # A retry: the next endpoint after the one that just failed ("elsewhere").
+                first = (tally.endpoint + 1) % len(self._endpoints)
+            else:
+                with self._lock:
+                    first = self._next_endpoint
+                    self._next_endpoint = (first + 1) % len(self._endpoints)
+        tally.endpoint = first
         try:
             started = self._start(call, 1, first, now)
         except RuntimeError as exc:  # the system refused a thread
@@ -621,6 +747,8 @@ class Dependency:
                     cause=error,
                     caller_deadline=caller_limited,
                 )
+            if tally.retry is not None and tally.retry(error):
+                raise _Retrying
             return self._fallback(tally, "error", call.key, attempts, cause=error)
         breaker = self._breaker
         if breaker is not None and not caller_limited:
@@ -714,6 +842,7 @@ class Dependency:
                 "hedges_sent": self._hedges_sent,
                 "hedges_won": self._hedges_won,
                 "late_results": self._late_results,
+                **self._retry_counts,
             }
         breaker = self._breaker
         return {

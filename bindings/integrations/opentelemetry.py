@@ -150,6 +150,7 @@ ATTRIBUTE_FOR_LABEL: dict[str, str] = {
     "outcome": "prazo.dependency.outcome",
     "state": "prazo.breaker.state",
     "quantile": "prazo.quantile",
+    "policy": "prazo.retry.policy",
 }
 # Label values that are numbers in the semantic conventions.
 _INTEGER_LABELS = frozenset({"code"})

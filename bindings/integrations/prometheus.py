@@ -50,6 +50,7 @@ from prazo.bindings.plumbing.metric_table import (
     MetricSources,
     dependency_samples,
     queue_samples,
+    retry_samples,
     stats_or_none,
 )
 from prazo.bindings.wsgi import Environ, StartResponse, WSGIApp
@@ -172,6 +173,11 @@ class PrazoCollector(MetricSources):
                 families["prazo_dependency_call_duration_seconds"].add_metric(
                     [name], *_histogram_buckets(dependency.histogram.total)
                 )
+        for name, policy in self.retry_policies():
+            stats = stats_or_none(name, policy)
+            if stats is not None:
+                for family, labels, value in retry_samples(name, stats):
+                    families[family].add_metric(labels, value)
         return families.in_order()
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prazo.bindings.dependency import Dependency
+from prazo.bindings.retries import RetryPolicy
 from prazo.core import NS_PER_SECOND
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Sample",
     "dependency_samples",
     "queue_samples",
+    "retry_samples",
     "stats_or_none",
     "stats_owner",
 ]
@@ -52,6 +54,15 @@ Sample = tuple[str, tuple[str, ...], float]
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 _Q = ("queue",)
 _D = ("dependency",)
+_P = ("policy",)
+
+# The retry counters of a RetryPolicy's and a Dependency's stats(), and what each counts.
+_RETRY_HELP = {
+    "retries": "Retries started.",
+    "retries_refused_by_budget": "Retries the retry budget refused.",
+    "retries_refused_by_deadline": "Retries refused because the deadline (or a longer Retry-After) left no room.",
+    "retry_after_honoured": "Retries that waited the Retry-After the server asked for.",
+}
 
 # Every family: name (counters without _total) -> (type, labels, help).
 SPECS: dict[str, MetricSpec] = {
@@ -126,6 +137,11 @@ SPECS: dict[str, MetricSpec] = {
         "Live call latency quantiles over the dependency's recent window (NaN before any call).",
     ),
     "prazo_dependency_call_duration_seconds": (HISTOGRAM, _D, "Durations of the calls that returned, since start."),
+    # A RetryPolicy (the client adapters, the gRPC client interceptor): calls, and the
+    # retry counters below, which a Dependency(retry=...) keeps for itself too.
+    "prazo_retry_calls": (COUNTER, _P, "Calls made under the retry policy (one deposit each into their budget)."),
+    **{f"prazo_retry_{counter}": (COUNTER, _P, text) for counter, text in _RETRY_HELP.items()},
+    **{f"prazo_dependency_{counter}": (COUNTER, _D, text) for counter, text in _RETRY_HELP.items()},
 }
 
 #: Every metric family the collector can export: counters without their
@@ -190,7 +206,9 @@ _DEPENDENCY_KEYS = {
     "prazo_dependency_saturation": "saturation",
     "prazo_dependency_threads": "threads",
     "prazo_dependency_lkg_entries": "lkg_entries",
+    **{f"prazo_dependency_{counter}": counter for counter in _RETRY_HELP},
 }
+_RETRY_KEYS = {"prazo_retry_calls": "calls", **{f"prazo_retry_{counter}": counter for counter in _RETRY_HELP}}
 _DEPENDENCY_OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
 _BREAKER_STATES = ("closed", "open", "half-open", "disabled")
 _QUANTILE_KEYS = {"0.5": "p50_ms", "0.95": "p95_ms", "0.99": "p99_ms"}
@@ -234,6 +252,12 @@ def dependency_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
     for quantile, key in _QUANTILE_KEYS.items():
         value = stats[key]
         yield "prazo_dependency_latency_seconds", (name, quantile), float("nan") if value is None else value / 1000
+
+
+def retry_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
+    """Every counter sample of the retry policy registered as ``name``, from one ``stats()``."""
+    for family, key in _RETRY_KEYS.items():
+        yield family, (name,), stats[key]
 
 
 def stats_owner(thing: object) -> object:
@@ -290,6 +314,7 @@ class MetricSources:
         self._lock = threading.Lock()
         self._queues: dict[str, weakref.ReferenceType[Any]] = {}
         self._dependencies: dict[str, weakref.ReferenceType[Any]] = {}
+        self._retry_policies: dict[str, weakref.ReferenceType[Any]] = {}
 
     def _add(self, table: dict[str, weakref.ReferenceType[Any]], name: str, thing: object) -> None:
         ref = _weak(thing)
@@ -339,6 +364,12 @@ class MetricSources:
             )
         self._add(self._dependencies, _check_name(dependency.name if name is None else name), dependency)
 
+    def add_retry_policy(self, name: str, policy: RetryPolicy) -> None:
+        """Export a ``prazo.bindings.retries.RetryPolicy``'s counters as ``policy=name``."""
+        if not isinstance(policy, RetryPolicy):
+            raise TypeError(f"policy must be a prazo.bindings.retries.RetryPolicy, not {type(policy).__name__}")
+        self._add(self._retry_policies, _check_name(name), policy)
+
     def add(self, *dependencies: Dependency, **named: Any) -> None:
         """Register ``dependencies`` (each names itself) and every ``name=thing`` (an admission point)."""
         for dependency in dependencies:
@@ -349,7 +380,8 @@ class MetricSources:
     def remove(self, name: str) -> None:
         """Stop exporting what is registered as ``name`` (an admission point, a dependency, or both); KeyError if none."""
         with self._lock:
-            found = [table.pop(name) for table in (self._queues, self._dependencies) if name in table]
+            tables = (self._queues, self._dependencies, self._retry_policies)
+            found = [table.pop(name) for table in tables if name in table]
         if not found:
             raise KeyError(name)
 
@@ -367,6 +399,10 @@ class MetricSources:
     def dependencies(self) -> list[tuple[str, Any]]:
         """The live dependencies as ``(name, Dependency)``."""
         return self._live(self._dependencies)
+
+    def retry_policies(self) -> list[tuple[str, Any]]:
+        """The live retry policies as ``(name, RetryPolicy)``."""
+        return self._live(self._retry_policies)
 
     def _live(self, table: dict[str, weakref.ReferenceType[Any]]) -> list[tuple[str, Any]]:
         live: list[tuple[str, Any]] = []
@@ -392,3 +428,7 @@ class MetricSources:
             stats = stats_or_none(name, dependency)
             if stats is not None:
                 yield from dependency_samples(name, stats)
+        for name, policy in self.retry_policies():
+            stats = stats_or_none(name, policy)
+            if stats is not None:
+                yield from retry_samples(name, stats)

@@ -8,6 +8,9 @@ query string:
 ``?status=N``      answer with status N
 ``?retry_after=S`` add ``Retry-After: S``
 ``?redirect=PATH`` answer ``302`` to PATH on the same server
+``?fail=N``        only the first N requests for this exact path and query get
+                   ``status`` (503 unless given) and ``Retry-After``; later ones 200
+``?reason=R``      add ``X-Prazo-Reason: R`` to a non-200 answer
 
 The JSON body echoes what arrived: ``{"budget_ms": "980" or null,
 "grpc_timeout": ... or null, "path": ...}``::
@@ -58,6 +61,7 @@ class _Server(ThreadingHTTPServer):
     stopping: threading.Event
     received: list[Received]
     lock: threading.Lock
+    seen: dict[str, int]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that gave up (the point of most tests) makes the handler
@@ -84,14 +88,20 @@ class _Handler(BaseHTTPRequestHandler):
         )
         with self.server.lock:
             self.server.received.append(received)
+            seen = self.server.seen[self.path] = self.server.seen.get(self.path, 0) + 1
         if "sleep" in query:
             self.server.stopping.wait(min(float(query["sleep"]), MAX_SLEEP_S))
-        status = int(query.get("status", "200"))
+        status = int(query.get("status", "503" if "fail" in query else "200"))
+        failing = "fail" not in query or seen <= int(query["fail"])
+        if not failing:
+            status = 200
         extra_headers = {}
+        if "reason" in query and status != 200:
+            extra_headers["X-Prazo-Reason"] = query["reason"]
         if "redirect" in query:
             status = 302
             extra_headers["Location"] = query["redirect"]
-        if "retry_after" in query:
+        if "retry_after" in query and failing:
             extra_headers["Retry-After"] = query["retry_after"]
         body = json.dumps(
             {"budget_ms": received.budget_ms, "grpc_timeout": received.grpc_timeout, "path": received.path}
@@ -118,6 +128,7 @@ class LoopbackServer:
         self._server.stopping = threading.Event()
         self._server.received = []
         self._server.lock = threading.Lock()
+        self._server.seen = {}
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property

@@ -8,24 +8,43 @@ refuses to call when nothing is left (``DeadlineExceeded``,
 ``UNAVAILABLE`` into ``DownstreamOverloaded`` and ``DEADLINE_EXCEEDED`` into
 ``DeadlineExceeded`` — both also ``grpc.RpcError``, with ``code()`` and
 ``details()`` of the original. Outside any deadline scope it changes nothing.
+
+With ``retry=RetryPolicy(...)`` a unary-request, unary-response call that
+failed with ``RESOURCE_EXHAUSTED`` or ``UNAVAILABLE`` (and no
+``x-prazo-reason`` saying work was done) is retried within the deadline and
+the target's retry budget, each attempt with what is left of the budget; a
+``grpc-retry-pushback-ms`` trailer is its ``Retry-After``. Only methods the
+caller declares idempotent are retried (``idempotent=True`` for all, or a
+collection of full method names); streamed requests and responses never.
+
+gRPC's own retries (the service config's ``retryPolicy``, with its
+``retryThrottling`` token bucket: ``maxTokens``, ``tokenRatio``) work per
+channel and know nothing of prazo's deadline budget: turn them off
+(``grpc.enable_retries`` = 0 in the channel options) when this interceptor
+retries, or the two multiply. Left on without ``retry=`` here, gRPC's
+throttling is the budget, and a retry it makes carries the call's original
+deadline, which grpc itself never extends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 import grpc
 from prazo.bindings.headers import format_budget_ms
 from prazo.bindings.outgoing import DEFAULT_MARGIN_MS, downstream_timed_out, outgoing_budget, validate_margin_ms
+from prazo.bindings.retries import Failure, RetryPolicy, overloaded_failure
 from prazo.core import DeadlineExceeded, DownstreamOverloaded
 
-from .metadata import BUDGET_KEY, BUDGET_KEYS, budget_fields
+from .metadata import BUDGET_KEY, BUDGET_KEYS, REASON_METADATA_KEY, budget_fields
 
-__all__ = ["DeadlineClientInterceptor", "DeadlineExceededRpcError", "DownstreamOverloadedRpcError"]
+__all__ = ["PUSHBACK_KEY", "DeadlineClientInterceptor", "DeadlineExceededRpcError", "DownstreamOverloadedRpcError"]
 
 # What a client reads as a 503 ("overloaded, retry elsewhere"), never as a 504.
 _OVERLOADED_CODES = frozenset((grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
+# gRPC's Retry-After: the server's pushback, in ms (negative: do not retry).
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 class _RpcErrorView:
@@ -100,6 +119,40 @@ def _mapped(exc: BaseException, method: str) -> BaseException:
     if status is grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceededRpcError(exc, method)
     return unmapped
+
+
+def _trailer(rpc_error: Any, key: str) -> str | None:
+    trailing = getattr(rpc_error, "trailing_metadata", None)
+    for name, value in (trailing() if callable(trailing) else None) or ():
+        if isinstance(name, str) and name.lower() == key:
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
+
+
+def rpc_failure(exc: BaseException, retryable_reasons: frozenset[str]) -> Failure | None:
+    """The retry ``Failure`` of a call's error: overloaded, a missed deadline, or None (not retryable)."""
+    if isinstance(exc, DeadlineExceeded):
+        return Failure("deadline", None, exc.reason)
+    if not isinstance(exc, DownstreamOverloadedRpcError):
+        return None
+    pushback = _trailer(exc.rpc_error, PUSHBACK_KEY)
+    retry_after: str | None = None
+    if pushback is not None:
+        try:
+            pushback_ms = int(pushback)
+        except ValueError:
+            pushback_ms = None
+        if pushback_ms is not None and pushback_ms < 0:
+            return Failure("other", None, "pushback")  # the server said: do not retry
+        if pushback_ms is not None:
+            # Whole seconds would round a short pushback away: the failure keeps ms.
+            failure = overloaded_failure(
+                _trailer(exc.rpc_error, REASON_METADATA_KEY), None, retryable_reasons=retryable_reasons
+            )
+            return failure._replace(retry_after_s=pushback_ms / 1000.0)
+    return overloaded_failure(
+        _trailer(exc.rpc_error, REASON_METADATA_KEY), retry_after, retryable_reasons=retryable_reasons
+    )
 
 
 class _CallDetails(
@@ -228,10 +281,37 @@ class DeadlineClientInterceptor(
             reply = channel.unary_unary("/pkg.Service/Method")(request)
 
     Outside any deadline scope calls are left exactly as they are.
+
+    ``retry=RetryPolicy(...)`` with ``idempotent=`` (True, or the full names
+    of the methods that may be sent twice) retries unary calls (see the
+    module docstring); such a call is resolved inside the interceptor, so
+    its ``future()`` returns once the last attempt has finished.
     """
 
-    def __init__(self, *, margin_ms: float = DEFAULT_MARGIN_MS) -> None:
+    def __init__(
+        self,
+        *,
+        margin_ms: float = DEFAULT_MARGIN_MS,
+        retry: RetryPolicy | None = None,
+        idempotent: bool | Collection[str] = False,
+    ) -> None:
         self.margin_ms = validate_margin_ms(margin_ms)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a prazo RetryPolicy or None, not {type(retry).__name__}")
+        self.retry = retry
+        if isinstance(idempotent, bool):
+            self._idempotent_all = idempotent
+            self._idempotent_methods: frozenset[str] = frozenset()
+        elif isinstance(idempotent, str) or not isinstance(idempotent, Collection):
+            raise TypeError(
+                f"idempotent must be a bool or a collection of method names, not {type(idempotent).__name__}"
+            )
+        else:
+            self._idempotent_all = False
+            self._idempotent_methods = frozenset(idempotent)
+
+    def _is_idempotent(self, method: str) -> bool:
+        return self._idempotent_all or method in self._idempotent_methods
 
     def _budgeted(self, details: grpc.ClientCallDetails) -> _CallDetails | None:
         metadata = details.metadata
@@ -261,7 +341,38 @@ class DeadlineClientInterceptor(
         return mapped(continuation(details, request), details.method)
 
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request, _MappedCall)
+        policy = self.retry
+        if policy is None:
+            return self._intercept(continuation, client_call_details, request, _MappedCall)
+        method = client_call_details.method
+        if isinstance(method, bytes):
+            method = method.decode()
+        retryable_reasons = policy.retryable_reasons
+
+        last: list[Any] = []
+
+        def attempt(number: int) -> Any:
+            call = self._intercept(continuation, client_call_details, request, _MappedCall)
+            error = call.exception()  # waits for the answer: the retry decision needs it
+            if error is not None:
+                last[:] = [call]
+                raise error
+            return call
+
+        try:
+            return policy.call(
+                attempt,
+                lambda exc: rpc_failure(exc, retryable_reasons),
+                destination=method,
+                idempotent=self._is_idempotent(method),
+                replayable=True,
+            )
+        except Exception:
+            if not last:
+                raise
+            # grpc hands an interceptor's answer back as a call object: the
+            # last attempt's, which raises its (mapped) error as without retry.
+            return last[0]
 
     def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return self._intercept(continuation, client_call_details, request_iterator, _MappedCall)

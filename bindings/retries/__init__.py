@@ -1,0 +1,31 @@
+"""prazo.bindings.retries — retries that cannot storm: deadline-aware, budgeted, on every outgoing path.
+
+``RetryBudget`` (``budget``) bounds retries to a destination across all its
+calls (a share of the calls plus a small floor, expiring after a ttl);
+``RetryPolicy`` (``policy``) decides per failed attempt whether to try again
+and after how long, within the caller's deadline; ``failures`` says what a
+failed attempt was; ``retry_after`` reads a ``Retry-After``. The client
+adapters (``prazo.bindings.clients``), the gRPC client interceptor and
+``Dependency`` take ``retry=RetryPolicy(...)``; see docs/how-to/retries.md.
+"""
+
+from .budget import RetryBudget, RetryBudgets
+from .failures import Failure, connection_failure, overloaded_failure, response_failure
+from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy, idempotent_request, replayable_body
+from .retry_after import retry_after_seconds
+
+__all__ = [
+    "IDEMPOTENT_METHODS",
+    "RETRY_COUNTERS",
+    "Failure",
+    "RetryBudget",
+    "RetryBudgets",
+    "RetryDecision",
+    "RetryPolicy",
+    "connection_failure",
+    "idempotent_request",
+    "overloaded_failure",
+    "replayable_body",
+    "response_failure",
+    "retry_after_seconds",
+]
