@@ -39,6 +39,11 @@ outcome            what happened                                       what the 
 ``error``, ``timeout``, ``bulkhead_full`` and ``breaker_open`` serve a
 last-known-good value instead when one is young enough (``stale_for_s``);
 ``no_budget`` never does (nobody is left to use it).
+
+Why one file of about 870 lines: each mechanism lives in its own module
+(threads, timeouts, breaker, hedging, last-known-good, retries); what stays
+here is the one call path that orders them (breaker, bulkhead, hedge, retry,
+stale fallback) and counts its single outcome, which must be read whole.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _readme import fenced_blocks
+from _docs import fenced_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "how-to" / "retries.md"
