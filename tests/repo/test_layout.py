@@ -41,6 +41,13 @@ keep these rules (docs/design.md, "Layout"):
    own file up into ``tests/`` or ``examples/`` (a wheel has neither); what
    the bench needs ships in it, or its caller passes it in.
 
+5. **One admission line** (docs/design.md, "Queue policies"): the queue's C
+   twin (through ``core/_queue_c.pxd``) and the front door's engine (through
+   ``pfd.h``) both compile ``core/prazo_line.h``, and no C or Cython source
+   but that line (and ``core/prazo_policy.h``, which defines them) applies the
+   policies' state changes (CoDel, the priority rule, Vegas, the learned
+   estimate): a second copy of the line would need them.
+
 Run it alone with ``pytest tests/repo/test_layout.py``.
 """
 
@@ -328,3 +335,29 @@ def test_the_command_reaches_the_bench_lazily_and_integrations_reach_down() -> N
 def test_a_package_may_import_its_own_twin_and_a_cimport_reads_a_pxd() -> None:
     assert private_violations([Import("prazo.core", "prazo.core._queue_c", "AdmissionQueue", 1, True)]) == []
     assert private_violations([Import("prazo.bindings._wsgi_c", "prazo.core._queue_c", "X", 1, True, True)]) == []
+
+
+# The calls that move or read a policy's state: only the line makes them.
+_POLICY_CALL = re.compile(
+    r"\bprazo_(priority_may_start|codel_standing|codel_max_sojourn|codel_note_empty|vegas_sample"
+    r"|service_estimate_sample)\s*\("
+)
+_LINE_ITSELF = {"core/prazo_line.h", "core/prazo_policy.h"}
+
+
+def test_every_admission_path_runs_the_one_line() -> None:
+    # The C that Cython generates from a .pyx is left out: it is the .pyx again.
+    assert 'cdef extern from "prazo_line.h"' in (ROOT / "core" / "_queue_c.pxd").read_text("utf-8")
+    assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "_frontdoor" / "pfd.h").read_text("utf-8")
+    sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxd")
+               for path in (ROOT / folder).rglob(pattern)
+               if "vendor" not in path.parts and not (path.suffix == ".c" and path.with_suffix(".pyx").exists())]  # fmt: skip
+    offenders = sorted(str(path.relative_to(ROOT)) for path in sources
+                       if str(path.relative_to(ROOT)) not in _LINE_ITSELF and _POLICY_CALL.search(path.read_text("utf-8")))  # fmt: skip
+    assert offenders == []
+
+
+def test_the_one_line_rule_catches_a_second_line() -> None:
+    assert _POLICY_CALL.search("if (prazo_priority_may_start(a, b, c, 1, d))")
+    assert _POLICY_CALL.search("        limit = prazo_vegas_sample(&v, s, n)")
+    assert not _POLICY_CALL.search("prazo_line_may_start(line, 0)")
