@@ -2,7 +2,7 @@
 # Everything that decides (accept, head read and parse, budget, admission,
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, calloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -174,6 +174,54 @@ cdef extern from "pfd.h" nogil:
     int pfd_judge_head(pfd_conn *c, size_t max_head, size_t last_len)
     void pfd_conn_start_body(pfd_conn *c)
     void pfd_conn_reset_for_next(pfd_conn *c, size_t consumed)
+
+
+# core/: the admission line the engine runs, declared here only for EngineLine below
+# (the engine's own files call it in C, through pfd_line.c).
+cdef extern from "prazo_line.h" nogil:
+    enum:
+        PRAZO_LINE_PICKUP
+        PRAZO_ADMIT_WAIT
+        PRAZO_ADMIT_EXPIRED
+        PRAZO_ADMIT_INSUFFICIENT
+        PRAZO_NEXT_NONE
+        PRAZO_NEXT_TAKEN
+        PRAZO_DROP_EXPIRED
+        PRAZO_DROP_INSUFFICIENT
+        PRAZO_DROP_SHED
+        PRAZO_DROP_EVICTED
+    ctypedef long long prazo_atomic_i64
+    cdef struct prazo_line_entry:
+        int64_t deadline_ns
+        int64_t enqueued_ns
+        uint64_t token
+        int critical
+    cdef struct prazo_line_counters:
+        pass
+    cdef struct prazo_line:
+        int64_t count
+        prazo_atomic_i64 limit
+        prazo_line_counters c
+    cdef struct prazo_line_drop:
+        uint64_t token
+        int reason
+    cdef struct prazo_line_drops:
+        prazo_line_drop *items
+        int64_t count
+    void prazo_line_drops_init(prazo_line_drops *)
+    void prazo_line_drops_free(prazo_line_drops *)
+    size_t prazo_line_size(int64_t)
+    void prazo_line_init(prazo_line *, int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, int64_t, int,
+                         int, int64_t, int64_t)
+    int64_t prazo_line_in_flight(prazo_line *)
+    void prazo_line_push(prazo_line *, const prazo_line_entry *)
+    void prazo_line_count_start(prazo_line *, int64_t, int64_t, int)
+    void prazo_line_release(prazo_line *, int, int64_t)
+    void prazo_line_shed_stale(prazo_line *, int64_t, prazo_line_drops *)
+    int prazo_line_admit(prazo_line *, int64_t, int64_t, int, prazo_line_drops *)
+    int prazo_line_next(prazo_line *, int64_t, prazo_line_drops *, prazo_line_entry *)
+    int64_t prazo_line_sweep(prazo_line *, int64_t, prazo_line_drops *)
+    int64_t prazo_load(prazo_atomic_i64 *)
 
 
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
@@ -414,6 +462,120 @@ def split_requests(bytes data, Py_ssize_t max_head=65536):
         free(srv)
         free(scratch)
     return requests, outcome
+
+
+# ----------------------------------------------------------------- the line alone
+
+# The counters of prazo_line.h's struct prazo_line_counters, in its order.
+LINE_COUNTERS = (
+    "offered", "started", "completed", "rejected_full", "expired_on_arrival", "expired_in_queue", "cancelled",
+    "in_flight", "assigned", "queued", "peak_in_flight", "peak_queued", "queue_wait_ns_total",
+    "insufficient_budget", "shed", "evicted", "critical_started",
+)
+if sizeof(prazo_line_counters) != len(LINE_COUNTERS) * sizeof(prazo_atomic_i64):
+    raise ImportError("prazo: prazo_line.h's counters and LINE_COUNTERS disagree; rebuild the front door")
+
+
+cdef str _admit_answer(int outcome):
+    if outcome == PRAZO_ADMIT_EXPIRED:
+        return "expired-on-arrival"
+    if outcome == PRAZO_ADMIT_INSUFFICIENT:
+        return "insufficient-budget"
+    return "queue-full"
+
+
+cdef list _drop_answers(prazo_line_drops *drops):
+    """[(token, answer), ...] of the line's drops, in the order met; frees ``drops``."""
+    cdef Py_ssize_t i
+    cdef int reason
+    cdef list out = []
+    for i in range(drops.count):
+        reason = drops.items[i].reason
+        out.append((drops.items[i].token,
+                    "expired-in-queue" if reason == PRAZO_DROP_EXPIRED else
+                    "insufficient-budget" if reason == PRAZO_DROP_INSUFFICIENT else
+                    "shed-standing-queue" if reason == PRAZO_DROP_SHED else
+                    "evicted-by-critical" if reason == PRAZO_DROP_EVICTED else "cancelled"))
+    prazo_line_drops_free(drops)
+    return out
+
+
+cdef class EngineLine:
+    """The engine's admission line on its own: ``core/prazo_line.h`` as this
+    extension compiled it, in the engine's mode (a slot is taken when a worker
+    asks for the next connection), with ints for tokens instead of connections.
+
+    The engine calls the same C under its mutex; this face exists so a test can
+    drive the front door's line and the queue's C twin with one sequence of
+    arrivals, pickups, releases and sweeps, on a fake clock. It takes no lock:
+    one thread at a time.
+    """
+
+    cdef prazo_line *_line
+
+    def __cinit__(self, int threads, int max_queue, *, str order="fifo", int reserved=0,
+                  int64_t expected_service_ns=0, int64_t codel_target_ns=5_000_000,
+                  int64_t codel_interval_ns=100_000_000, int64_t now_ns=0):
+        if threads < 1 or max_queue < 0 or order not in ORDERS:
+            raise ValueError("threads >= 1, max_queue >= 0 and an order of ORDERS")
+        cdef int64_t capacity = <int64_t>threads + max_queue
+        self._line = <prazo_line *>malloc(prazo_line_size(capacity))
+        if self._line == NULL:
+            raise MemoryError()
+        prazo_line_init(self._line, capacity, max_queue, threads, ORDERS[order], PRAZO_LINE_PICKUP, codel_target_ns,
+                        codel_interval_ns, now_ns, expected_service_ns, 0, 0, threads, reserved)
+
+    def __dealloc__(self):
+        free(self._line)
+
+    def admit(self, uint64_t token, int64_t deadline_ns, int64_t now_ns, bint critical=False):
+        """``(answer, dropped)``: answer None when it waits, else its refusal; dropped ``[(token, answer)]``."""
+        cdef prazo_line_drops drops
+        cdef prazo_line_entry entry
+        prazo_line_drops_init(&drops)
+        cdef int outcome = prazo_line_admit(self._line, deadline_ns, now_ns, critical, &drops)
+        if outcome == PRAZO_ADMIT_WAIT:
+            entry.deadline_ns = deadline_ns
+            entry.enqueued_ns = now_ns
+            entry.token = token
+            entry.critical = critical
+            prazo_line_push(self._line, &entry)
+        return (None if outcome == PRAZO_ADMIT_WAIT else _admit_answer(outcome)), _drop_answers(&drops)
+
+    def next(self, int64_t now_ns):
+        """``(token, dropped)``: the token a free worker starts now (it holds a slot), or None."""
+        cdef prazo_line_drops drops
+        cdef prazo_line_entry entry
+        prazo_line_drops_init(&drops)
+        cdef int got = prazo_line_next(self._line, now_ns, &drops, &entry)
+        if got == PRAZO_NEXT_TAKEN:
+            prazo_line_count_start(self._line, entry.enqueued_ns, now_ns, entry.critical)
+        elif got != PRAZO_NEXT_NONE:
+            prazo_line_drops_free(&drops)
+            raise MemoryError("the drop list ran out of memory")
+        return (entry.token if got == PRAZO_NEXT_TAKEN else None), _drop_answers(&drops)
+
+    def release(self, bint critical=False, int64_t service_ns=-1):
+        """A started token's slot comes back; ``service_ns`` >= 0 is a service-time sample."""
+        if prazo_line_in_flight(self._line) <= 0:
+            raise ValueError("release() with no slot taken")
+        prazo_line_release(self._line, critical, service_ns)
+
+    def sweep(self, int64_t now_ns):
+        """``(next_ns, dropped)``, as the engine's I/O thread sweeps: stale (adaptive), expired, doomed."""
+        cdef prazo_line_drops drops
+        prazo_line_drops_init(&drops)
+        prazo_line_shed_stale(self._line, now_ns, &drops)
+        cdef int64_t next_ns = prazo_line_sweep(self._line, now_ns, &drops)
+        return next_ns, _drop_answers(&drops)
+
+    def stats(self):
+        """The line's counters by LINE_COUNTERS' names, and ``limit``."""
+        cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._line.c
+        cdef Py_ssize_t i
+        snapshot = {name: prazo_load(&fields[i]) for i, name in enumerate(LINE_COUNTERS)}
+        snapshot["limit"] = prazo_load(&self._line.limit)
+        return snapshot
 
 
 # ----------------------------------------------------------------- the engine
