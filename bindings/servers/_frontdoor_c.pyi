@@ -3,6 +3,8 @@
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network
 
+from typing_extensions import disjoint_base
+
 BUDGET_SOURCES: tuple[str, str, str]
 ANSWERS: dict[str, int]
 KEEPABLE: frozenset[str]
@@ -31,6 +33,7 @@ def split_requests(data: bytes, max_head: int = 65536) -> tuple[list[tuple[int, 
 
 LINE_COUNTERS: tuple[str, ...]
 
+@disjoint_base
 class EngineLine:
     def __init__(
         self,

@@ -513,23 +513,35 @@ cdef class EngineLine:
 
     cdef prazo_line *_line
 
-    def __cinit__(self, int threads, int max_queue, *, str order="fifo", int reserved=0,
-                  int64_t expected_service_ns=0, int64_t codel_target_ns=5_000_000,
-                  int64_t codel_interval_ns=100_000_000, int64_t now_ns=0):
+    def __cinit__(self):
+        self._line = NULL
+
+    def __init__(self, int threads, int max_queue, *, str order="fifo", int reserved=0,
+                 int64_t expected_service_ns=0, int64_t codel_target_ns=5_000_000,
+                 int64_t codel_interval_ns=100_000_000, int64_t now_ns=0):
+        if self._line != NULL:
+            raise RuntimeError("EngineLine.__init__ must not be called twice")
         if threads < 1 or max_queue < 0 or order not in ORDERS:
             raise ValueError("threads >= 1, max_queue >= 0 and an order of ORDERS")
         cdef int64_t capacity = <int64_t>threads + max_queue
-        self._line = <prazo_line *>malloc(prazo_line_size(capacity))
-        if self._line == NULL:
+        cdef prazo_line *line = <prazo_line *>malloc(prazo_line_size(capacity))
+        if line == NULL:
             raise MemoryError()
-        prazo_line_init(self._line, capacity, max_queue, threads, ORDERS[order], PRAZO_LINE_PICKUP, codel_target_ns,
+        prazo_line_init(line, capacity, max_queue, threads, ORDERS[order], PRAZO_LINE_PICKUP, codel_target_ns,
                         codel_interval_ns, now_ns, expected_service_ns, 0, 0, threads, reserved)
+        self._line = line
 
     def __dealloc__(self):
         free(self._line)
 
+    cdef int _check(self) except -1:
+        if self._line == NULL:
+            raise RuntimeError("the EngineLine is not initialised")
+        return 0
+
     def admit(self, uint64_t token, int64_t deadline_ns, int64_t now_ns, bint critical=False):
         """``(answer, dropped)``: answer None when it waits, else its refusal; dropped ``[(token, answer)]``."""
+        self._check()
         cdef prazo_line_drops drops
         cdef prazo_line_entry entry
         prazo_line_drops_init(&drops)
@@ -544,6 +556,7 @@ cdef class EngineLine:
 
     def next(self, int64_t now_ns):
         """``(token, dropped)``: the token a free worker starts now (it holds a slot), or None."""
+        self._check()
         cdef prazo_line_drops drops
         cdef prazo_line_entry entry
         prazo_line_drops_init(&drops)
@@ -557,12 +570,14 @@ cdef class EngineLine:
 
     def release(self, bint critical=False, int64_t service_ns=-1):
         """A started token's slot comes back; ``service_ns`` >= 0 is a service-time sample."""
+        self._check()
         if prazo_line_in_flight(self._line) <= 0:
             raise ValueError("release() with no slot taken")
         prazo_line_release(self._line, critical, service_ns)
 
     def sweep(self, int64_t now_ns):
         """``(next_ns, dropped)``, as the engine's I/O thread sweeps: stale (adaptive), expired, doomed."""
+        self._check()
         cdef prazo_line_drops drops
         prazo_line_drops_init(&drops)
         prazo_line_shed_stale(self._line, now_ns, &drops)
@@ -571,6 +586,7 @@ cdef class EngineLine:
 
     def stats(self):
         """The line's counters by LINE_COUNTERS' names, and ``limit``."""
+        self._check()
         cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._line.c
         cdef Py_ssize_t i
         snapshot = {name: prazo_load(&fields[i]) for i, name in enumerate(LINE_COUNTERS)}
