@@ -350,7 +350,8 @@ static inline int64_t prazo_line_next_position(struct prazo_line *line, int64_t 
             if (prazo_line_at(line, i)->critical)
                 return i;
     }
-    if (line->order == PRAZO_LINE_LIFO || (line->order == PRAZO_LINE_ADAPTIVE && prazo_codel_standing(&line->codel, now)))
+    if (line->order == PRAZO_LINE_LIFO ||
+        (line->order == PRAZO_LINE_ADAPTIVE && prazo_codel_standing(&line->codel, now)))
         return line->count - 1;
     return 0;
 }

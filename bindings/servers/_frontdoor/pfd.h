@@ -225,8 +225,8 @@ struct pfd_server {
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mutex;
-    pthread_cond_t ready;       /* a connection entered the line, or stopping */
-    pthread_cond_t idle;       /* in_flight or queued went down */
+    pthread_cond_t ready; /* a connection entered the line, or stopping */
+    pthread_cond_t idle;  /* in_flight or queued went down */
     /* The PFD_QUEUED connections, the places held by workers, the policies'
      * state and the line's counters, in one block (core/prazo_line.h): under mutex. */
     struct prazo_line *line;
