@@ -6,6 +6,9 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, calloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+# core/: the admission line the engine runs, for EngineLine below (the engine's own
+# files call it in C, through pfd_line.c). Extern declarations only: no import at run time.
+from prazo.core.prazo_line cimport *
 
 
 cdef extern from "<sys/socket.h>" nogil:
@@ -174,54 +177,6 @@ cdef extern from "pfd.h" nogil:
     int pfd_judge_head(pfd_conn *c, size_t max_head, size_t last_len)
     void pfd_conn_start_body(pfd_conn *c)
     void pfd_conn_reset_for_next(pfd_conn *c, size_t consumed)
-
-
-# core/: the admission line the engine runs, declared here only for EngineLine below
-# (the engine's own files call it in C, through pfd_line.c).
-cdef extern from "prazo_line.h" nogil:
-    enum:
-        PRAZO_LINE_PICKUP
-        PRAZO_ADMIT_WAIT
-        PRAZO_ADMIT_EXPIRED
-        PRAZO_ADMIT_INSUFFICIENT
-        PRAZO_NEXT_NONE
-        PRAZO_NEXT_TAKEN
-        PRAZO_DROP_EXPIRED
-        PRAZO_DROP_INSUFFICIENT
-        PRAZO_DROP_SHED
-        PRAZO_DROP_EVICTED
-    ctypedef long long prazo_atomic_i64
-    cdef struct prazo_line_entry:
-        int64_t deadline_ns
-        int64_t enqueued_ns
-        uint64_t token
-        int critical
-    cdef struct prazo_line_counters:
-        pass
-    cdef struct prazo_line:
-        int64_t count
-        prazo_atomic_i64 limit
-        prazo_line_counters c
-    cdef struct prazo_line_drop:
-        uint64_t token
-        int reason
-    cdef struct prazo_line_drops:
-        prazo_line_drop *items
-        int64_t count
-    void prazo_line_drops_init(prazo_line_drops *)
-    void prazo_line_drops_free(prazo_line_drops *)
-    size_t prazo_line_size(int64_t)
-    void prazo_line_init(prazo_line *, int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, int64_t, int,
-                         int, int64_t, int64_t)
-    int64_t prazo_line_in_flight(prazo_line *)
-    void prazo_line_push(prazo_line *, const prazo_line_entry *)
-    void prazo_line_count_start(prazo_line *, int64_t, int64_t, int)
-    void prazo_line_release(prazo_line *, int, int64_t)
-    void prazo_line_shed_stale(prazo_line *, int64_t, prazo_line_drops *)
-    int prazo_line_admit(prazo_line *, int64_t, int64_t, int, prazo_line_drops *)
-    int prazo_line_next(prazo_line *, int64_t, prazo_line_drops *, prazo_line_entry *)
-    int64_t prazo_line_sweep(prazo_line *, int64_t, prazo_line_drops *)
-    int64_t prazo_load(prazo_atomic_i64 *)
 
 
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")

@@ -42,8 +42,9 @@ keep these rules (docs/design.md, "Layout"):
    the bench needs ships in it, or its caller passes it in.
 
 5. **One admission line** (docs/design.md, "Queue policies"): the queue's C
-   twin (through ``core/_queue_c.pxd``) and the front door's engine (through
-   ``pfd.h``) both compile ``core/prazo_line.h``, and no C or Cython source
+   twin and the front door's face cimport its declarations from
+   ``core/prazo_line.pxd``, the front door's engine includes it from
+   ``pfd.h``, so both extensions compile ``core/prazo_line.h``; no C or Cython source
    but that line (and ``core/prazo_policy.h``, which defines them) applies the
    policies' state changes (CoDel, the priority rule, Vegas, the learned
    estimate): a second copy of the line would need them.
@@ -347,7 +348,11 @@ _LINE_ITSELF = {"core/prazo_line.h", "core/prazo_policy.h"}
 
 def test_every_admission_path_runs_the_one_line() -> None:
     # The C that Cython generates from a .pyx is left out: it is the .pyx again.
-    assert 'cdef extern from "prazo_line.h"' in (ROOT / "core" / "_queue_c.pxd").read_text("utf-8")
+    # The declarations once (core/prazo_line.pxd), cimported by the queue's twin and the front door's face;
+    # the engine's C includes the header itself.
+    assert 'cdef extern from "prazo_line.h"' in (ROOT / "core" / "prazo_line.pxd").read_text("utf-8")
+    for face in (ROOT / "core" / "_queue_c.pxd", ROOT / "bindings" / "servers" / "_frontdoor_c.pyx"):
+        assert "from prazo.core.prazo_line cimport *" in face.read_text("utf-8"), face
     assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "_frontdoor" / "pfd.h").read_text("utf-8")
     sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxd")
                for path in (ROOT / folder).rglob(pattern)

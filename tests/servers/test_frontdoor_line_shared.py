@@ -32,24 +32,6 @@ pytestmark = pytest.mark.compiled
 
 MS = 1_000_000
 
-# The counters both faces keep, under the same names.
-COMPARED = (
-    "offered",
-    "started",
-    "completed",
-    "rejected_full",
-    "expired_on_arrival",
-    "expired_in_queue",
-    "insufficient_budget",
-    "evicted",
-    "critical_started",
-    "in_flight",
-    "queued",
-    "peak_in_flight",
-    "peak_queued",
-    "queue_wait_ns_total",
-)
-
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("arrive"), st.integers(0, 40), st.booleans()),
@@ -147,8 +129,11 @@ def test_the_front_door_and_the_queue_run_the_same_line(
         _pick_up_queue(q, queued, now, critical_tokens)
         _pick_up_engine(line, served, now, critical_tokens)
         assert served == queued
+        # Every counter of the line, under the names both faces give it.
         mine, theirs = q.stats(), line.stats()
-        assert {name: theirs[name] for name in COMPARED} == {name: mine[name] for name in COMPARED}
+        assert {name: theirs[name] for name in engine.LINE_COUNTERS} == {
+            name: mine[name] for name in engine.LINE_COUNTERS
+        }
 
 
 def test_the_engine_line_counts_in_the_queue_order() -> None:
