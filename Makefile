@@ -156,7 +156,8 @@ $(FUZZ_STAMP): $(STAMP)
 # files define it themselves, in pfd_internal.h).
 FRONTDOOR_DIR   := bindings/servers/_frontdoor
 FRONTDOOR_C     := $(wildcard $(FRONTDOOR_DIR)/*.c)
-$(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c $(FRONTDOOR_C) $(wildcard $(FRONTDOOR_DIR)/*.h) core/prazo_policy.h core/prazo_budget.h $(PICO_DIR)/picohttpparser.c
+$(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c $(FRONTDOOR_C) $(wildcard $(FRONTDOOR_DIR)/*.h) core/prazo_line.h core/prazo_sync.h \
+		core/prazo_policy.h core/prazo_budget.h $(PICO_DIR)/picohttpparser.c
 	bash .ci/ensure-clang
 	@mkdir -p $(FUZZ_DIR)
 	clang -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Wall -Wextra \

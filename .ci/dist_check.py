@@ -48,6 +48,8 @@ SDIST_REQUIRED = [
     "core/prazo_slots.h",
     "core/prazo_budget.h",
     "core/prazo_policy.h",
+    "core/prazo_line.h",
+    "core/prazo_line.pxd",
     "core/_histogram_c.pyx",
     "core/_histogram_c.pxd",
     "core/_histogram_c.pyi",
@@ -80,6 +82,9 @@ SDIST_REQUIRED = [
 WHEEL_REQUIRED = [
     "prazo/core/_queue_c.pyi",
     "prazo/core/_queue_c.pxd",
+    # _queue_c.pxd cimports the line's declarations, which name its header.
+    "prazo/core/prazo_line.pxd",
+    "prazo/core/prazo_line.h",
     "prazo/core/_histogram_c.pyi",
     "prazo/core/_histogram_c.pxd",
     "prazo/core/prazo_histogram.h",

@@ -3,15 +3,17 @@
 
 Same API and same observable outcomes as the Python twin; what differs is how:
 
-* the waiting line is a ring of ``max_queue`` C entries allocated once, and
-  the hand-off buffer a ring of ``max_concurrency`` entries;
+* the waiting line is ``prazo_line.h``'s ring of ``max_queue`` entries,
+  allocated once (the same C line the front door's engine runs: arrival
+  decision, hand-over, drops, counters), and the hand-off buffer a ring of
+  ``max_concurrency`` entries; the line names its entries by tokens (a gate
+  waiter or a work item), this file turns them back into Python;
 * a pthread mutex guards both, held only for O(1) work (O(n) only when an
   entry leaves from the middle of the line or while a critical entry waits or
   evicts, O(entries shed) when CoDel sheds,
   and a bounded rescan of the histogram buckets every 16th learned service
   sample) and never while Python code runs or while this thread waits for the
-  GIL, so correctness never rests on the GIL; the policy arithmetic is plain C
-  from ``prazo_policy.h``, shared with the front door;
+  GIL, so correctness never rests on the GIL;
 * counters are C11 atomics written under the mutex: ``qsize()`` and
   ``full()`` read one or two without it, ``stats()`` copies them all under it
   so that every snapshot balances;
@@ -33,9 +35,8 @@ reporting of dropped items; it follows ``_queue_py.py`` section by section.
 cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
-from libc.stdint cimport int64_t, INT64_MAX
-from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memset
+from libc.stdint cimport int64_t, uint64_t, uintptr_t, INT64_MAX
+from libc.stdlib cimport malloc, free
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals() except -1
@@ -85,7 +86,8 @@ cdef object _Empty = _stdlib_queue.Empty
 # even while it waits for a slot with no deadline.
 cdef int64_t _SIGNAL_SLICE_NS = 100000000
 
-# Entry states; the last four are also why an entry left the line without a slot.
+# A gate waiter's states; the last five are the line's drop reasons
+# (PRAZO_DROP_*), why an entry left the line without a slot.
 cdef enum:
     _WAITING = 0
     _GRANTED = 1
@@ -95,14 +97,9 @@ cdef enum:
     _SHED = 5
     _EVICTED = 6
 
-# Outcomes of the admission decision, computed with the mutex held.
-cdef enum:
-    _ADMIT_START = 0
-    _ADMIT_WAIT = 1
-    _ADMIT_SHUTDOWN = 2
-    _ADMIT_EXPIRED = 3
-    _ADMIT_FULL = 4
-    _ADMIT_INSUFFICIENT = 5
+if (_CANCELLED, _EXPIRED, _INSUFFICIENT, _SHED, _EVICTED) != (
+        PRAZO_DROP_CANCELLED, PRAZO_DROP_EXPIRED, PRAZO_DROP_INSUFFICIENT, PRAZO_DROP_SHED, PRAZO_DROP_EVICTED):
+    raise ImportError("prazo: the waiter states and prazo_line.h's drop reasons disagree; rebuild the C twin")
 
 # A get() timeout this long (about 31.7 years) or longer waits like timeout=None.
 cdef double _UNBOUNDED_TIMEOUT_S = 1e9
@@ -127,7 +124,7 @@ _COUNTER_NAMES = (
     "critical_started",
 )
 
-# Counters is a struct of atomics only, in the order of _COUNTER_NAMES.
+# Counters (prazo_line.h's) is a struct of atomics only, in the order of _COUNTER_NAMES.
 cdef Py_ssize_t _N_COUNTERS = sizeof(Counters) // sizeof(prazo_atomic_i64)
 if _N_COUNTERS != len(_COUNTER_NAMES):
     raise ImportError("prazo: the Counters struct and _COUNTER_NAMES disagree; rebuild the C twin")
@@ -197,11 +194,11 @@ cdef object _validate_size(object value, str name, int minimum):
 
 
 cdef object _admission_error(int outcome):
-    if outcome == _ADMIT_SHUTDOWN:
+    if outcome == PRAZO_ADMIT_SHUTDOWN:
         return ShutDown("the admission queue is shut down")
-    if outcome == _ADMIT_EXPIRED:
+    if outcome == PRAZO_ADMIT_EXPIRED:
         return DeadlineExceeded(REASON_EXPIRED_ON_ARRIVAL)
-    if outcome == _ADMIT_INSUFFICIENT:
+    if outcome == PRAZO_ADMIT_INSUFFICIENT:
         return DeadlineExceeded(REASON_INSUFFICIENT_BUDGET)
     return QueueFull(REASON_QUEUE_FULL)
 
@@ -215,10 +212,6 @@ cdef object _drop_error(int state):
     if state == _EVICTED:
         return QueueFull(REASON_EVICTED)
     return DeadlineExceeded(REASON_EXPIRED_IN_QUEUE)
-
-
-cdef inline int _drop_state(int verdict) noexcept nogil:
-    return _EXPIRED if verdict == PRAZO_VERDICT_EXPIRED else _INSUFFICIENT
 
 
 cdef inline int _check_initialised(AdmissionQueue queue) except -1:
@@ -247,39 +240,46 @@ cdef int _check_interrupts() except -1:
     return 0
 
 
-# -- the expired-items buffer (see Expired in _queue_c.pxd) ---------------------------
+# -- tokens: how the line names a gate waiter or a work item ---------------------
+#
+# Both are at least 8-byte aligned, so the lowest bit is free to tell them apart.
 
-cdef inline void _expired_init(Expired *expired) noexcept nogil:
-    expired.items = expired.on_stack
-    expired.count = 0
-    expired.cap = 16
-
-
-cdef bint _expired_reserve(Expired *expired, Py_ssize_t needed) noexcept nogil:
-    """Make room for ``needed`` items in all; False when memory ran out."""
-    cdef Py_ssize_t cap = expired.cap
-    cdef Dropped *grown
-    if needed <= cap:
-        return True
-    while cap < needed:
-        cap *= 2
-    if expired.items == expired.on_stack:
-        grown = <Dropped *>malloc(cap * sizeof(Dropped))
-        if grown != NULL:
-            memcpy(grown, expired.on_stack, expired.count * sizeof(Dropped))
-    else:
-        grown = <Dropped *>realloc(expired.items, cap * sizeof(Dropped))
-    if grown == NULL:
-        return False
-    expired.items = grown
-    expired.cap = cap
-    return True
+cdef inline uint64_t _item_token(PyObject *item) noexcept nogil:
+    return <uint64_t><uintptr_t>item
 
 
-cdef inline void _expired_free(Expired *expired) noexcept nogil:
-    if expired.items != expired.on_stack:
-        free(expired.items)
-    _expired_init(expired)
+cdef inline uint64_t _waiter_token(Waiter *waiter) noexcept nogil:
+    return (<uint64_t><uintptr_t>waiter) | 1
+
+
+cdef inline Waiter *_token_waiter(uint64_t token) noexcept nogil:
+    if token & 1:
+        return <Waiter *><uintptr_t>(token & ~(<uint64_t>1))
+    return NULL
+
+
+cdef inline PyObject *_token_item(uint64_t token) noexcept nogil:
+    if token & 1:
+        return NULL
+    return <PyObject *><uintptr_t>token
+
+
+cdef void _wake_dropped(Expired *dropped) noexcept nogil:
+    """With the mutex held: wake each gate waiter the line dropped, with its reason as its state.
+
+    Only the work items stay in ``dropped``, to be reported once the mutex is released.
+    """
+    cdef Py_ssize_t i, kept = 0
+    cdef Waiter *waiter
+    for i in range(dropped.count):
+        waiter = _token_waiter(dropped.items[i].token)
+        if waiter != NULL:
+            waiter.state = dropped.items[i].reason
+            pthread_cond_signal(&waiter.cond)
+        else:
+            dropped.items[kept] = dropped.items[i]
+            kept += 1
+    dropped.count = kept
 
 
 @cython.freelist(64)
@@ -356,25 +356,24 @@ cdef class AdmissionQueue:
 
     def __cinit__(self, *args, **kwargs):
         # Until __init__ succeeds every method refuses (_check_initialised),
-        # and _ring == NULL says no C resource is owned yet.
-        self._ring = NULL
+        # and _line == NULL says no C resource is owned yet.
+        self._line = NULL
+        self._c = NULL
         self._ready = NULL
-        self._estimate = NULL
         self._initialised = False
 
     def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None, on_dropped=None,
                  codel_target_ms=DEFAULT_CODEL_TARGET_MS, codel_interval_ms=DEFAULT_CODEL_INTERVAL_MS,
                  expected_service_ms=None, limit="fixed", min_concurrency=1, reserved=0):
-        cdef Entry *ring
+        cdef prazo_line *line
         cdef Entry *ready
-        cdef prazo_service_estimate *estimate = NULL
         cdef Py_ssize_t concurrency, waiting, ring_cap
         cdef int64_t target_ns, interval_ns, fixed_ns
         cdef int permille
         cdef bint adaptive
         # A second __init__ would reset the counters and the rings under the
         # threads already using them.
-        if self._ring != NULL:
+        if self._line != NULL:
             raise RuntimeError("AdmissionQueue.__init__ must not be called twice")
         # Everything is validated and allocated before anything is assigned,
         # so a failed __init__ leaves the queue as __new__ made it (refusing
@@ -399,12 +398,10 @@ cdef class AdmissionQueue:
         kept = reserved_option(reserved, concurrency)
         # One extra entry so a max_queue of 0 still gets a valid allocation.
         ring_cap = waiting if waiting > 0 else 1
-        ring = <Entry *>malloc(ring_cap * sizeof(Entry))
+        line = <prazo_line *>malloc(prazo_line_size(ring_cap))
         ready = <Entry *>malloc(concurrency * sizeof(Entry))
-        if fixed_ns > 0 or permille > 0:
-            estimate = <prazo_service_estimate *>malloc(sizeof(prazo_service_estimate))
         try:
-            if ring == NULL or ready == NULL or ((fixed_ns > 0 or permille > 0) and estimate == NULL):
+            if line == NULL or ready == NULL:
                 raise MemoryError("cannot allocate the admission ring")
             if pthread_mutex_init(&self._mutex, NULL) != 0:
                 raise OSError("pthread_mutex_init failed")
@@ -412,53 +409,42 @@ cdef class AdmissionQueue:
                 pthread_mutex_destroy(&self._mutex)
                 raise OSError("pthread_cond_init failed")
         except BaseException:
-            free(ring)
+            free(line)
             free(ready)
-            free(estimate)
             raise
         self._max_concurrency = concurrency
         self._max_queue = waiting
         self._order = order
-        self._lifo = order == "lifo"
-        self._adaptive = adaptive
-        prazo_codel_init(&self._codel, target_ns, interval_ns, prazo_monotonic_ns())
-        if estimate != NULL:
-            prazo_service_estimate_init(estimate, fixed_ns, permille)
-        self._estimate = estimate
+        prazo_line_init(
+            line, ring_cap, waiting, concurrency,
+            PRAZO_LINE_ADAPTIVE if adaptive else (PRAZO_LINE_LIFO if order == "lifo" else PRAZO_LINE_FIFO),
+            PRAZO_LINE_ASSIGN, target_ns, interval_ns, prazo_monotonic_ns(), fixed_ns, permille, use_vegas, floor, kept)
         self._codel_target_ms = float(codel_target_ms)
         self._codel_interval_ms = float(codel_interval_ms)
         self._expected_service_ms = (
             expected_service_ms if expected_service_ms is None or permille else float(expected_service_ms))
         self._on_expired = on_expired
         self._on_dropped = on_dropped
-        self._shutdown = False
-        memset(&self._c, 0, sizeof(Counters))
         self._use_vegas = use_vegas
         self._min_concurrency = floor
-        prazo_vegas_init(&self._vegas, floor, concurrency)
-        prazo_store(&self._limit, prazo_vegas_limit(&self._vegas) if use_vegas else concurrency)
         self._reserved = kept
-        self._critical_in_flight = 0
-        self._critical_waiting = 0
-        self._ring_cap = ring_cap
         self._ready_cap = concurrency
-        self._ring_head = self._ring_count = 0
         self._ready_head = self._ready_count = 0
         self._ready = ready
-        self._ring = ring
+        self._c = &line.c
+        self._line = line
         self._initialised = True
 
     def __dealloc__(self):
         cdef Py_ssize_t i
-        if self._ring == NULL:
+        if self._line == NULL:
             return
-        for i in range(self._ring_count):
-            Py_XDECREF(self._ring[(self._ring_head + i) % self._ring_cap].item)
+        for i in range(self._line.count):
+            Py_XDECREF(_token_item(prazo_line_at(self._line, i).token))
         for i in range(self._ready_count):
-            Py_XDECREF(self._ready[(self._ready_head + i) % self._ready_cap].item)
-        free(self._ring)
+            Py_XDECREF(_token_item(self._ready[(self._ready_head + i) % self._ready_cap].token))
+        free(self._line)
         free(self._ready)
-        free(self._estimate)
         pthread_cond_destroy(&self._ready_cond)
         pthread_mutex_destroy(&self._mutex)
 
@@ -501,20 +487,20 @@ cdef class AdmissionQueue:
         cdef int64_t expected
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
-        expected = self._expected_ns()
+        expected = prazo_line_expected_ns(self._line)
         pthread_mutex_unlock(&self._mutex)
         return expected
 
     @property
     def is_shutdown(self):
         _check_initialised(self)
-        return self._shutdown
+        return bool(self._line.shutdown)
 
     @property
     def limit(self):
         """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
         _check_initialised(self)
-        return prazo_load(&self._limit)
+        return prazo_load(&self._line.limit)
 
     @property
     def limit_policy(self):
@@ -543,7 +529,7 @@ cdef class AdmissionQueue:
         cdef bint full
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
-        full = self._ring_count >= self._max_queue and not self._may_start(False)
+        full = prazo_line_full(self._line)
         pthread_mutex_unlock(&self._mutex)
         return full
 
@@ -557,7 +543,7 @@ cdef class AdmissionQueue:
         because no thread holding it ever asks for the GIL.
         """
         cdef Counters copy
-        cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._c
+        cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>self._c
         cdef prazo_atomic_i64 *copied = <prazo_atomic_i64 *>&copy
         cdef Py_ssize_t i
         cdef int64_t expected, limit
@@ -565,8 +551,8 @@ cdef class AdmissionQueue:
         pthread_mutex_lock(&self._mutex)
         for i in range(_N_COUNTERS):
             prazo_store(&copied[i], prazo_load(&fields[i]))
-        expected = self._expected_ns()
-        limit = prazo_load(&self._limit)
+        expected = prazo_line_expected_ns(self._line)
+        limit = prazo_load(&self._line.limit)
         pthread_mutex_unlock(&self._mutex)
         snapshot = {}
         for i in range(_N_COUNTERS):
@@ -578,250 +564,84 @@ cdef class AdmissionQueue:
         snapshot["max_queue"] = self._max_queue
         return snapshot
 
-    # -- the ring (mutex held, no Python) --------------------------------------
-
-    cdef void _ring_push(self, Entry entry) noexcept nogil:
-        self._ring[(self._ring_head + self._ring_count) % self._ring_cap] = entry
-        self._ring_count += 1
-        if entry.critical:
-            self._critical_waiting += 1
-        prazo_add(&self._c.queued, 1)
-        prazo_raise_peak(&self._c.peak_queued, self._ring_count)
-
-    cdef Py_ssize_t _ring_next_position(self, int64_t now) noexcept nogil:
-        """Where the next entry to serve waits: the oldest critical one, else the
-        line's end by order (the newest for LIFO and a standing adaptive line)."""
-        cdef Py_ssize_t i
-        if self._critical_waiting > 0:
-            # O(n), and only while a critical entry waits.
-            for i in range(self._ring_count):
-                if self._ring[(self._ring_head + i) % self._ring_cap].critical:
-                    return i
-        if self._lifo or (self._adaptive and prazo_codel_standing(&self._codel, now)):
-            return self._ring_count - 1
-        return 0
-
-    cdef Entry _ring_take(self, Py_ssize_t position) noexcept nogil:
-        """Take the entry ``position`` places from the head out of the line (O(1) at either end)."""
-        cdef Entry entry = self._ring[(self._ring_head + position) % self._ring_cap]
-        if position == 0:
-            self._ring_head = (self._ring_head + 1) % self._ring_cap
-            self._ring_count -= 1
-            prazo_add(&self._c.queued, -1)
-            if entry.critical:
-                self._critical_waiting -= 1
-        else:
-            self._ring_remove_at(position)
-        return entry
-
-    cdef void _ring_remove_at(self, Py_ssize_t position) noexcept nogil:
-        """Take the entry ``position`` places from the head out of the line, keeping the order."""
-        cdef Py_ssize_t j
-        if self._ring[(self._ring_head + position) % self._ring_cap].critical:
-            self._critical_waiting -= 1
-        for j in range(position, self._ring_count - 1):
-            self._ring[(self._ring_head + j) % self._ring_cap] = self._ring[(self._ring_head + j + 1) % self._ring_cap]
-        self._ring_count -= 1
-        prazo_add(&self._c.queued, -1)
-
-    cdef void _ring_remove_waiter(self, Waiter *waiter) noexcept nogil:
-        """Take a gate waiter out of the middle of the line."""
-        cdef Py_ssize_t i
-        for i in range(self._ring_count):
-            if self._ring[(self._ring_head + i) % self._ring_cap].waiter == waiter:
-                self._ring_remove_at(i)
-                return
+    # -- the line (mutex held, no Python) -----------------------------------------
+    #
+    # The ring and its policies are prazo_line.h's; what stays here is what
+    # only this queue has: gate waiters to wake and the hand-off buffer of
+    # work items that hold a slot until get() takes them.
 
     cdef void _ready_push(self, Entry entry) noexcept nogil:
         self._ready[(self._ready_head + self._ready_count) % self._ready_cap] = entry
         self._ready_count += 1
         pthread_cond_signal(&self._ready_cond)
 
-    # -- the policies (mutex held, no Python) -------------------------------------
-
-    cdef int64_t _expected_ns(self) noexcept nogil:
-        return 0 if self._estimate == NULL else prazo_service_estimate_ns(self._estimate)
-
-    cdef void _on_service_sample(self, int64_t service_ns, int64_t now) noexcept nogil:
-        """A finished slot's service time (mutex held, before its slot is handed
-        over): feeds the learned estimate and the Vegas limit."""
-        if self._estimate != NULL:
-            prazo_service_estimate_sample(self._estimate, service_ns)
-        if self._use_vegas:
-            prazo_store(&self._limit, prazo_vegas_sample(&self._vegas, service_ns, prazo_load(&self._c.in_flight)))
-
-    cdef bint _may_start(self, bint critical) noexcept nogil:
-        """Whether an entry of this class may take a slot now (limit and reservation)."""
-        return prazo_priority_may_start(
-            prazo_load(&self._c.in_flight), prazo_load(&self._limit), self._reserved, critical,
-            self._critical_in_flight + self._critical_waiting)
-
-    cdef void _count_drop(self, int state) noexcept nogil:
-        if state == _INSUFFICIENT:
-            prazo_add(&self._c.insufficient_budget, 1)
-        elif state == _SHED:
-            prazo_add(&self._c.shed, 1)
-        elif state == _EVICTED:
-            prazo_add(&self._c.evicted, 1)
-        else:
-            prazo_add(&self._c.expired_in_queue, 1)
-
-    cdef void _shed_stale(self, int64_t now, Expired *dropped) noexcept nogil:
-        """CoDel: drop the entries at the old end that waited longer than allowed now.
-
-        O(entries shed). One whose deadline (or effective deadline) has passed
-        is dropped as that, not as shed: its caller is owed a 504, not a 503.
-        Out of memory for reporting, the sweep stops and the entry stays.
-        """
-        cdef int64_t limit = prazo_codel_max_sojourn(&self._codel, now)
-        cdef int64_t expected = self._expected_ns()
-        cdef Entry entry
-        cdef int verdict, state
-        while self._ring_count > 0:
-            entry = self._ring[self._ring_head]
-            if prazo_sub_saturating(now, entry.enqueued_ns) <= limit:
-                return
-            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
-            state = _SHED if verdict == PRAZO_VERDICT_LIVE else _drop_state(verdict)
-            if not self._dismiss(entry, state, dropped):
-                return
-            self._ring_take(0)
-            self._count_drop(state)
-
-    cdef bint _evict_newest_normal(self, Expired *dropped) noexcept nogil:
-        """Make room in a full line for a critical arrival: push out its newest normal waiter.
-
-        A gate waiter is woken to raise ``QueueFull("evicted-by-critical")``;
-        a work item goes to ``dropped``. False when every waiter is critical,
-        or when memory for reporting ran out (the arrival is then refused).
-        """
-        cdef Py_ssize_t i = self._ring_count
-        cdef Entry entry
-        while i > 0:
-            i -= 1
-            entry = self._ring[(self._ring_head + i) % self._ring_cap]
-            if not entry.critical:
-                if not self._dismiss(entry, _EVICTED, dropped):
-                    return False
-                self._ring_remove_at(i)
-                self._count_drop(_EVICTED)
-                return True
-        return False
-
     cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
-        """Count an arrival and decide: start now, wait, or refuse.
+        """Count an arrival and decide: start now, wait, or refuse (``prazo_line_admit``).
 
-        A full line first sheds its stale entries (``order="adaptive"``); a
-        critical arrival into a line still full evicts the newest normal
-        waiter. Work items dropped so land in ``dropped``.
+        Gate waiters shed or evicted to make room are woken here; work items
+        dropped so stay in ``dropped``.
         """
-        cdef int verdict
-        if self._shutdown:
-            return _ADMIT_SHUTDOWN
-        if self._adaptive and self._ring_count == 0:
-            prazo_codel_note_empty(&self._codel, now)
-        prazo_add(&self._c.offered, 1)
-        verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
-        if verdict == PRAZO_VERDICT_EXPIRED:
-            prazo_add(&self._c.expired_on_arrival, 1)
-            return _ADMIT_EXPIRED
-        if verdict != PRAZO_VERDICT_LIVE:
-            prazo_add(&self._c.insufficient_budget, 1)
-            return _ADMIT_INSUFFICIENT
-        if self._may_start(critical):
-            prazo_add(&self._c.in_flight, 1)
-            if critical:
-                self._critical_in_flight += 1
-            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
-            return _ADMIT_START
-        if self._ring_count >= self._max_queue and self._adaptive:
-            # A full standing line makes room by shedding its stale entries first.
-            self._shed_stale(now, dropped)
-        if self._ring_count >= self._max_queue and not (critical and self._evict_newest_normal(dropped)):
-            prazo_add(&self._c.rejected_full, 1)
-            return _ADMIT_FULL
-        return _ADMIT_WAIT
-
-    cdef void _start(self, int64_t enqueued_ns, int64_t now) noexcept nogil:
-        prazo_add(&self._c.started, 1)
-        prazo_add_saturating(&self._c.queue_wait_ns_total, prazo_sub_saturating(now, enqueued_ns))
+        cdef int outcome = prazo_line_admit(self._line, deadline_ns, now, critical, dropped)
+        _wake_dropped(dropped)
+        return outcome
 
     cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil:
-        """An entry leaves the line without a slot: wake its gate waiter with
+        """An entry taken off the line without a slot: wake its gate waiter with
         ``state``, or add its work item to ``expired`` for the caller to answer.
 
         False (nothing done) only when a work item finds no room in
         ``expired`` because memory ran out.
         """
-        if entry.waiter != NULL:
-            entry.waiter.state = state
-            pthread_cond_signal(&entry.waiter.cond)
+        cdef Waiter *waiter = _token_waiter(entry.token)
+        if waiter != NULL:
+            waiter.state = state
+            pthread_cond_signal(&waiter.cond)
             return True
-        if not _expired_reserve(expired, expired.count + 1):
-            return False
-        expired.items[expired.count].item = entry.item
-        expired.items[expired.count].state = state
-        expired.count += 1
-        return True
+        return prazo_line_drops_push(expired, entry.token, state)
 
-    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted, bint critical) noexcept nogil:
-        """A slot of this class comes back: hand free slots to the next live entries while they may start.
+    cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil:
+        """A slot came back (the caller gave it back to the line): hand free slots
+        to the next live entries while they may start.
 
         The whole hand-over happens here, with the mutex held and before any
-        Python code runs: every entry met on the way that must not start
-        (stale for CoDel, expired, insufficient budget) leaves the line (work
-        items into ``expired``, for the caller to report after unlocking),
-        and each slot reaches its new holder. Usually one slot moves; several
-        when the limit has just risen. The first gate waiter given a slot is
-        returned in ``granted`` for the caller to signal after unlocking; any
-        further one is signalled here (it cannot wake before the mutex is let
-        go anyway).
+        Python code runs: ``prazo_line_next`` takes each next entry, and every
+        entry met on the way that must not start (stale for CoDel, expired,
+        insufficient budget) leaves the line (gate waiters are woken, work
+        items go into ``expired`` for the caller to report after unlocking).
+        Usually one slot moves; several when the limit has just risen. The
+        first gate waiter given a slot is returned in ``granted`` for the
+        caller to signal after unlocking; any further one is signalled here
+        (it cannot wake before the mutex is let go anyway).
         """
         cdef Entry entry
-        cdef Py_ssize_t position
-        cdef int verdict
-        cdef int64_t expected = self._expected_ns()
-        if critical:
-            self._critical_in_flight -= 1
-        prazo_add(&self._c.in_flight, -1)
-        if self._adaptive and self._ring_count > 0:
-            self._shed_stale(now, expired)
-        while self._ring_count > 0:
-            position = self._ring_next_position(now)
-            if not self._may_start(self._ring[(self._ring_head + position) % self._ring_cap].critical):
-                break
-            entry = self._ring_take(position)
-            # Out of memory for reporting, a dropped work item takes the
-            # slot like a live one; get() then finds it dropped and passes
-            # the slot on, so it still never starts and the slot is not lost.
-            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
-            if verdict != PRAZO_VERDICT_LIVE and self._dismiss(entry, _drop_state(verdict), expired):
-                self._count_drop(_drop_state(verdict))
-                continue
-            prazo_add(&self._c.in_flight, 1)
-            if entry.critical:
-                self._critical_in_flight += 1
-            prazo_raise_peak(&self._c.peak_in_flight, prazo_load(&self._c.in_flight))
+        cdef Waiter *waiter
+        # PRAZO_NEXT_UNREPORTED (out of memory for reporting) is handed over
+        # like a live entry: its gate waiter or get() checks the deadline
+        # again and passes the slot on, so it still never starts and the slot
+        # is not lost.
+        while prazo_line_next(self._line, now, expired, &entry) != PRAZO_NEXT_NONE:
             prazo_add(&self._c.assigned, 1)
-            if entry.waiter != NULL:
-                entry.waiter.state = _GRANTED
+            waiter = _token_waiter(entry.token)
+            if waiter != NULL:
+                waiter.state = _GRANTED
                 # The releaser's clock was read before the lock: never grant
                 # before the waiter arrived.
-                entry.waiter.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns
+                waiter.granted_ns = now if now > entry.enqueued_ns else entry.enqueued_ns
                 if granted[0] == NULL:
-                    entry.waiter.handed = True
-                    granted[0] = entry.waiter
+                    waiter.handed = True
+                    granted[0] = waiter
                 else:
-                    pthread_cond_signal(&entry.waiter.cond)
+                    pthread_cond_signal(&waiter.cond)
             else:
                 self._ready_push(entry)
-        if self._shutdown and prazo_load(&self._c.in_flight) == 0:
+        _wake_dropped(expired)
+        if self._line.shutdown and prazo_load(&self._c.in_flight) == 0:
             pthread_cond_broadcast(&self._ready_cond)
 
-    cdef void _hand_over_unlock(self, int64_t now, Expired *expired, bint critical) noexcept nogil:
+    cdef void _hand_over_unlock(self, int64_t now, Expired *expired) noexcept nogil:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
-        self._hand_over(now, expired, &granted, critical)
+        self._hand_over(now, expired, &granted)
         pthread_mutex_unlock(&self._mutex)
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
@@ -841,14 +661,14 @@ cdef class AdmissionQueue:
         cdef object item
         cdef object interrupt = None
         for i in range(expired.count):
-            item = <object>expired.items[i].item
+            item = <object>_token_item(expired.items[i].token)
             Py_DECREF(item)  # the ring's reference; `item` keeps one of its own
             if self._on_dropped is None and self._on_expired is None:
                 continue
             try:
                 if self._on_dropped is not None:
-                    self._on_dropped(item, _drop_error(expired.items[i].state))
-                elif expired.items[i].state != _EVICTED:
+                    self._on_dropped(item, _drop_error(expired.items[i].reason))
+                elif expired.items[i].reason != _EVICTED:
                     # on_expired predates eviction; an evicted item is a 503
                     # for live work, which only on_dropped can express.
                     self._on_expired(item)
@@ -857,7 +677,7 @@ cdef class AdmissionQueue:
             except BaseException as exc:
                 if interrupt is None:
                     interrupt = exc
-        _expired_free(expired)
+        prazo_line_drops_free(expired)
         if interrupt is not None:
             raise interrupt
         return 0
@@ -913,16 +733,14 @@ cdef class AdmissionQueue:
         # for the GIL) is raised now, before the slot is taken: after the
         # return it would be raised in the caller, with the slot leaked.
         PyErr_CheckSignals()
-        _expired_init(&dropped)
+        prazo_line_drops_init(&dropped)
         pthread_mutex_lock(&self._mutex)
         outcome = self._admit(deadline_ns, now, critical, &dropped)
-        if outcome == _ADMIT_START:
-            prazo_add(&self._c.started, 1)
-            if critical:
-                prazo_add(&self._c.critical_started, 1)
+        if outcome == PRAZO_ADMIT_START:
+            prazo_line_count_start(self._line, now, now, critical)
             pthread_mutex_unlock(&self._mutex)
             return now
-        if outcome != _ADMIT_WAIT:
+        if outcome != PRAZO_ADMIT_WAIT:
             pthread_mutex_unlock(&self._mutex)
             self._report(&dropped)
             raise _admission_error(outcome)
@@ -951,10 +769,9 @@ cdef class AdmissionQueue:
         prazo_flag_clear(&waiter.signalled)
         entry.deadline_ns = deadline_ns
         entry.enqueued_ns = now
-        entry.item = NULL
-        entry.waiter = &waiter
+        entry.token = _waiter_token(&waiter)
         entry.critical = critical
-        self._ring_push(entry)
+        prazo_line_push(self._line, &entry)
         pthread_mutex_unlock(&self._mutex)
         try:
             self._report(dropped)
@@ -982,11 +799,9 @@ cdef class AdmissionQueue:
         pthread_mutex_lock(&self._mutex)
         prazo_add(&self._c.assigned, -1)
         now = prazo_monotonic_ns()
-        verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
+        verdict = prazo_deadline_verdict(now, deadline_ns, prazo_line_expected_ns(self._line))
         if verdict == PRAZO_VERDICT_LIVE:
-            self._start(entry.enqueued_ns, now)
-            if critical:
-                prazo_add(&self._c.critical_started, 1)
+            prazo_line_count_start(self._line, entry.enqueued_ns, now, critical)
             pthread_mutex_unlock(&self._mutex)
             # The slot has been this caller's since the grant: the time its
             # thread took to wake (under a busy GIL, often longer than the
@@ -994,10 +809,11 @@ cdef class AdmissionQueue:
             return waiter.granted_ns
         # The time ran out (or got too short) while this thread woke up: it
         # never starts, and the slot moves on.
-        state = _drop_state(verdict)
-        self._count_drop(state)
-        _expired_init(&expired)
-        self._hand_over_unlock(now, &expired, critical)
+        state = prazo_line_drop_reason(verdict)
+        prazo_line_count_drop(self._line, state)
+        prazo_line_give_back(self._line, critical)
+        prazo_line_drops_init(&expired)
+        self._hand_over_unlock(now, &expired)
         self._report(&expired)
         raise _drop_error(state)
 
@@ -1009,7 +825,7 @@ cdef class AdmissionQueue:
         if waiter.state == _WAITING:
             now = prazo_monotonic_ns()
             # The effective deadline with the estimate current now: it may move.
-            effective = prazo_effective_deadline_ns(deadline_ns, self._expected_ns())
+            effective = prazo_effective_deadline_ns(deadline_ns, prazo_line_expected_ns(self._line))
             until = now + _SIGNAL_SLICE_NS
             if effective < until:
                 until = effective
@@ -1017,12 +833,11 @@ cdef class AdmissionQueue:
                 prazo_cond_wait_until(&waiter.cond, &self._mutex, until)
             if waiter.state == _WAITING:
                 now = prazo_monotonic_ns()
-                verdict = prazo_deadline_verdict(now, deadline_ns, self._expected_ns())
+                verdict = prazo_deadline_verdict(now, deadline_ns, prazo_line_expected_ns(self._line))
                 if verdict != PRAZO_VERDICT_LIVE:
                     # Active expiry: leave at our own (effective) deadline, not at the head.
-                    self._ring_remove_waiter(waiter)
-                    waiter.state = _drop_state(verdict)
-                    self._count_drop(waiter.state)
+                    waiter.state = prazo_line_drop_reason(verdict)
+                    prazo_line_remove(self._line, _waiter_token(waiter), waiter.state)
         state = waiter.state
         if state == _GRANTED:
             self._await_granter_locked(waiter)
@@ -1049,14 +864,14 @@ cdef class AdmissionQueue:
         if waiter.state == _GRANTED:
             self._await_granter_locked(waiter)
         if waiter.state == _WAITING:
-            self._ring_remove_waiter(waiter)
-            prazo_add(&self._c.cancelled, 1)
+            prazo_line_remove(self._line, _waiter_token(waiter), PRAZO_DROP_CANCELLED)
             waiter.state = _CANCELLED
         elif waiter.state == _GRANTED:
             prazo_add(&self._c.assigned, -1)
             prazo_add(&self._c.cancelled, 1)
             waiter.state = _CANCELLED
-            self._hand_over_unlock(prazo_monotonic_ns(), expired, waiter.critical)
+            prazo_line_give_back(self._line, waiter.critical)
+            self._hand_over_unlock(prazo_monotonic_ns(), expired)
             return
         pthread_mutex_unlock(&self._mutex)
 
@@ -1075,7 +890,7 @@ cdef class AdmissionQueue:
         without asking for the GIL in between.
         """
         cdef Expired expired
-        _expired_init(&expired)
+        prazo_line_drops_init(&expired)
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
@@ -1106,29 +921,29 @@ cdef class AdmissionQueue:
         if prazo_load(&self._c.in_flight) - prazo_load(&self._c.assigned) <= 0:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release() called more times than a slot was taken")
-        if critical and self._critical_in_flight <= 0:
+        if critical and self._line.critical_in_flight <= 0:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release(critical=True) called with no critical slot taken")
-        prazo_add(&self._c.completed, 1)
+        service_ns = -1
         if started_ns >= 0:
             if real_clock:
                 now = prazo_monotonic_ns()
                 real_clock = False
             service_ns = prazo_sub_saturating(now, started_ns)
-            self._on_service_sample(service_ns if service_ns > 0 else 0, now)
-        if self._ring_count == 0:
+            if service_ns < 0:
+                service_ns = 0
+        # The sample is taken before the slot moves on (the work still counts as in flight).
+        prazo_line_release(self._line, critical, service_ns)
+        if self._line.count == 0:
             # Nobody waits: the common case needs no clock read at all.
-            if critical:
-                self._critical_in_flight -= 1
-            prazo_add(&self._c.in_flight, -1)
-            if self._shutdown and prazo_load(&self._c.in_flight) == 0:
+            if self._line.shutdown and prazo_load(&self._c.in_flight) == 0:
                 pthread_cond_broadcast(&self._ready_cond)
             pthread_mutex_unlock(&self._mutex)
             return 0
         if real_clock:
             now = prazo_monotonic_ns()
-        _expired_init(&expired)
-        self._hand_over_unlock(now, &expired, critical)
+        prazo_line_drops_init(&expired)
+        self._hand_over_unlock(now, &expired)
         return self._report(&expired)
 
     # -- work-queue face -------------------------------------------------------
@@ -1152,19 +967,18 @@ cdef class AdmissionQueue:
         entry.critical = _critical(critical)
         # A pending signal is raised before the item is queued, not after (see _acquire).
         PyErr_CheckSignals()
-        entry.item = <PyObject *>item
-        entry.waiter = NULL
+        entry.token = _item_token(<PyObject *>item)
         Py_INCREF(item)
-        _expired_init(&dropped)
+        prazo_line_drops_init(&dropped)
         pthread_mutex_lock(&self._mutex)
         outcome = self._admit(entry.deadline_ns, entry.enqueued_ns, entry.critical, &dropped)
-        if outcome == _ADMIT_START:
+        if outcome == PRAZO_ADMIT_START:
             prazo_add(&self._c.assigned, 1)
             self._ready_push(entry)
-        elif outcome == _ADMIT_WAIT:
-            self._ring_push(entry)
+        elif outcome == PRAZO_ADMIT_WAIT:
+            prazo_line_push(self._line, &entry)
         pthread_mutex_unlock(&self._mutex)
-        if outcome != _ADMIT_START and outcome != _ADMIT_WAIT:
+        if outcome != PRAZO_ADMIT_START and outcome != PRAZO_ADMIT_WAIT:
             Py_DECREF(item)
             self._report(&dropped)
             raise _admission_error(outcome)
@@ -1210,26 +1024,23 @@ cdef class AdmissionQueue:
                 self._ready_count -= 1
                 prazo_add(&self._c.assigned, -1)
                 now = fake_now if use_fake else prazo_monotonic_ns()
-                verdict = prazo_deadline_verdict(now, entry.deadline_ns, self._expected_ns())
+                verdict = prazo_deadline_verdict(now, entry.deadline_ns, prazo_line_expected_ns(self._line))
                 if verdict == PRAZO_VERDICT_LIVE:
-                    self._start(entry.enqueued_ns, now)
-                    if entry.critical:
-                        prazo_add(&self._c.critical_started, 1)
+                    prazo_line_count_start(self._line, entry.enqueued_ns, now, entry.critical)
                     pthread_mutex_unlock(&self._mutex)
-                    item = <object>entry.item
+                    item = <object>_token_item(entry.token)
                     Py_DECREF(item)  # the ring's reference moves to `item`
                     return item
                 # Its slot came too late: the slot moves on, then it is reported.
-                state = _drop_state(verdict)
-                self._count_drop(state)
-                _expired_init(&expired)
-                expired.items[0].item = entry.item
-                expired.items[0].state = state
-                expired.count = 1
-                self._hand_over_unlock(now, &expired, entry.critical)
+                state = prazo_line_drop_reason(verdict)
+                prazo_line_count_drop(self._line, state)
+                prazo_line_drops_init(&expired)
+                prazo_line_drops_push(&expired, entry.token, state)  # fits on the stack
+                prazo_line_give_back(self._line, entry.critical)
+                self._hand_over_unlock(now, &expired)
                 self._report(&expired)
                 continue
-            if self._shutdown and self._ring_count == 0:
+            if self._line.shutdown and self._line.count == 0:
                 pthread_mutex_unlock(&self._mutex)
                 raise ShutDown("the admission queue is shut down")
             pthread_mutex_unlock(&self._mutex)
@@ -1247,7 +1058,7 @@ cdef class AdmissionQueue:
         if end_ns < until:
             until = end_ns
         pthread_mutex_lock(&self._mutex)
-        if self._ready_count == 0 and not (self._shutdown and self._ring_count == 0):
+        if self._ready_count == 0 and not (self._line.shutdown and self._line.count == 0):
             prazo_cond_wait_until(&self._ready_cond, &self._mutex, until)
         pthread_mutex_unlock(&self._mutex)
 
@@ -1268,32 +1079,18 @@ cdef class AdmissionQueue:
         items, which cannot wake themselves, get the same treatment.
         """
         cdef int64_t now = _clock(now_ns)
-        cdef Py_ssize_t i, kept = 0, count = 0
-        cdef Entry entry
+        cdef Py_ssize_t count
         cdef Expired expired
-        cdef int64_t expected
-        cdef int verdict
         _check_initialised(self)
-        _expired_init(&expired)
+        prazo_line_drops_init(&expired)
         pthread_mutex_lock(&self._mutex)
-        if not _expired_reserve(&expired, self._ring_count):
+        # Room for every entry first, so the sweep never stops half-way.
+        if not prazo_line_drops_reserve(&expired, self._line.count):
             pthread_mutex_unlock(&self._mutex)
             raise MemoryError()
-        expected = self._expected_ns()
-        for i in range(self._ring_count):
-            entry = self._ring[(self._ring_head + i) % self._ring_cap]
-            verdict = prazo_deadline_verdict(now, entry.deadline_ns, expected)
-            if verdict != PRAZO_VERDICT_LIVE:
-                count += 1
-                self._count_drop(_drop_state(verdict))
-                prazo_add(&self._c.queued, -1)
-                if entry.critical:
-                    self._critical_waiting -= 1
-                self._dismiss(entry, _drop_state(verdict), &expired)
-            else:
-                self._ring[(self._ring_head + kept) % self._ring_cap] = entry
-                kept += 1
-        self._ring_count = kept
+        prazo_line_sweep(self._line, now, &expired)
+        count = expired.count
+        _wake_dropped(&expired)
         pthread_mutex_unlock(&self._mutex)
         self._report(&expired)
         return count
@@ -1305,17 +1102,10 @@ cdef class AdmissionQueue:
         never be handed out), False when it was not in line (already holding a
         slot, taken, expired or never put).
         """
-        cdef Py_ssize_t i
-        cdef PyObject *target = <PyObject *>item
-        cdef bint found = False
+        cdef bint found
         _check_initialised(self)
         pthread_mutex_lock(&self._mutex)
-        for i in range(self._ring_count):
-            if self._ring[(self._ring_head + i) % self._ring_cap].item == target:
-                self._ring_remove_at(i)
-                prazo_add(&self._c.cancelled, 1)
-                found = True
-                break
+        found = prazo_line_remove(self._line, _item_token(<PyObject *>item), PRAZO_DROP_CANCELLED)
         pthread_mutex_unlock(&self._mutex)
         if found:
             Py_DECREF(item)  # the ring's reference
@@ -1331,32 +1121,26 @@ cdef class AdmissionQueue:
         """
         cdef bint cancel = bool(cancel_waiting)
         cdef Py_ssize_t i
-        cdef Entry entry
         cdef Expired items
         _check_initialised(self)
-        _expired_init(&items)
+        prazo_line_drops_init(&items)
         pthread_mutex_lock(&self._mutex)
-        if cancel and not _expired_reserve(&items, self._ring_count):
+        if cancel and not prazo_line_drops_reserve(&items, self._line.count):
             pthread_mutex_unlock(&self._mutex)
             raise MemoryError()
-        self._shutdown = True
+        self._line.shutdown = True
         if cancel:
-            for i in range(self._ring_count):
-                entry = self._ring[(self._ring_head + i) % self._ring_cap]
+            while self._line.count > 0:
                 prazo_add(&self._c.cancelled, 1)
-                prazo_add(&self._c.queued, -1)
-                self._dismiss(entry, _CANCELLED, &items)
-            self._ring_count = 0
-            self._ring_head = 0
-            self._critical_waiting = 0
+                self._dismiss(prazo_line_take(self._line, 0), _CANCELLED, &items)
         pthread_cond_broadcast(&self._ready_cond)
         pthread_mutex_unlock(&self._mutex)
         cancelled = []
         for i in range(items.count):
-            item = <object>items.items[i].item
+            item = <object>_token_item(items.items[i].token)
             Py_DECREF(item)  # the ring's reference moves to the list
             cancelled.append(item)
-        _expired_free(&items)
+        prazo_line_drops_free(&items)
         return cancelled
 
     def __repr__(self):
@@ -1393,18 +1177,18 @@ cdef int _traverse_queue(PyObject *o, visitproc visit, void *arg) noexcept:
     cdef Py_ssize_t i
     cdef PyObject *item
     cdef int err = _generated_traverse(o, visit, arg)
-    if err or queue._ring == NULL:
+    if err or queue._line == NULL:
         return err
     pthread_mutex_lock(&queue._mutex)
-    for i in range(queue._ring_count):
-        item = queue._ring[(queue._ring_head + i) % queue._ring_cap].item
+    for i in range(queue._line.count):
+        item = _token_item(prazo_line_at(queue._line, i).token)
         if item != NULL:
             err = visit(item, arg)
             if err:
                 break
     if not err:
         for i in range(queue._ready_count):
-            err = visit(queue._ready[(queue._ready_head + i) % queue._ready_cap].item, arg)
+            err = visit(_token_item(queue._ready[(queue._ready_head + i) % queue._ready_cap].token), arg)
             if err:
                 break
     pthread_mutex_unlock(&queue._mutex)
@@ -1423,34 +1207,30 @@ cdef int _clear_queue(PyObject *o) noexcept:
     cdef Expired dropped
     cdef Py_ssize_t i, count
     cdef Entry entry
-    if queue._ring == NULL:
+    if queue._line == NULL:
         return _generated_clear(o)
     while True:
-        _expired_init(&dropped)
+        prazo_line_drops_init(&dropped)
         pthread_mutex_lock(&queue._mutex)
         queue._initialised = False
-        queue._shutdown = True
-        _expired_reserve(&dropped, queue._ring_count + queue._ready_count)
-        while dropped.count < dropped.cap and queue._ring_count > 0:
+        queue._line.shutdown = True
+        prazo_line_drops_reserve(&dropped, queue._line.count + queue._ready_count)
+        while dropped.count < dropped.cap and queue._line.count > 0:
             prazo_add(&queue._c.cancelled, 1)
-            queue._dismiss(queue._ring_take(0), _CANCELLED, &dropped)
+            queue._dismiss(prazo_line_take(queue._line, 0), _CANCELLED, &dropped)
         while dropped.count < dropped.cap and queue._ready_count > 0:
             entry = queue._ready[queue._ready_head]
             queue._ready_head = (queue._ready_head + 1) % queue._ready_cap
             queue._ready_count -= 1
             prazo_add(&queue._c.assigned, -1)
-            prazo_add(&queue._c.in_flight, -1)
-            if entry.critical:
-                queue._critical_in_flight -= 1
+            prazo_line_give_back(queue._line, entry.critical)
             prazo_add(&queue._c.cancelled, 1)
-            dropped.items[dropped.count].item = entry.item
-            dropped.items[dropped.count].state = _CANCELLED
-            dropped.count += 1
+            prazo_line_drops_push(&dropped, entry.token, _CANCELLED)  # within the room checked above
         pthread_mutex_unlock(&queue._mutex)
         count = dropped.count
         for i in range(count):
-            Py_XDECREF(dropped.items[i].item)
-        _expired_free(&dropped)
+            Py_XDECREF(_token_item(dropped.items[i].token))
+        prazo_line_drops_free(&dropped)
         if count == 0:
             return _generated_clear(o)
 

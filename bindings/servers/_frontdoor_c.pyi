@@ -3,6 +3,8 @@
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network
 
+from typing_extensions import disjoint_base
+
 BUDGET_SOURCES: tuple[str, str, str]
 ANSWERS: dict[str, int]
 KEEPABLE: frozenset[str]
@@ -29,6 +31,30 @@ def address_trusted(networks: Iterable[tuple[int, bytes, int]] | None, packed: b
 def check_head(data: bytes) -> str: ...
 def is_critical(head: bytes, critical_header: bytes | None = None, critical_paths: Iterable[bytes] = ()) -> bool: ...
 def split_requests(data: bytes, max_head: int = 65536) -> tuple[list[tuple[int, bytes, bytes, bytes, bool]], str]: ...
+
+LINE_COUNTERS: tuple[str, ...]
+
+@disjoint_base
+class EngineLine:
+    def __init__(
+        self,
+        threads: int,
+        max_queue: int,
+        *,
+        order: str = "fifo",
+        reserved: int = 0,
+        expected_service_ns: int = 0,
+        codel_target_ns: int = 5_000_000,
+        codel_interval_ns: int = 100_000_000,
+        now_ns: int = 0,
+    ) -> None: ...
+    def admit(
+        self, token: int, deadline_ns: int, now_ns: int, critical: bool = False
+    ) -> tuple[str | None, list[tuple[int, str]]]: ...
+    def next(self, now_ns: int) -> tuple[int | None, list[tuple[int, str]]]: ...
+    def release(self, critical: bool = False, service_ns: int = -1) -> None: ...
+    def sweep(self, now_ns: int) -> tuple[int, list[tuple[int, str]]]: ...
+    def stats(self) -> dict[str, int]: ...
 
 class Connection:
     finished: bool

@@ -7,10 +7,13 @@
 # engine's declarations, the Engine/Connection faces and the probes that let
 # the tests hold each C rule to its Python twin (parse_budget_ms, check_head,
 # split_requests, is_critical, ...) all need the same cdef extern block.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, calloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+# core/: the admission line the engine runs, for EngineLine below (the engine's own
+# files call it in C, through pfd_line.c). Extern declarations only: no import at run time.
+from prazo.core.prazo_line cimport *
 
 
 cdef extern from "<sys/socket.h>" nogil:
@@ -453,6 +456,136 @@ def split_requests(bytes data, Py_ssize_t max_head=65536):
         free(srv)
         free(scratch)
     return requests, outcome
+
+
+# ----------------------------------------------------------------- the line alone
+
+# The counters of prazo_line.h's struct prazo_line_counters, in its order.
+LINE_COUNTERS = (
+    "offered", "started", "completed", "rejected_full", "expired_on_arrival", "expired_in_queue", "cancelled",
+    "in_flight", "assigned", "queued", "peak_in_flight", "peak_queued", "queue_wait_ns_total",
+    "insufficient_budget", "shed", "evicted", "critical_started",
+)
+if sizeof(prazo_line_counters) != len(LINE_COUNTERS) * sizeof(prazo_atomic_i64):
+    raise ImportError("prazo: prazo_line.h's counters and LINE_COUNTERS disagree; rebuild the front door")
+
+
+cdef str _admit_answer(int outcome):
+    if outcome == PRAZO_ADMIT_EXPIRED:
+        return "expired-on-arrival"
+    if outcome == PRAZO_ADMIT_INSUFFICIENT:
+        return "insufficient-budget"
+    return "queue-full"
+
+
+cdef list _drop_answers(prazo_line_drops *drops):
+    """[(token, answer), ...] of the line's drops, in the order met; frees ``drops``."""
+    cdef Py_ssize_t i
+    cdef int reason
+    cdef list out = []
+    for i in range(drops.count):
+        reason = drops.items[i].reason
+        out.append((drops.items[i].token,
+                    "expired-in-queue" if reason == PRAZO_DROP_EXPIRED else
+                    "insufficient-budget" if reason == PRAZO_DROP_INSUFFICIENT else
+                    "shed-standing-queue" if reason == PRAZO_DROP_SHED else
+                    "evicted-by-critical" if reason == PRAZO_DROP_EVICTED else "cancelled"))
+    prazo_line_drops_free(drops)
+    return out
+
+
+cdef class EngineLine:
+    """The engine's admission line on its own: ``core/prazo_line.h`` as this
+    extension compiled it, in the engine's mode (a slot is taken when a worker
+    asks for the next connection), with ints for tokens instead of connections.
+
+    The engine calls the same C under its mutex; this face exists so a test can
+    drive the front door's line and the queue's C twin with one sequence of
+    arrivals, pickups, releases and sweeps, on a fake clock. It takes no lock:
+    one thread at a time.
+    """
+
+    cdef prazo_line *_line
+
+    def __cinit__(self):
+        self._line = NULL
+
+    def __init__(self, int threads, int max_queue, *, str order="fifo", int reserved=0,
+                 int64_t expected_service_ns=0, int64_t codel_target_ns=5_000_000,
+                 int64_t codel_interval_ns=100_000_000, int64_t now_ns=0):
+        if self._line != NULL:
+            raise RuntimeError("EngineLine.__init__ must not be called twice")
+        if threads < 1 or max_queue < 0 or order not in ORDERS:
+            raise ValueError("threads >= 1, max_queue >= 0 and an order of ORDERS")
+        cdef int64_t capacity = <int64_t>threads + max_queue
+        cdef prazo_line *line = <prazo_line *>malloc(prazo_line_size(capacity))
+        if line == NULL:
+            raise MemoryError()
+        prazo_line_init(line, capacity, max_queue, threads, ORDERS[order], PRAZO_LINE_PICKUP, codel_target_ns,
+                        codel_interval_ns, now_ns, expected_service_ns, 0, 0, threads, reserved)
+        self._line = line
+
+    def __dealloc__(self):
+        free(self._line)
+
+    cdef int _check(self) except -1:
+        if self._line == NULL:
+            raise RuntimeError("the EngineLine is not initialised")
+        return 0
+
+    def admit(self, uint64_t token, int64_t deadline_ns, int64_t now_ns, bint critical=False):
+        """``(answer, dropped)``: answer None when it waits, else its refusal; dropped ``[(token, answer)]``."""
+        self._check()
+        cdef prazo_line_drops drops
+        cdef prazo_line_entry entry
+        prazo_line_drops_init(&drops)
+        cdef int outcome = prazo_line_admit(self._line, deadline_ns, now_ns, critical, &drops)
+        if outcome == PRAZO_ADMIT_WAIT:
+            entry.deadline_ns = deadline_ns
+            entry.enqueued_ns = now_ns
+            entry.token = token
+            entry.critical = critical
+            prazo_line_push(self._line, &entry)
+        return (None if outcome == PRAZO_ADMIT_WAIT else _admit_answer(outcome)), _drop_answers(&drops)
+
+    def next(self, int64_t now_ns):
+        """``(token, dropped)``: the token a free worker starts now (it holds a slot), or None."""
+        self._check()
+        cdef prazo_line_drops drops
+        cdef prazo_line_entry entry
+        prazo_line_drops_init(&drops)
+        cdef int got = prazo_line_next(self._line, now_ns, &drops, &entry)
+        if got == PRAZO_NEXT_TAKEN:
+            prazo_line_count_start(self._line, entry.enqueued_ns, now_ns, entry.critical)
+        elif got != PRAZO_NEXT_NONE:
+            prazo_line_drops_free(&drops)
+            raise MemoryError("the drop list ran out of memory")
+        return (entry.token if got == PRAZO_NEXT_TAKEN else None), _drop_answers(&drops)
+
+    def release(self, bint critical=False, int64_t service_ns=-1):
+        """A started token's slot comes back; ``service_ns`` >= 0 is a service-time sample."""
+        self._check()
+        if prazo_line_in_flight(self._line) <= 0:
+            raise ValueError("release() with no slot taken")
+        prazo_line_release(self._line, critical, service_ns)
+
+    def sweep(self, int64_t now_ns):
+        """``(next_ns, dropped)``, as the engine's I/O thread sweeps: stale (adaptive), expired, doomed."""
+        self._check()
+        cdef prazo_line_drops drops
+        prazo_line_drops_init(&drops)
+        prazo_line_shed_stale(self._line, now_ns, &drops)
+        cdef int64_t next_ns = prazo_line_sweep(self._line, now_ns, &drops)
+        return next_ns, _drop_answers(&drops)
+
+    def stats(self):
+        """The line's counters by LINE_COUNTERS' names, and ``limit``."""
+        self._check()
+        cdef prazo_atomic_i64 *fields = <prazo_atomic_i64 *>&self._line.c
+        cdef Py_ssize_t i
+        snapshot = {name: prazo_load(&fields[i]) for i, name in enumerate(LINE_COUNTERS)}
+        snapshot["limit"] = prazo_load(&self._line.limit)
+        return snapshot
 
 
 # ----------------------------------------------------------------- the engine

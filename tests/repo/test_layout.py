@@ -41,6 +41,14 @@ keep these rules (docs/design.md, "Layout"):
    own file up into ``tests/`` or ``examples/`` (a wheel has neither); what
    the bench needs ships in it, or its caller passes it in.
 
+5. **One admission line** (docs/design.md, "Queue policies"): the queue's C
+   twin and the front door's face cimport its declarations from
+   ``core/prazo_line.pxd``, the front door's engine includes it from
+   ``pfd.h``, so both extensions compile ``core/prazo_line.h``; no C or Cython source
+   but that line (and ``core/prazo_policy.h``, which defines them) applies the
+   policies' state changes (CoDel, the priority rule, Vegas, the learned
+   estimate): a second copy of the line would need them.
+
 Run it alone with ``pytest tests/repo/test_layout.py``.
 """
 
@@ -367,3 +375,33 @@ def test_the_docs_extension_imports_only_the_public_package() -> None:
     found = _imports_of_tree("prazo_reference", False, ast.parse(extension.read_text("utf-8")), False, 0)
     private = [str(i) for i in found if i.target.startswith("prazo") and (i.name or "").startswith("_")]
     assert private == []
+
+
+# The calls that move or read a policy's state: only the line makes them.
+_POLICY_CALL = re.compile(
+    r"\bprazo_(priority_may_start|codel_standing|codel_max_sojourn|codel_note_empty|vegas_sample"
+    r"|service_estimate_sample)\s*\("
+)
+_LINE_ITSELF = {"core/prazo_line.h", "core/prazo_policy.h"}
+
+
+def test_every_admission_path_runs_the_one_line() -> None:
+    # The C that Cython generates from a .pyx is left out: it is the .pyx again.
+    # The declarations once (core/prazo_line.pxd), cimported by the queue's twin and the front door's face;
+    # the engine's C includes the header itself.
+    assert 'cdef extern from "prazo_line.h"' in (ROOT / "core" / "prazo_line.pxd").read_text("utf-8")
+    for face in (ROOT / "core" / "_queue_c.pxd", ROOT / "bindings" / "servers" / "_frontdoor_c.pyx"):
+        assert "from prazo.core.prazo_line cimport *" in face.read_text("utf-8"), face
+    assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "_frontdoor" / "pfd.h").read_text("utf-8")
+    sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxd")
+               for path in (ROOT / folder).rglob(pattern)
+               if "vendor" not in path.parts and not (path.suffix == ".c" and path.with_suffix(".pyx").exists())]  # fmt: skip
+    offenders = sorted(str(path.relative_to(ROOT)) for path in sources
+                       if str(path.relative_to(ROOT)) not in _LINE_ITSELF and _POLICY_CALL.search(path.read_text("utf-8")))  # fmt: skip
+    assert offenders == []
+
+
+def test_the_one_line_rule_catches_a_second_line() -> None:
+    assert _POLICY_CALL.search("if (prazo_priority_may_start(a, b, c, 1, d))")
+    assert _POLICY_CALL.search("        limit = prazo_vegas_sample(&v, s, n)")
+    assert not _POLICY_CALL.search("prazo_line_may_start(line, 0)")

@@ -6,8 +6,8 @@
  * Ownership of a connection (struct pfd_conn) follows its state, and only the
  * owner touches it:
  *   PFD_READING  the I/O thread: in epoll, reading a head under the head timer
- *   PFD_QUEUED   the admission line, under srv->mutex (the I/O thread expires it,
- *               a worker takes it)
+ *   PFD_QUEUED   the admission line (core/prazo_line.h, holding it as a token),
+ *               under srv->mutex (the I/O thread expires it, a worker takes it)
  *   PFD_RUNNING  one worker, until pfd_conn_hand_back() puts it on srv->returned
  *               (the Cython Connection hands it back only once no app thread
  *               is still inside a body read or a write on it)
@@ -46,7 +46,8 @@
 
 #include "picohttpparser.h"
 #include "prazo_budget.h" /* core/: the budget headers' wire rules, shared with the compiled middleware */
-#include "prazo_policy.h" /* core/: the queue policies' arithmetic, shared with the queue's C twin */
+#include "prazo_line.h"   /* core/: the admission line and its policies, shared with the queue's C twin */
+#include "prazo_policy.h" /* core/: the queue policies' arithmetic */
 
 #define PFD_MAX_HEADERS 100
 #define PFD_READ_CHUNK 16384
@@ -167,7 +168,7 @@ struct pfd_list { /* intrusive doubly linked list of connections */
 struct pfd_conn {
     int fd;
     enum pfd_state state;
-    struct pfd_conn *prev, *next; /* timer list or admission line */
+    struct pfd_conn *prev, *next; /* timer list, or a chain of connections to answer */
     int64_t timer_ns;             /* head timer / linger end */
     int verdict;                  /* handed back by a worker: 1 next head, 0 polite close, -1 close now */
     int64_t drained;
@@ -187,7 +188,7 @@ struct pfd_conn {
     atomic_int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
     int64_t upstream_ns; /* taken off the deadline for a trusted proxy's X-Request-Start */
-    int critical;        /* of the critical class: waits in srv->crit, served first */
+    int critical;        /* of the critical class: served first, may use the reserved places */
     int drop_answer;     /* the refusal of a connection dropped from the line */
     int budget_source;
     int budget_invalid;
@@ -224,19 +225,13 @@ struct pfd_server {
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mutex;
-    pthread_cond_t ready;       /* a connection entered the line, or stopping */
-    pthread_cond_t idle;        /* in_flight or queued went down */
-    struct pfd_list line;       /* PFD_QUEUED normal requests, in arrival order (served per cfg.order) */
-    struct pfd_list crit;       /* PFD_QUEUED critical requests, in arrival order (served first, FIFO) */
-    struct pfd_conn *returned;  /* finished by workers or refused at pickup, for the I/O thread */
-    int64_t in_flight;          /* held by workers */
-    int64_t critical_in_flight; /* of which critical */
-    /* The policies' state, under mutex. */
-    int64_t limit; /* the current concurrency limit: threads, or Vegas's */
-    struct prazo_codel codel;
-    struct prazo_vegas vegas;
-    struct prazo_service_estimate estimate;
-    int draining; /* under mutex; also read by the I/O thread */
+    pthread_cond_t ready; /* a connection entered the line, or stopping */
+    pthread_cond_t idle;  /* in_flight or queued went down */
+    /* The PFD_QUEUED connections, the places held by workers, the policies'
+     * state and the line's counters, in one block (core/prazo_line.h): under mutex. */
+    struct prazo_line *line;
+    struct pfd_conn *returned; /* finished by workers or refused at pickup, for the I/O thread */
+    int draining;              /* under mutex; also read by the I/O thread */
     int stopping;
     int io_done; /* the I/O thread has exited: workers free what they finish */
     atomic_int listeners_closed;
@@ -245,14 +240,11 @@ struct pfd_server {
     /* Closed while an epoll batch that may still name them was handled: freed at the next turn. */
     struct pfd_conn *graveyard;
     int64_t accept_paused_until; /* out of descriptors: listeners out of epoll until then (0: not paused) */
-    /* counters (written under mutex or by the I/O thread only; read via atomics) */
-    _Atomic int64_t accepted, open_connections, offered, admitted, started, completed;
-    _Atomic int64_t rejected_full, expired_on_arrival, expired_in_queue, shutting_down;
+    /* counters beside the line's (written under mutex or by the I/O thread only; read via atomics) */
+    _Atomic int64_t accepted, open_connections, admitted, shutting_down;
     _Atomic int64_t header_timeouts, bad_requests, heads_too_large, kernel_stamps;
-    _Atomic int64_t peak_in_flight, peak_queued, queue_wait_ns_total;
     _Atomic int64_t pending_heads, lingering_now; /* published by the I/O thread each turn */
-    _Atomic int64_t insufficient_budget, shed, evicted, critical_started;
-    _Atomic int64_t expected_now;    /* pfd_expected(), published under mutex for the I/O thread's arrivals */
+    _Atomic int64_t expected_now;    /* pfd_expected() as last published: a change wakes the I/O thread's sweep */
     _Atomic int64_t upstream_stamps; /* heads whose deadline a trusted proxy's stamp shortened */
 };
 

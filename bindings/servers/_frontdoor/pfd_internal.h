@@ -53,34 +53,27 @@ static inline int pfd_hex(unsigned char ch)
     return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
 }
 
-static inline int64_t pfd_waiting(const struct pfd_server *srv) { return srv->line.count + srv->crit.count; }
+/* Connections in the admission line. Under mutex. */
+static inline int64_t pfd_waiting(const struct pfd_server *srv) { return srv->line->count; }
+
+/* Connections holding a worker's place. Under mutex. */
+static inline int64_t pfd_in_flight(const struct pfd_server *srv) { return prazo_line_in_flight(srv->line); }
 
 /* The doomed-work skip's expected service time now (0: no skip). Under mutex. */
-static inline int64_t pfd_expected(const struct pfd_server *srv)
-{
-    if (srv->cfg.expected_service_ns <= 0 && srv->cfg.expected_quantile_permille <= 0)
-        return 0;
-    return prazo_service_estimate_ns(&srv->estimate);
-}
-
-/* Arrivals are refused (or make room) once running + waiting reach this. */
-static inline int pfd_line_full(const struct pfd_server *srv)
-{
-    return srv->in_flight + pfd_waiting(srv) >= srv->limit + (int64_t)srv->cfg.max_queue;
-}
+static inline int64_t pfd_expected(const struct pfd_server *srv) { return prazo_line_expected_ns(srv->line); }
 
 /* pfd_conn.c: connections */
 void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c);
 int pfd_send_all_nb(int fd, const char *p, size_t n);
 void pfd_wake(struct pfd_server *srv);
 
-/* pfd_line.c: the admission line's policies, under srv->mutex */
-void pfd_line_drop(struct pfd_server *srv, struct pfd_conn *c, int answer, struct pfd_conn ***tail);
-void pfd_line_shed_stale(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
-struct pfd_conn *pfd_line_pick(struct pfd_server *srv, int64_t now);
+/* pfd_line.c: the admission line (core/prazo_line.h) with connections as its tokens, under srv->mutex */
+int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, struct pfd_conn ***tail);
+struct pfd_conn *pfd_line_next(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
 int64_t pfd_line_sweep(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
+int64_t pfd_line_take_all(struct pfd_server *srv, struct pfd_conn ***tail);
 void pfd_line_dropped_wake(struct pfd_server *srv);
-void pfd_line_sample(struct pfd_server *srv, int64_t service_ns);
+void pfd_line_release(struct pfd_server *srv, int critical, int64_t service_ns);
 
 /* pfd_io.c: the I/O thread */
 void pfd_io_close_listeners(struct pfd_server *srv);

@@ -94,20 +94,9 @@ static void pfd_io_answer(struct pfd_server *srv, struct pfd_conn *c, int answer
         (void)pfd_io_try_head(srv, c, now, 0);
 }
 
-/* Refuse a head on arrival. Each arrival's offered and its outcome are counted
+/* A complete head: decide. Each arrival's offered and its outcome are counted
  * together under the mutex, which stats() holds while it reads: the counters
  * balance in every snapshot, not only once the server is idle. */
-static void pfd_io_refuse_on_arrival(struct pfd_server *srv, struct pfd_conn *c, _Atomic int64_t *outcome, int answer,
-                                     int64_t now)
-{
-    pthread_mutex_lock(&srv->mutex);
-    pfd_count(&srv->offered, 1);
-    pfd_count(outcome, 1);
-    pthread_mutex_unlock(&srv->mutex);
-    pfd_io_answer(srv, c, answer, now);
-}
-
-/* A complete head: decide. */
 static void pfd_io_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now)
 {
     double ms = 0.0;
@@ -124,60 +113,39 @@ static void pfd_io_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now
     c->deadline_ns =
         pfd_deadline_for(srv->cfg.default_budget_ms, srv->cfg.max_budget_ms, have, ms, c->arrival_ns, c->upstream_ns);
     if (srv->draining) {
-        pfd_io_refuse_on_arrival(srv, c, &srv->shutting_down, PFD_A_SHUTTING_DOWN, now);
-        return;
-    }
-    int verdict =
-        prazo_deadline_verdict(now, c->deadline_ns, atomic_load_explicit(&srv->expected_now, memory_order_relaxed));
-    if (verdict == PRAZO_VERDICT_EXPIRED) {
-        pfd_io_refuse_on_arrival(srv, c, &srv->expired_on_arrival, PFD_A_EXPIRED_ON_ARRIVAL, now);
-        return;
-    }
-    if (verdict == PRAZO_VERDICT_INSUFFICIENT) {
-        pfd_io_refuse_on_arrival(srv, c, &srv->insufficient_budget, PFD_A_INSUFFICIENT_BUDGET, now);
+        pthread_mutex_lock(&srv->mutex);
+        prazo_add(&srv->line->c.offered, 1);
+        pfd_count(&srv->shutting_down, 1);
+        pthread_mutex_unlock(&srv->mutex);
+        pfd_io_answer(srv, c, PFD_A_SHUTTING_DOWN, now);
         return;
     }
     c->critical = pfd_is_critical(srv, c);
     struct pfd_conn *dropped = NULL, **tail = &dropped;
-    int refused = 0;
+    int answer;
     pthread_mutex_lock(&srv->mutex);
-    pfd_count(&srv->offered, 1);
     if (srv->draining) {
-        refused = 1;
-    } else if (pfd_line_full(srv)) {
-        /* A full standing line makes room by shedding its stale entries first;
-         * a critical arrival then pushes out the newest normal waiter. */
-        pfd_line_shed_stale(srv, now, &tail);
-        if (pfd_line_full(srv)) {
-            if (c->critical && srv->line.tail)
-                pfd_line_drop(srv, srv->line.tail, PFD_A_EVICTED, &tail);
-            else
-                refused = 1;
-        }
+        /* Drained between the look above and the mutex: too late to say shutting-down. */
+        prazo_add(&srv->line->c.offered, 1);
+        prazo_add(&srv->line->c.rejected_full, 1);
+        answer = PFD_A_QUEUE_FULL;
+    } else {
+        /* Expired, doomed, full (after shedding stale entries, and a critical
+         * arrival evicting the newest normal waiter), or into the line. */
+        answer = pfd_line_admit(srv, c, now, &tail);
     }
-    if (!refused) {
+    if (answer < 0) {
         pfd_list_remove(&srv->heads, c);
         epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-        c->state = PFD_QUEUED;
-        c->queued_ns = now;
-        if (pfd_waiting(srv) == 0)
-            prazo_codel_note_empty(&srv->codel, now);
-        pfd_list_push(c->critical ? &srv->crit : &srv->line, c);
-        /* Waiting means: in line beyond the places free to take it at once. */
-        int64_t free_places = srv->limit - srv->in_flight;
-        int64_t waiting = pfd_waiting(srv) - (free_places > 0 ? free_places : 0);
-        if (waiting > pfd_read_counter(&srv->peak_queued))
-            atomic_store_explicit(&srv->peak_queued, waiting, memory_order_relaxed);
         pfd_count(&srv->admitted, 1);
         pthread_cond_signal(&srv->ready);
-    } else
-        pfd_count(&srv->rejected_full, 1);
+    }
     if (dropped)
         pfd_line_dropped_wake(srv);
     pthread_mutex_unlock(&srv->mutex);
     pfd_io_answer_dropped(srv, dropped, now);
-    if (refused)
-        pfd_io_answer(srv, c, PFD_A_QUEUE_FULL, now);
+    if (answer >= 0)
+        pfd_io_answer(srv, c, answer, now);
 }
 
 /* 1 while the head is still incomplete (c stays with the caller), 0 once c was
@@ -438,16 +406,7 @@ void *pfd_io_main(void *arg)
             /* What still waits is answered 503 shutting-down; then every connection closes. */
             pthread_mutex_lock(&srv->mutex);
             struct pfd_conn *waiting = NULL, **tail = &waiting;
-            struct pfd_list *lists[2] = {&srv->crit, &srv->line};
-            for (int i = 0; i < 2; i++) {
-                if (lists[i]->head) {
-                    *tail = lists[i]->head;
-                    tail = &lists[i]->tail->next;
-                }
-                pfd_count(&srv->shutting_down, lists[i]->count);
-                lists[i]->head = lists[i]->tail = NULL;
-                lists[i]->count = 0;
-            }
+            pfd_count(&srv->shutting_down, pfd_line_take_all(srv, &tail));
             pthread_cond_broadcast(&srv->idle);
             pthread_mutex_unlock(&srv->mutex);
             while (waiting) {

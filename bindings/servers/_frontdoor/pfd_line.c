@@ -1,101 +1,122 @@
-/* The front door's engine: the admission line's policies. */
+/* The front door's engine: its admission line is core/prazo_line.h, the same C
+ * line the queue's C twin runs (arrival decision, next entry, sweep, drops,
+ * counters). This file is the glue: a line token is a struct pfd_conn *, and a
+ * drop reason becomes the canned answer the connection gets. Every call is
+ * made under srv->mutex; the dropped connections come back as a chain (through
+ * c->next) that the caller answers once it has let go of the mutex.
+ *
+ * The engine takes a slot at worker pickup (PRAZO_LINE_PICKUP), not at
+ * arrival: an admitted connection always waits in the line until a free
+ * worker asks for the next one, so the line picks by the policies in force
+ * when the work can really start. */
 #include "pfd_internal.h"
 
-/* The admission line is two lists: critical requests (served first, FIFO
- * among them) and normal ones (served per cfg.order). What a policy decides
- * (CoDel's standing line and sojourn limit, the expected service time, the
- * Vegas limit, whether a class may start) is computed by core/prazo_policy.h,
- * exactly as the queue's C twin computes it; this section only applies it to
- * the engine's lists, under srv->mutex. */
+static inline uint64_t pfd_token(struct pfd_conn *c) { return (uint64_t)(uintptr_t)c; }
+static inline struct pfd_conn *pfd_token_conn(uint64_t token) { return (struct pfd_conn *)(uintptr_t)token; }
 
-/* Take c out of the line it waits in, to drop it with `answer` (counted now,
- * so stats() never sees it in two places); appended to the list at *tail. */
-void pfd_line_drop(struct pfd_server *srv, struct pfd_conn *c, int answer, struct pfd_conn ***tail)
+static int pfd_drop_answer(int reason)
 {
-    pfd_list_remove(c->critical ? &srv->crit : &srv->line, c);
-    c->drop_answer = answer;
-    switch (answer) {
-    case PFD_A_EXPIRED_IN_QUEUE:
-        pfd_count(&srv->expired_in_queue, 1);
-        break;
-    case PFD_A_INSUFFICIENT_BUDGET:
-        pfd_count(&srv->insufficient_budget, 1);
-        break;
-    case PFD_A_SHED:
-        pfd_count(&srv->shed, 1);
-        break;
+    switch (reason) {
+    case PRAZO_DROP_EXPIRED:
+        return PFD_A_EXPIRED_IN_QUEUE;
+    case PRAZO_DROP_INSUFFICIENT:
+        return PFD_A_INSUFFICIENT_BUDGET;
+    case PRAZO_DROP_SHED:
+        return PFD_A_SHED;
+    case PRAZO_DROP_EVICTED:
+        return PFD_A_EVICTED;
     default:
-        pfd_count(&srv->evicted, 1);
-        break;
+        return PFD_A_SHUTTING_DOWN;
     }
+}
+
+static void pfd_line_append(struct pfd_conn *c, int answer, struct pfd_conn ***tail)
+{
+    c->drop_answer = answer;
     c->next = NULL;
     **tail = c;
     *tail = &c->next;
 }
 
-/* order="adaptive": shed, from the old end of each list, every entry that has
- * waited longer than CoDel allows now. */
-void pfd_line_shed_stale(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail)
+/* The line's drops, appended to the chain at *tail, each with its answer; frees `drops`. */
+static void pfd_line_chain(struct prazo_line_drops *drops, struct pfd_conn ***tail)
 {
-    if (srv->cfg.order != PFD_ORDER_ADAPTIVE)
-        return;
-    int64_t max_sojourn = prazo_codel_max_sojourn(&srv->codel, now);
-    struct pfd_list *lists[2] = {&srv->crit, &srv->line};
-    for (int i = 0; i < 2; i++)
-        while (lists[i]->head && now - lists[i]->head->queued_ns > max_sojourn)
-            pfd_line_drop(srv, lists[i]->head, PFD_A_SHED, tail);
+    for (int64_t i = 0; i < drops->count; i++)
+        pfd_line_append(pfd_token_conn(drops->items[i].token), pfd_drop_answer(drops->items[i].reason), tail);
+    prazo_line_drops_free(drops);
 }
 
-/* The entry a free worker would start now, or NULL: a critical one when its
- * class may start, else a normal one (FIFO, LIFO, or LIFO while the line
- * stands under "adaptive") when the normal class may start. */
-struct pfd_conn *pfd_line_pick(struct pfd_server *srv, int64_t now)
+/* A complete head that is not refused before the line (draining): -1 when c
+ * now waits in the line (state PFD_QUEUED), else the answer it gets. Entries
+ * the arrival shed or evicted to make room are appended at *tail. */
+int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, struct pfd_conn ***tail)
 {
-    int64_t critical_active = srv->critical_in_flight + srv->crit.count;
-    int64_t reserved = srv->cfg.reserved;
-    if (srv->crit.head && prazo_priority_may_start(srv->in_flight, srv->limit, reserved, 1, critical_active))
-        return srv->crit.head;
-    if (!srv->line.head || !prazo_priority_may_start(srv->in_flight, srv->limit, reserved, 0, critical_active))
+    struct prazo_line_drops drops;
+    prazo_line_drops_init(&drops);
+    int outcome = prazo_line_admit(srv->line, c->deadline_ns, now, c->critical, &drops);
+    pfd_line_chain(&drops, tail);
+    switch (outcome) {
+    case PRAZO_ADMIT_WAIT:
+        break;
+    case PRAZO_ADMIT_EXPIRED:
+        return PFD_A_EXPIRED_ON_ARRIVAL;
+    case PRAZO_ADMIT_INSUFFICIENT:
+        return PFD_A_INSUFFICIENT_BUDGET;
+    default: /* PRAZO_ADMIT_FULL; the engine never shuts the line itself down: draining is its own */
+        return PFD_A_QUEUE_FULL;
+    }
+    struct prazo_line_entry entry = {
+        .deadline_ns = c->deadline_ns, .enqueued_ns = now, .token = pfd_token(c), .critical = c->critical};
+    c->state = PFD_QUEUED;
+    c->queued_ns = now;
+    prazo_line_push(srv->line, &entry);
+    return -1;
+}
+
+/* The connection a free worker starts now, holding a slot, or NULL (nothing
+ * may start now; what may no longer start was appended at *tail). */
+struct pfd_conn *pfd_line_next(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail)
+{
+    struct prazo_line_drops drops;
+    struct prazo_line_entry entry;
+    prazo_line_drops_init(&drops);
+    int got = prazo_line_next(srv->line, now, &drops, &entry);
+    pfd_line_chain(&drops, tail);
+    if (got == PRAZO_NEXT_NONE)
         return NULL;
-    int lifo = srv->cfg.order == PFD_ORDER_LIFO ||
-               (srv->cfg.order == PFD_ORDER_ADAPTIVE && prazo_codel_standing(&srv->codel, now));
-    return lifo ? srv->line.tail : srv->line.head;
+    struct pfd_conn *c = pfd_token_conn(entry.token);
+    if (got == PRAZO_NEXT_UNREPORTED) {
+        /* The drop list ran out of memory: this one holds a slot it may not
+         * use. The slot goes back and the connection is answered like any drop. */
+        int reason = prazo_line_drop_reason(prazo_deadline_verdict(now, entry.deadline_ns, pfd_expected(srv)));
+        prazo_line_give_back(srv->line, entry.critical);
+        prazo_line_count_drop(srv->line, reason);
+        pfd_line_append(c, pfd_drop_answer(reason), tail);
+        return NULL;
+    }
+    prazo_line_count_start(srv->line, entry.enqueued_ns, now, entry.critical);
+    return c;
 }
 
-/* Drop what may no longer start at now: expired or doomed anywhere in the
- * line, and (adaptive) stale entries. Returns when to look again (INT64_MAX: never). */
+/* Drop what may no longer start at now: stale entries (adaptive), and expired
+ * or doomed ones anywhere in the line. Returns when to look again (INT64_MAX: never). */
 int64_t pfd_line_sweep(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail)
 {
-    int64_t next = INT64_MAX;
-    int64_t expected = pfd_expected(srv);
-    pfd_line_shed_stale(srv, now, tail);
-    struct pfd_list *lists[2] = {&srv->crit, &srv->line};
-    for (int i = 0; i < 2; i++) {
-        for (struct pfd_conn *c = lists[i]->head, *n; c; c = n) {
-            n = c->next;
-            int verdict = prazo_deadline_verdict(now, c->deadline_ns, expected);
-            if (verdict == PRAZO_VERDICT_EXPIRED) {
-                pfd_line_drop(srv, c, PFD_A_EXPIRED_IN_QUEUE, tail);
-                continue;
-            }
-            if (verdict == PRAZO_VERDICT_INSUFFICIENT) {
-                pfd_line_drop(srv, c, PFD_A_INSUFFICIENT_BUDGET, tail);
-                continue;
-            }
-            int64_t at = expected > 0 ? prazo_effective_deadline_ns(c->deadline_ns, expected) : c->deadline_ns;
-            if (at < next)
-                next = at;
-        }
-        if (srv->cfg.order == PFD_ORDER_ADAPTIVE && lists[i]->head) {
-            /* The oldest entry is shed first; the bound catches the moment the line starts standing. */
-            int64_t at = lists[i]->head->queued_ns + prazo_codel_max_sojourn(&srv->codel, now) + 1;
-            if (now + srv->codel.target_ns < at)
-                at = now + srv->codel.target_ns;
-            if (at < next)
-                next = at;
-        }
-    }
+    struct prazo_line_drops drops;
+    prazo_line_drops_init(&drops);
+    prazo_line_shed_stale(srv->line, now, &drops);
+    int64_t next = prazo_line_sweep(srv->line, now, &drops);
+    pfd_line_chain(&drops, tail);
     return next;
+}
+
+/* Every waiting connection leaves the line (the engine is stopping), appended at *tail; returns how many. */
+int64_t pfd_line_take_all(struct pfd_server *srv, struct pfd_conn ***tail)
+{
+    int64_t n = 0;
+    for (; srv->line->count > 0; n++)
+        pfd_line_append(pfd_token_conn(prazo_line_take(srv->line, 0).token), PFD_A_SHUTTING_DOWN, tail);
+    return n;
 }
 
 /* Entries left the line without a place: shutdown may be waiting for an idle
@@ -108,21 +129,16 @@ void pfd_line_dropped_wake(struct pfd_server *srv)
         pthread_cond_broadcast(&srv->ready);
 }
 
-/* A finished request's service time: the learned estimate and Vegas take it. Under mutex. */
-void pfd_line_sample(struct pfd_server *srv, int64_t service_ns)
+/* A worker's place comes back after service_ns of work: the learned estimate
+ * and Vegas take the sample (inside the line), and a changed estimate is
+ * published for the I/O thread. Under mutex. */
+void pfd_line_release(struct pfd_server *srv, int critical, int64_t service_ns)
 {
-    if (service_ns < 0)
-        service_ns = 0;
-    if (srv->cfg.expected_quantile_permille > 0) {
-        prazo_service_estimate_sample(&srv->estimate, service_ns);
-        int64_t expected = pfd_expected(srv);
-        if (expected != atomic_load_explicit(&srv->expected_now, memory_order_relaxed)) {
-            atomic_store_explicit(&srv->expected_now, expected, memory_order_relaxed);
-            if (pfd_waiting(srv))
-                pfd_wake(srv); /* the I/O thread's sweep computes each waiter's effective deadline anew */
-        }
-    }
-    if (srv->cfg.vegas) {
-        srv->limit = prazo_vegas_sample(&srv->vegas, service_ns, srv->in_flight);
+    prazo_line_release(srv->line, critical, service_ns < 0 ? 0 : service_ns);
+    int64_t expected = pfd_expected(srv);
+    if (expected != atomic_load_explicit(&srv->expected_now, memory_order_relaxed)) {
+        atomic_store_explicit(&srv->expected_now, expected, memory_order_relaxed);
+        if (pfd_waiting(srv))
+            pfd_wake(srv); /* the I/O thread's sweep computes each waiter's effective deadline anew */
     }
 }

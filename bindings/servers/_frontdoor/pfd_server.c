@@ -51,14 +51,15 @@ struct pfd_server *pfd_server_new(const struct pfd_config *cfg, const int *liste
         memcpy(copy, cfg->trusted, (size_t)cfg->n_trusted * sizeof *copy);
         srv->cfg.trusted = copy;
     }
-    int64_t now = pfd_now_ns();
-    prazo_codel_init(&srv->codel, cfg->codel_target_ns, cfg->codel_interval_ns, now);
-    prazo_service_estimate_init(&srv->estimate, cfg->expected_service_ns, cfg->expected_quantile_permille);
-    srv->limit = cfg->threads;
-    if (cfg->vegas) {
-        prazo_vegas_init(&srv->vegas, cfg->min_concurrency, cfg->threads);
-        srv->limit = prazo_vegas_limit(&srv->vegas);
-    }
+    /* Room for everything that may be in line at once: the line refuses once
+     * running + waiting reach limit + max_queue, and the limit is at most threads. */
+    int64_t capacity = (int64_t)cfg->threads + cfg->max_queue;
+    srv->line = malloc(prazo_line_size(capacity));
+    if (!srv->line)
+        return NULL;
+    prazo_line_init(srv->line, capacity, cfg->max_queue, cfg->threads, cfg->order, PRAZO_LINE_PICKUP,
+                    cfg->codel_target_ns, cfg->codel_interval_ns, pfd_now_ns(), cfg->expected_service_ns,
+                    cfg->expected_quantile_permille, cfg->vegas, cfg->min_concurrency, cfg->reserved);
     atomic_store(&srv->expected_now, pfd_expected(srv));
     pthread_mutex_init(&srv->mutex, NULL);
     pthread_condattr_t attr;
@@ -120,12 +121,12 @@ void pfd_server_drain(struct pfd_server *srv)
 int pfd_server_wait_idle(struct pfd_server *srv, int64_t until_ns)
 {
     pthread_mutex_lock(&srv->mutex);
-    while (srv->in_flight + pfd_waiting(srv) > 0) {
+    while (pfd_in_flight(srv) + pfd_waiting(srv) > 0) {
         struct timespec ts = {.tv_sec = until_ns / 1000000000LL, .tv_nsec = until_ns % 1000000000LL};
         if (pthread_cond_timedwait(&srv->idle, &srv->mutex, &ts) == ETIMEDOUT)
             break;
     }
-    int idle = srv->in_flight + pfd_waiting(srv) == 0;
+    int idle = pfd_in_flight(srv) + pfd_waiting(srv) == 0;
     pthread_mutex_unlock(&srv->mutex);
     return idle;
 }
@@ -149,7 +150,7 @@ void pfd_server_stop(struct pfd_server *srv)
 /* Only once the I/O thread is joined and no worker holds a connection. */
 int pfd_server_free(struct pfd_server *srv)
 {
-    if (srv->thread_started || srv->in_flight)
+    if (srv->thread_started || pfd_in_flight(srv))
         return -1;
     struct pfd_conn *c = srv->returned;
     while (c) {
@@ -171,43 +172,47 @@ int pfd_server_free(struct pfd_server *srv)
     pthread_mutex_destroy(&srv->mutex);
     pthread_cond_destroy(&srv->ready);
     pthread_cond_destroy(&srv->idle);
+    free(srv->line);
     free(srv);
     return 0;
 }
 
 void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s)
 {
+    struct prazo_line *line = srv->line;
     pthread_mutex_lock(&srv->mutex);
-    int64_t free_places = srv->limit - srv->in_flight, waiting = pfd_waiting(srv);
+    int64_t in_flight = pfd_in_flight(srv), limit = prazo_load(&line->limit);
+    int64_t free_places = limit - in_flight, waiting = pfd_waiting(srv);
     if (free_places < 0)
         free_places = 0;
-    s->in_flight = srv->in_flight;
+    /* A connection in line while a place is free is as good as assigned: a worker takes it next. */
+    s->in_flight = in_flight;
     s->assigned = waiting < free_places ? waiting : free_places;
     s->queued = waiting - s->assigned;
-    s->limit = srv->limit;
+    s->limit = limit;
     s->expected_service_ns = pfd_expected(srv);
-    s->insufficient_budget = pfd_read_counter(&srv->insufficient_budget);
-    s->shed = pfd_read_counter(&srv->shed);
-    s->evicted = pfd_read_counter(&srv->evicted);
-    s->critical_started = pfd_read_counter(&srv->critical_started);
+    s->insufficient_budget = prazo_load(&line->c.insufficient_budget);
+    s->shed = prazo_load(&line->c.shed);
+    s->evicted = prazo_load(&line->c.evicted);
+    s->critical_started = prazo_load(&line->c.critical_started);
     s->upstream_stamps = pfd_read_counter(&srv->upstream_stamps);
     s->accepted = pfd_read_counter(&srv->accepted);
     s->open_connections = pfd_read_counter(&srv->open_connections);
-    s->offered = pfd_read_counter(&srv->offered);
+    s->offered = prazo_load(&line->c.offered);
     s->admitted = pfd_read_counter(&srv->admitted);
-    s->started = pfd_read_counter(&srv->started);
-    s->completed = pfd_read_counter(&srv->completed);
-    s->rejected_full = pfd_read_counter(&srv->rejected_full);
-    s->expired_on_arrival = pfd_read_counter(&srv->expired_on_arrival);
-    s->expired_in_queue = pfd_read_counter(&srv->expired_in_queue);
+    s->started = prazo_load(&line->c.started);
+    s->completed = prazo_load(&line->c.completed);
+    s->rejected_full = prazo_load(&line->c.rejected_full);
+    s->expired_on_arrival = prazo_load(&line->c.expired_on_arrival);
+    s->expired_in_queue = prazo_load(&line->c.expired_in_queue);
     s->shutting_down = pfd_read_counter(&srv->shutting_down);
     s->header_timeouts = pfd_read_counter(&srv->header_timeouts);
     s->bad_requests = pfd_read_counter(&srv->bad_requests);
     s->heads_too_large = pfd_read_counter(&srv->heads_too_large);
     s->kernel_stamps = pfd_read_counter(&srv->kernel_stamps);
-    s->peak_in_flight = pfd_read_counter(&srv->peak_in_flight);
-    s->peak_queued = pfd_read_counter(&srv->peak_queued);
-    s->queue_wait_ns_total = pfd_read_counter(&srv->queue_wait_ns_total);
+    s->peak_in_flight = prazo_load(&line->c.peak_in_flight);
+    s->peak_queued = prazo_load(&line->c.peak_queued);
+    s->queue_wait_ns_total = prazo_load(&line->c.queue_wait_ns_total);
     s->pending_heads = pfd_read_counter(&srv->pending_heads);
     s->lingering = pfd_read_counter(&srv->lingering_now);
     pthread_mutex_unlock(&srv->mutex);

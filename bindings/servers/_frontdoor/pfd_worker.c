@@ -51,17 +51,11 @@ struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
         pthread_mutex_lock(&srv->mutex);
         while (!srv->stopping) {
             now = pfd_now_ns();
-            pfd_line_shed_stale(srv, now, &tail);
-            c = pfd_line_pick(srv, now);
-            if (c != NULL) {
-                int verdict = prazo_deadline_verdict(now, c->deadline_ns, pfd_expected(srv));
-                if (verdict == PRAZO_VERDICT_LIVE)
-                    break;
-                int answer = verdict == PRAZO_VERDICT_EXPIRED ? PFD_A_EXPIRED_IN_QUEUE : PFD_A_INSUFFICIENT_BUDGET;
-                pfd_line_drop(srv, c, answer, &tail);
-                c = NULL;
-                continue;
-            }
+            /* The same call as the queue's hand-over: stale, expired and doomed
+             * entries met on the way are dropped, the one that may start takes a place. */
+            c = pfd_line_next(srv, now, &tail);
+            if (c != NULL)
+                break;
             if (dropped)
                 break; /* answer those before waiting */
             if (!block) {
@@ -73,21 +67,9 @@ struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
         int stopping = srv->stopping;
         if (dropped)
             pfd_line_dropped_wake(srv);
-        if (c != NULL && !stopping) {
-            pfd_list_remove(c->critical ? &srv->crit : &srv->line, c);
-            srv->in_flight++;
-            if (c->critical) {
-                srv->critical_in_flight++;
-                pfd_count(&srv->critical_started, 1);
-            }
-            if (srv->in_flight > pfd_read_counter(&srv->peak_in_flight))
-                atomic_store_explicit(&srv->peak_in_flight, srv->in_flight, memory_order_relaxed);
+        if (c != NULL) { /* taken only while not stopping, under this same hold of the mutex */
             c->state = PFD_RUNNING;
             c->started_ns = now;
-            pfd_count(&srv->started, 1);
-            pfd_count(&srv->queue_wait_ns_total, now - c->queued_ns);
-        } else {
-            c = NULL;
         }
         pthread_mutex_unlock(&srv->mutex);
         pfd_refuse_dropped(srv, dropped);
@@ -377,11 +359,7 @@ void pfd_conn_release(struct pfd_server *srv, struct pfd_conn *c)
     pthread_mutex_lock(&srv->mutex);
     /* The service time (started -> finished) feeds the learned estimate and
      * Vegas; the request still counts as in flight for its own sample. */
-    pfd_line_sample(srv, now - c->started_ns);
-    srv->in_flight--;
-    if (c->critical)
-        srv->critical_in_flight--;
-    pfd_count(&srv->completed, 1);
+    pfd_line_release(srv, c->critical, now - c->started_ns);
     pthread_cond_broadcast(&srv->idle);
     /* A place is free, and the limit may have risen: every parked worker looks again. */
     if (pfd_waiting(srv))
