@@ -27,7 +27,7 @@ never asks for the GIL. The garbage collector's traversal takes the mutex too
 (see the end of this file), so a thread holding it must also never create or
 release a Python object, which could start a collection on that thread.
 
-Why one file of about 1 400 lines: a Cython extension type is one module, and
+Why one file of about 1 250 lines: a Cython extension type is one module, and
 the two faces (gate and work queue) share the ring, the mutex and the
 reporting of dropped items; it follows ``_queue_py.py`` section by section.
 """
