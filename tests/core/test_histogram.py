@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from _helpers import JOIN_TIMEOUT_S, examples
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prazo.core import NS_PER_SECOND, HistogramTwin
 
@@ -306,6 +306,7 @@ def test_copy_is_independent_and_reset_empties(hist: HistogramTwin) -> None:
     values=st.lists(st.integers(min_value=0, max_value=2 * MAX_NS), max_size=100),
     bounds=st.lists(st.integers(min_value=-10, max_value=3 * MAX_NS), max_size=12),
 )
+@example(values=[100_931_731_456], bounds=[99_857_989_632])  # above 100 s, and a bound in the last bucket
 def test_count_le_is_monotone_and_brackets_the_exact_count(
     hist: HistogramTwin, values: list[int], bounds: list[int]
 ) -> None:
@@ -320,9 +321,11 @@ def test_count_le_is_monotone_and_brackets_the_exact_count(
         elif bound >= MAX_NS:
             assert count == len(values), "values above 100 s count as <= any bound from 100 s on"
         else:
-            # Values in the bound's own bucket count as <= it, no more.
-            upper = module.bucket_bounds(module.bucket_index(bound))[1]
-            assert exact <= count == sum(1 for value in values if value <= upper)
+            # Values in the bound's own bucket count as <= it, no more. A value above 100 s is
+            # kept in the last bucket (whose upper edge is below it), so a bound in that bucket
+            # counts it too: compare buckets, not the bucket's upper edge.
+            bucket = module.bucket_index(bound)
+            assert exact <= count == sum(1 for value in values if module.bucket_index(value) <= bucket)
     ordered = sorted(zip(bounds, got))
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(ordered)), "count_le must grow with the bound"
     assert h.count_le([INT64_MAX, 10**30]) == [len(values), len(values)]
