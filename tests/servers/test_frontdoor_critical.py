@@ -25,7 +25,7 @@ from prazo.bindings.servers.frontdoor import FrontDoorServer, compiled_engine, e
 pytestmark = pytest.mark.compiled
 
 HEADER = "X-Priority"
-PATHS = ["/healthz", "/a/b", "/%", "/caf\xe9", "/"]
+PATHS = ["/healthz", "/a/b", "/%", "/ol\xe9", "/"]
 
 
 class _ParsedHead:
@@ -55,7 +55,7 @@ def _c_verdict(head: bytes) -> bool:
 
 
 _path_piece = st.sampled_from(
-    ["/", "healthz", "a", "b", "%2F", "%2f", "%2", "%", "%zz", "%25", "caf", "%E9", "%e9", "?", "?x=1", "%3F", "."]
+    ["/", "healthz", "a", "b", "%2F", "%2f", "%2", "%", "%zz", "%25", "ol", "%E9", "%e9", "?", "?x=1", "%3F", "."]
 )
 _target = st.builds(
     lambda authority, pieces: authority + "".join(pieces),
@@ -99,7 +99,7 @@ def test_the_engine_classifies_every_head_as_the_classifier_does_its_environ(
         # absolute-form without a path: PATH_INFO is "/"
         (b"GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n", True),
         (b"GET http://example.com/healthz?probe=1 HTTP/1.1\r\nHost: example.com\r\n\r\n", True),
-        (b"GET /caf%E9 HTTP/1.1\r\nHost: h\r\n\r\n", True),
+        (b"GET /ol%E9 HTTP/1.1\r\nHost: h\r\n\r\n", True),
         (b"GET /healthz%3F HTTP/1.1\r\nHost: h\r\n\r\n", False),
     ],
 )
