@@ -62,33 +62,6 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "docs/benchmarks/index.md",
         ".venv/bin/prazo bench              # core, wsgi and pool, one after another (≈ 15 s; --quick ≈ 4 s)",
     ): "minutes",
-    ("docs/how-to/outgoing-calls.md", "from prazo.bindings.clients.requests import DeadlineSession"): "a host of yours",
-    (
-        "docs/how-to/outgoing-calls.md",
-        "from prazo.bindings.clients.urllib3 import DeadlinePoolManager",
-    ): "a host of yours",
-    ("docs/how-to/outgoing-calls.md", "from prazo.bindings.clients.urllib import deadline_urlopen"): "a host of yours",
-    (
-        "docs/how-to/queue-policies.md",
-        "prazo serve app:app --server prazo --threads 8 --order adaptive --expected-service-ms p90 \\",
-    ): "serves until stopped",
-    (
-        "docs/how-to/server-waitress.md",
-        "from prazo.bindings.servers.waitress import create_server, shutdown",
-    ): "serves until stopped",
-    ("docs/how-to/server-gunicorn.md", "PRAZO_MAX_QUEUE=16 PRAZO_DEFAULT_BUDGET_MS=1000 \\"): "serves until stopped",
-    (
-        "docs/how-to/server-werkzeug-wsgiref.md",
-        "from prazo.bindings.servers.werkzeug import make_server  # or prazo.bindings.servers.wsgiref",
-    ): "serves until stopped",
-    (
-        "docs/how-to/server-cheroot.md",
-        "from prazo.bindings.servers.cheroot import create_server",
-    ): "serves until stopped",
-    (
-        "docs/how-to/server-front-door.md",
-        "from prazo.bindings.servers.frontdoor import create_server",
-    ): "serves until stopped",
     ("docs/how-to/metrics.md", "  from prometheus_client import start_http_server"): "serves until stopped",
     (
         "docs/how-to/tracing.md",
