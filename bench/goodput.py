@@ -463,7 +463,8 @@ def started(spec: ServerSpec, app: str, settings: GoodputSettings) -> Iterator[_
         port = _free_port()
         running: list[subprocess.Popen[bytes]] = []
         try:
-            for index, process in enumerate(spec.processes(APPS[app], port, settings, workdir)):
+            # ``app`` names one of APPS, or is itself a module:callable path.
+            for index, process in enumerate(spec.processes(APPS.get(app, app), port, settings, workdir)):
                 log = open(workdir / f"server-{index}.log", "wb")  # noqa: SIM115 - closed with the process
                 env = {**os.environ, **process.env, ENV_STATS_DIR: str(stats_dir)}
                 running.append(
