@@ -293,10 +293,10 @@ def run_throughput(
             spec = _pinned(THROUGHPUT_SERVERS[name], server_prefix)
             with started(spec, HELLO_APP, server_settings) as target:
                 measure(target.port, _WARMUP_S, settings, client_prefix)
-                result = measure(target.port, settings.duration_s, settings, client_prefix)
-            results[name].rounds.append(result)
+                measured = measure(target.port, settings.duration_s, settings, client_prefix)
+            results[name].rounds.append(measured)
             if progress is not None:
-                progress(name, round_index, result)
+                progress(name, round_index, measured)
     fastest = max((r.best for r in results.values()), default=0.0)
     for result in results.values():
         result.vs_fastest = result.best / fastest if fastest > 0 else None
@@ -395,9 +395,13 @@ def add_bench_throughput_arguments(parser: argparse.ArgumentParser) -> None:
         help="wrk (keep-alive) or prazo's own closed-loop generator; auto: wrk when installed",
     )
     # Explicit defaults: ``prazo bench`` topics suppress the options not given.
-    parser.add_argument("--no-pin", action="store_true", default=False, help="do not pin the server and the generator to CPUs")
+    parser.add_argument(
+        "--no-pin", action="store_true", default=False, help="do not pin the server and the generator to CPUs"
+    )
     parser.add_argument("--json", action="store_true", default=False, help="print the results as one JSON object")
-    parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the answers/s of every server (matplotlib)")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", default=None, help="draw the answers/s of every server (matplotlib)"
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> tuple[ThroughputSettings, list[str]]:
