@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prazo.bench.goodput import SERVERS as GOODPUT_SERVERS
-from prazo.bench.goodput import GoodputSettings, Process, ServerSpec, started
+from prazo.bench.goodput import GoodputSettings, Process, ServerSpec, missing_module, package_version, started
+from prazo.bench.harness import run_standalone
 from prazo.bench.loadgen import LoadResult
 
 __all__ = [
@@ -86,21 +87,6 @@ def hello(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[b
     return [_BODY]
 
 
-def _version(package: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
-def _module_missing(module: str, install: str) -> Callable[[], str | None]:
-    import importlib.util
-
-    return lambda: None if importlib.util.find_spec(module) is not None else f"{module} is not installed ({install})"
-
-
 def _bjoern(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
     module, _, name = app.partition(":")
     code = (
@@ -116,7 +102,7 @@ def _uwsgi(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Proce
     argv = [
         uwsgi, "--http11-socket", f"127.0.0.1:{port}", "--module", f"{module}:{name}", "--processes", "1",
         "--threads", str(s.threads), "--disable-logging", "--die-on-term", "--need-app",
-        "--pythonpath", str(Path(__file__).resolve().parents[1]),
+        "--home", sys.prefix,
     ]  # fmt: skip
     return [Process(argv)]
 
@@ -138,16 +124,16 @@ THROUGHPUT_SERVERS: dict[str, ServerSpec] = {
     for spec in (
         ServerSpec(
             "bjoern",
-            lambda: f"bjoern {_version('bjoern')}",
+            lambda: f"bjoern {package_version('bjoern')}",
             _bjoern,
-            _module_missing("bjoern", "pip install 'prazo[peers]'; it needs libev"),
+            missing_module("bjoern", "pip install 'prazo[peers]'; it needs libev"),
         ),
-        _peer("granian", f"granian {_version('granian')} (1 worker)"),
+        _peer("granian", f"granian {package_version('granian')} (1 worker)"),
         _peer("frontdoor", "prazo front door"),
-        ServerSpec("uwsgi", lambda: f"uWSGI {_version('uwsgi')} (1 process)", _uwsgi, _uwsgi_missing),
-        _peer("waitress", f"stock waitress {_version('waitress')}"),
+        ServerSpec("uwsgi", lambda: f"uWSGI {package_version('uwsgi')} (1 process)", _uwsgi, _uwsgi_missing),
+        _peer("waitress", f"stock waitress {package_version('waitress')}"),
         _peer("prazo-waitress", "prazo waitress embedding"),
-        _peer("gunicorn", f"stock gunicorn {_version('gunicorn')} gthread"),
+        _peer("gunicorn", f"stock gunicorn {package_version('gunicorn')} gthread"),
         _peer("prazo-gunicorn", "prazo gunicorn AdmissionWorker"),
     )
 }
@@ -482,9 +468,9 @@ def run_bench_throughput(args: argparse.Namespace, out: TextIO) -> int:
 
 def bench_throughput(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """``prazo bench throughput`` as a standalone program; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="prazo bench throughput", description=(__doc__ or "").split("\n", 1)[0])
-    add_bench_throughput_arguments(parser)
-    return run_bench_throughput(parser.parse_args(argv), out or sys.stdout)
+    return run_standalone(
+        "prazo bench throughput", __doc__, add_bench_throughput_arguments, run_bench_throughput, argv, out
+    )
 
 
 if __name__ == "__main__":
