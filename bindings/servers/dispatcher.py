@@ -482,6 +482,7 @@ class AdmittedApp:
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
         self.app = app
         self._dispatcher = dispatcher
+        self._stats = dispatcher.stats
         self._policy = policy
         self._counters = counters
 
@@ -496,11 +497,11 @@ class AdmittedApp:
             environ[BUDGET_SOURCE_KEY] = incoming.source
             if incoming.invalid and ticket.provisional:
                 self._counters.add("invalid_budget_header", incoming.invalid)
-        environ[SERVER_STATS_KEY] = self._dispatcher.stats
+        environ[SERVER_STATS_KEY] = self._stats
         # Checked again here, not only when the worker took the ticket: the
         # server parsed the request in between, and the app must never start
         # at or after the deadline.
-        if deadline.expired():
+        if time.monotonic_ns() >= deadline.ns:
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
             ticket.release(sample=False)
