@@ -14,6 +14,7 @@
     prazo bench pool [flags]   AdmissionPool throughput against ThreadPoolExecutor
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
     prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
+    prazo bench throughput [...]  answers/s of a hello-world app, every server on one CPU, stock vs prazo
     prazo bench soak [--minutes N]  mixed load with faults at 1.5x capacity; checks every queue at rest
 
 ``--impl c|py`` (before or after the command) forces one twin of the
@@ -568,6 +569,18 @@ def _add_bench(commands: Commands) -> Commands:
         run_bench_goodput,
     )
     add_bench_goodput_arguments(goodput)
+    from prazo.bench.throughput import add_bench_throughput_arguments, run_bench_throughput
+
+    throughput = _add_topic(
+        topics,
+        "throughput",
+        "answers/s of a hello-world app on every server, each on one CPU (not part of bare `prazo bench`)",
+        "A hello-world app (13-byte body) on bjoern, granian, uWSGI (when installed), the front door, stock and "
+        "prazo waitress, stock and prazo gunicorn gthread, each pinned to one CPU under closed-loop keep-alive load "
+        "from wrk (or prazo's own generator): best of interleaved rounds, each embedding's ratio to its stock server.",
+        run_bench_throughput,
+    )
+    add_bench_throughput_arguments(throughput)
     from prazo.bench.soak import add_bench_soak_arguments
 
     soak = _add_topic(

@@ -97,6 +97,7 @@ from prazo.bench.goodput_workloads import (
     slice_figures,
     timeline,
 )
+from prazo.bench.harness import run_standalone
 from prazo.bench.loadgen import OUTCOMES, LoadResult, run_in_subprocess
 
 __all__ = [
@@ -111,6 +112,8 @@ __all__ = [
     "add_bench_goodput_arguments",
     "bench_goodput",
     "load_points",
+    "missing_module",
+    "package_version",
     "percentile",
     "plot",
     "plot_paths",
@@ -194,14 +197,16 @@ class ServerSpec:
     default: bool = True
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
+    """The installed version of ``package``, or ``?``."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "?"
 
 
-def _missing_module(name: str, install: str) -> Callable[[], str | None]:
+def missing_module(name: str, install: str) -> Callable[[], str | None]:
+    """A check that says why module ``name`` cannot run (not installed: ``install`` it), or None."""
     return lambda: None if importlib.util.find_spec(name) is not None else f"{name} is not installed ({install})"
 
 
@@ -347,8 +352,8 @@ def _haproxy_label(queue_timeout: str) -> Callable[[], str]:
     return label
 
 
-_waitress_ok = _missing_module("waitress", "pip install 'prazo[servers]'")
-_gunicorn_ok = _missing_module("gunicorn", "pip install 'prazo[servers]'")
+_waitress_ok = missing_module("waitress", "pip install 'prazo[servers]'")
+_gunicorn_ok = missing_module("gunicorn", "pip install 'prazo[servers]'")
 _PRAZO_WORKER = "prazo.bindings.servers.gunicorn.AdmissionWorker"
 
 
@@ -387,13 +392,16 @@ SERVERS: dict[str, ServerSpec] = {
     for spec in (
         ServerSpec(
             "waitress",
-            lambda: f"stock waitress {_version('waitress')}",
+            lambda: f"stock waitress {package_version('waitress')}",
             lambda app, port, s, workdir: [_stock_waitress(app, port, s)],
             _waitress_ok,
         ),
         ServerSpec("prazo-waitress", lambda: "prazo waitress embedding", _prazo_serve("waitress"), _waitress_ok),
         ServerSpec(
-            "gunicorn", lambda: f"stock gunicorn {_version('gunicorn')} gthread", _gunicorn("gthread"), _gunicorn_ok
+            "gunicorn",
+            lambda: f"stock gunicorn {package_version('gunicorn')} gthread",
+            _gunicorn("gthread"),
+            _gunicorn_ok,
         ),
         ServerSpec(
             "prazo-gunicorn",
@@ -404,9 +412,9 @@ SERVERS: dict[str, ServerSpec] = {
         ServerSpec("frontdoor", lambda: "prazo front door", _prazo_serve("prazo"), _no_front_door),
         ServerSpec(
             "granian",
-            lambda: f"granian {_version('granian')} (--backpressure 20)",
+            lambda: f"granian {package_version('granian')} (--backpressure 20)",
             _granian,
-            _missing_module("granian", "pip install granian"),
+            missing_module("granian", "pip install granian"),
         ),
         ServerSpec("haproxy", _haproxy_label("200ms"), _haproxy(200), _no_haproxy),
         ServerSpec("haproxy-1s", _haproxy_label("1s"), _haproxy(1000), _no_haproxy, default=False),
@@ -463,7 +471,8 @@ def started(spec: ServerSpec, app: str, settings: GoodputSettings) -> Iterator[_
         port = _free_port()
         running: list[subprocess.Popen[bytes]] = []
         try:
-            for index, process in enumerate(spec.processes(APPS[app], port, settings, workdir)):
+            # ``app`` names one of APPS, or is itself a module:callable path.
+            for index, process in enumerate(spec.processes(APPS.get(app, app), port, settings, workdir)):
                 log = open(workdir / f"server-{index}.log", "wb")  # noqa: SIM115 - closed with the process
                 env = {**os.environ, **process.env, ENV_STATS_DIR: str(stats_dir)}
                 running.append(
@@ -1308,9 +1317,7 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
 
 def bench_goodput(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """``prazo bench goodput`` as a standalone program; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="prazo bench goodput", description=(__doc__ or "").split("\n", 1)[0])
-    add_bench_goodput_arguments(parser)
-    return run_bench_goodput(parser.parse_args(argv), out or sys.stdout)
+    return run_standalone("prazo bench goodput", __doc__, add_bench_goodput_arguments, run_bench_goodput, argv, out)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,15 @@ tests; the CLI paints a terminal).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 __all__ = [
     "DEFAULT_SETTINGS",
@@ -32,6 +35,7 @@ __all__ = [
     "ratio_of",
     "render_heading",
     "render_targets",
+    "run_standalone",
 ]
 
 # Role names understood by a ``Paint`` function (see prazo.bench.cli).
@@ -145,3 +149,17 @@ def render_targets(targets: Sequence[Target], width: int, paint: Paint = plain) 
             f"  {paint(f'[{verdict}]', role)} {t.label:<{width - 2}}{format_times(t.ratio):>8}  (target {t.limit})"
         )
     return out
+
+
+def run_standalone(
+    prog: str,
+    doc: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], object],
+    run: Callable[[argparse.Namespace, TextIO], int],
+    argv: list[str] | None,
+    out: TextIO | None,
+) -> int:
+    """A ``prazo bench`` topic as a program of its own: its flags, parsed from ``argv``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n", 1)[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv), out or sys.stdout)

@@ -55,7 +55,7 @@ from prazo.core import (
     deadline_var,
 )
 
-__all__ = ["CompiledPath", "ListBody", "QueueRelease", "serve", "set_observer", "supports"]
+__all__ = ["CompiledPath", "ListBody", "QueueRelease", "call_admitted", "serve", "set_observer", "supports"]
 
 
 # core/: the budget headers' wire rules, shared with the front door's engine.
@@ -207,6 +207,7 @@ cdef class ListBody:
     cdef Py_ssize_t _index
     cdef Py_ssize_t _length
     cdef AdmissionQueue _queue   # holds the slot; None once released
+    cdef object _release         # or the release callable that holds it (call_admitted); None once released
     cdef LatencyHistogram _duration  # where the request's duration goes; None while latency recording is off
     cdef int64_t _arrival_ns
     cdef int64_t _started_ns         # when the slot started: the release is a service-time sample
@@ -243,11 +244,16 @@ cdef class ListBody:
         # The claim (clearing _queue) runs no Python code, so under the GIL
         # exactly one caller gets the queue, whoever else races to finish.
         cdef AdmissionQueue queue = self._queue
-        if queue is None:
+        cdef object release = self._release
+        if queue is None and release is None:
             return 0
         self._queue = None
+        self._release = None
         self._items = None
-        return _release_slot(queue, self._started_ns, self._duration, self._arrival_ns)
+        if queue is not None:
+            return _release_slot(queue, self._started_ns, self._duration, self._arrival_ns)
+        release()
+        return 0
 
 
 @cython.final
@@ -431,6 +437,56 @@ cdef inline ListBody _list_body(
     body._duration = duration
     body._arrival_ns = arrival_ns
     body._started_ns = started_ns
+    return body
+
+
+def call_admitted(app, dict environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s,
+                  arrival_ns, outcome):
+    """``prazo.bindings.wsgi._call_admitted`` (its specification) in C, for a ``Deadline`` and a dict environ.
+
+    What the server embeddings and the front door run for every admitted
+    request (``run_admitted``): the same observer call, environ keys and
+    deadline rule (an earlier deadline already current wins), the app called
+    in a copy of the current context entered once, ``release`` called at once
+    if the app raises, and a list or tuple body wrapped in the C ``ListBody``
+    (which calls ``release`` exactly once).
+    """
+    cdef object context, outer, current, result
+    _bind_python_side()
+    try:
+        if _observer is not None:
+            # Inside the try: an observer that raises still gives the slot back.
+            _observer(environ, outcome, arrival_ns, _deadline_ns(deadline), queue_wait_ns, None)
+        environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
+        outer = get_value(_DEADLINE_VAR)
+        current = deadline
+        if outer is not None and _deadline_ns(outer) <= _deadline_ns(deadline):
+            current = outer
+        environ[_DEADLINE_KEY] = current
+        context = PyContext_CopyCurrent()
+        PyContext_Enter(context)
+        try:
+            PyContextVar_Set(_DEADLINE_VAR, current)
+            result = app(environ, start_response)
+        finally:
+            PyContext_Exit(context)
+    except (DeadlineExceeded, DownstreamOverloaded) as exc:
+        release()
+        return _refuse(exc, start_response, counters, retry_after_s)
+    except BaseException:
+        release()
+        raise
+    if type(result) is list or type(result) is tuple:
+        return _released_list_body(result, release)
+    return _AdmittedResponse(result, context, start_response, release, counters, retry_after_s)
+
+
+cdef inline ListBody _released_list_body(object items, object release):
+    cdef ListBody body = ListBody.__new__(ListBody)
+    body._items = items
+    body._index = 0
+    body._length = PySequence_Fast_GET_SIZE(items)
+    body._release = release
     return body
 
 

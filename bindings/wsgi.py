@@ -538,6 +538,13 @@ def run_admitted(
     known) is for the admission observer (``set_admission_observer``), which
     is told of the admission before the app runs.
     """
+    if _COMPILED_PATH is not None and type(environ) is dict and type(deadline) is Deadline:
+        # The same steps in C (prazo.bindings._wsgi_c.call_admitted): every
+        # admitted request of the server embeddings and the front door.
+        return _COMPILED_PATH.call_admitted(  # type: ignore[no-any-return]
+            app, environ, start_response, deadline, release, queue_wait_ns, counters, retry_after_s, arrival_ns,
+            OUTCOME_ADMITTED,
+        )  # fmt: skip
     return _call_admitted(
         app,
         environ,

@@ -25,6 +25,7 @@ embedding in ``prazo.bindings.servers`` puts these in its place:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -60,6 +61,11 @@ __all__ = ["SERVER_STATS_KEY", "AdmissionDispatcher", "AdmittedApp", "Ticket", "
 # connection admission), so a service configures it under one name.
 _log = logging.getLogger("prazo.servers")
 
+# An idle worker looks at the queue again after this long even when nobody
+# woke it, as a worker blocked in the queue's own get() does (its signal
+# slice): a shutdown made on the queue directly is seen within it.
+_IDLE_RECHECK_S = 0.1
+
 # environ key of a callable returning the server queue's counters, so an app
 # (or its metrics endpoint) can read the state of the queue it sits behind.
 SERVER_STATS_KEY = "prazo.server_stats"
@@ -85,6 +91,8 @@ class Ticket:
         "_app_called",
         "_once",
         "_queue",
+        "_taken_by",
+        "_woken_by_release",
         "arrival_ns",
         "claimed",
         "critical",
@@ -119,6 +127,8 @@ class Ticket:
         # expiry reaper (shared with AdmissionPool) skips claimed entries.
         self.claimed = False
         self._queue: AdmissionQueue | None = None
+        self._taken_by = 0
+        self._woken_by_release: Callable[[], object] | None = None
         self._once = threading.Lock()
         self._app_called = False
 
@@ -127,10 +137,12 @@ class Ticket:
         """Nanoseconds between arrival and the moment a worker took the ticket."""
         return max(self.started_ns - self.arrival_ns, 0) if self.started_ns else 0
 
-    def _start(self, q: AdmissionQueue) -> None:
+    def _start(self, q: AdmissionQueue, wake: Callable[[], object] | None = None) -> None:
         self.claimed = True
         self.started_ns = time.monotonic_ns()
         self._queue = q
+        self._taken_by = threading.get_ident()
+        self._woken_by_release = wake
 
     def claim_app_call(self) -> bool:
         """True the first time the app is about to run for this ticket, False after."""
@@ -150,6 +162,12 @@ class Ticket:
                 self._queue.task_done(critical=True, started_ns=started_ns)
             else:
                 self._queue.task_done(started_ns=started_ns)
+            # The slot may have gone to a waiting ticket. The worker that took
+            # this one looks for it itself once its serve returns; a release
+            # from any other thread must wake an idle worker for it.
+            wake = self._woken_by_release
+            if wake is not None and self._taken_by != threading.get_ident():
+                wake()
 
     def __repr__(self) -> str:
         kind = (" provisional" if self.provisional else "") + (" critical" if self.critical else "")
@@ -236,10 +254,23 @@ class AdmissionDispatcher:
         self._queue = AdmissionQueue(threads, max_queue, on_dropped=self._dropped, **dict(queue_options or {}))
         self._reaper_cond = threading.Condition()
         self._reaper = DeadlineReaper(self._queue, self._reaper_cond, f"{name}-expiry")
-        self._local = threading.local()
+        # The ticket each worker thread serves, by thread id: a dict lookup
+        # costs a fraction of a threading.local attribute, on every request.
+        self._serving: dict[int, Ticket | None] = {}
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._started = False
+        # Idle workers sleep on a lock of their own, woken by whoever made a
+        # ticket ready, instead of on the queue's condition: the queue
+        # signals that condition while holding its mutex, so on a busy CPU a
+        # woken worker first blocks on the mutex, then on the GIL (two more
+        # context switches a request). With a fixed limit and no reserved
+        # slots a release grants at most one slot, which the releasing worker
+        # takes itself, so a submit and a release from elsewhere are the only
+        # wakes needed; the other policies keep the queue's blocking get().
+        self._idle: list[threading.Lock] = []
+        self._idle_lock = threading.Lock()
+        self._hand_off = self._queue.limit_policy == "fixed" and self._queue.reserved == 0
 
     @property
     def threads(self) -> int:
@@ -261,7 +292,7 @@ class AdmissionDispatcher:
 
     def is_worker_thread(self) -> bool:
         """True when called from one of this dispatcher's worker threads."""
-        return getattr(self._local, "worker", False)
+        return threading.get_ident() in self._serving
 
     def start(self) -> None:
         """Start the worker threads; later calls do nothing."""
@@ -287,6 +318,8 @@ class AdmissionDispatcher:
             self._changed()
             self._refuse(ticket, exc)
             return False
+        if self._hand_off:
+            self._wake_one()
         if self._queue.qsize():
             # It may be waiting: make sure it is refused at its own deadline.
             with self._reaper_cond:
@@ -304,8 +337,7 @@ class AdmissionDispatcher:
 
     def current_ticket(self) -> Ticket | None:
         """The ticket the calling worker thread is serving, or None."""
-        ticket: Ticket | None = getattr(self._local, "ticket", None)
-        return ticket
+        return self._serving.get(threading.get_ident())
 
     def stats(self) -> dict[str, int]:
         """The admission queue's counters."""
@@ -331,16 +363,56 @@ class AdmissionDispatcher:
         except Exception:  # noqa: BLE001 - one failed answer must not stop the others
             _log.exception("prazo: refusing %r failed", ticket)
 
+    def _wake_one(self) -> None:
+        # Under the lock a worker also takes to look at the queue before it
+        # goes idle: either it sees what was just made ready, or it is here.
+        with self._idle_lock:
+            if self._idle:
+                self._idle.pop().release()
+
+    def _wake_all(self) -> None:
+        with self._idle_lock:
+            while self._idle:
+                self._idle.pop().release()
+
+    def _next_ticket(self, wake: threading.Lock) -> Ticket:
+        """The next ready ticket, sleeping on ``wake`` (held) while there is none; raises ``ShutDown``."""
+        q = self._queue
+        while True:
+            # One look, under the wakers' lock: an empty queue raises, and a
+            # second unlocked look first would raise twice a request.
+            with self._idle_lock:
+                try:
+                    ticket: Ticket = q.get_nowait()
+                    return ticket
+                except queue.Empty:
+                    self._idle.append(wake)
+            if not wake.acquire(timeout=_IDLE_RECHECK_S):
+                with self._idle_lock:
+                    if wake in self._idle:
+                        self._idle.remove(wake)
+                        continue
+                # Woken between the timeout and the lock: take that wake.
+                wake.acquire()
+
     def _work(self) -> None:
-        self._local.worker = True
+        me = threading.get_ident()
+        serving = self._serving
+        serving[me] = None
+        wake = threading.Lock()
+        wake.acquire()
+        release_wake = self._wake_one if self._hand_off else None
         while True:
             try:
-                ticket: Ticket = self._queue.get()
+                ticket: Ticket = self._next_ticket(wake) if self._hand_off else self._queue.get()
             except ShutDown:
+                # A thread id is reused once its thread ends.
+                del serving[me]
                 return
-            ticket._start(self._queue)
-            self._local.ticket = ticket
-            self._changed()
+            ticket._start(self._queue, release_wake)
+            serving[me] = ticket
+            if self._on_change is not None:
+                self._changed()
             try:
                 self._serve(ticket)
             except BaseException:  # noqa: BLE001 - see below
@@ -348,9 +420,10 @@ class AdmissionDispatcher:
                 # is fixed, and a dead worker would shrink capacity for good.
                 _log.exception("prazo: serving %r failed", ticket)
             finally:
-                self._local.ticket = None
+                serving[me] = None
                 ticket.release()
-                self._changed()
+                if self._on_change is not None:
+                    self._changed()
             del ticket
 
     def shutdown(self, timeout: float | None = None, *, cancel_waiting: bool = False) -> bool:
@@ -366,6 +439,7 @@ class AdmissionDispatcher:
         """
         for ticket in self._queue.shutdown(cancel_waiting=cancel_waiting):
             self._refuse(ticket, ShutDown("the server is shutting down"))
+        self._wake_all()
         # Tickets already assigned a slot are served by workers only: start
         # them if nobody did, so they drain the queue and exit.
         self.start()
@@ -408,6 +482,7 @@ class AdmittedApp:
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
         self.app = app
         self._dispatcher = dispatcher
+        self._stats = dispatcher.stats
         self._policy = policy
         self._counters = counters
 
@@ -422,11 +497,11 @@ class AdmittedApp:
             environ[BUDGET_SOURCE_KEY] = incoming.source
             if incoming.invalid and ticket.provisional:
                 self._counters.add("invalid_budget_header", incoming.invalid)
-        environ[SERVER_STATS_KEY] = self._dispatcher.stats
+        environ[SERVER_STATS_KEY] = self._stats
         # Checked again here, not only when the worker took the ticket: the
         # server parsed the request in between, and the app must never start
         # at or after the deadline.
-        if deadline.expired():
+        if time.monotonic_ns() >= deadline.ns:
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
             ticket.release(sample=False)

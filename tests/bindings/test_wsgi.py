@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
+import prazo.bindings.wsgi as wsgi_module
 import pytest
 from _helpers import examples
 from hypothesis import given, settings
@@ -462,6 +463,18 @@ class ClosingBody:
         self.closed += 1
 
 
+@pytest.fixture(params=["python", "compiled"])
+def admitted_path(request, monkeypatch):
+    """``run_admitted`` on its Python specification, then on the compiled twin (``_wsgi_c.call_admitted``)."""
+    if request.param == "python":
+        monkeypatch.setattr(wsgi_module, "_COMPILED_PATH", None)
+    elif wsgi_module._COMPILED_PATH is None:
+        if extension_wanted():
+            pytest.fail("the compiled WSGI path is not built")
+        pytest.skip("PRAZO_NO_EXTENSIONS is set: there is no compiled WSGI path")
+    return request.param
+
+
 def admitted(app, environ=None):
     release = CountingRelease()
     server = Server()
@@ -479,6 +492,7 @@ def body_app(body):
     return app
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_when_exhausted_then_closed():
     body = ClosingBody([b"a", b"b"])
     response, release, _ = admitted(body_app(body))
@@ -489,6 +503,7 @@ def test_release_once_when_exhausted_then_closed():
     assert (release.count, body.closed) == (1, 1)
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_when_closed_without_iterating():
     body = ClosingBody([b"a"])
     response, release, _ = admitted(body_app(body))
@@ -497,6 +512,7 @@ def test_release_once_when_closed_without_iterating():
     assert (release.count, body.closed) == (1, 1)
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_streaming_body_holds_its_slot_until_done():
     probe = Probe(chunks=[b"1", b"2", b"3"])
     response, release, _ = admitted(probe)
@@ -512,6 +528,7 @@ def test_streaming_body_holds_its_slot_until_done():
     assert (release.count, probe.closed) == (1, 1)
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_abandoned_generator_is_closed_and_released_once():
     probe = Probe(chunks=[b"1", b"2", b"3"])
     response, release, _ = admitted(probe)
@@ -524,6 +541,7 @@ def test_abandoned_generator_is_closed_and_released_once():
     assert release.count == 1
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_when_the_app_call_raises():
     response_release = CountingRelease()
     with pytest.raises(KeyError):
@@ -539,6 +557,7 @@ def test_release_once_when_the_app_call_raises():
     assert response_release.count == 1
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_when_iteration_raises_then_close():
     probe = Probe(chunks=[b"1", b"2"], fail_at_chunk=1, fail_exc=RuntimeError("mid-body"))
     response, release, _ = admitted(probe)
@@ -551,6 +570,7 @@ def test_release_once_when_iteration_raises_then_close():
     assert (release.count, probe.closed) == (1, 1)
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_when_inner_close_raises():
     class FailingClose(ClosingBody):
         def close(self):
@@ -565,6 +585,7 @@ def test_release_once_when_inner_close_raises():
     assert (release.count, body.closed) == (1, 1)
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_release_once_for_write_callable_app():
     response, release, server = admitted(write_app)
     assert list(response) == [b"returned"]
@@ -573,6 +594,7 @@ def test_release_once_for_write_callable_app():
     assert release.count == 1
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_converted_refusal_releases_once_and_closes_the_app_body():
     body_closed = []
 
@@ -606,6 +628,7 @@ def test_converted_refusal_releases_once_and_closes_the_app_body():
 
 
 @pytest.mark.parametrize("body", [[b"a", b"b"], (b"a", b"b")], ids=["list", "tuple"])
+@pytest.mark.usefixtures("admitted_path")
 def test_list_body_releases_once_at_exhaustion_close_or_collection(body):
     response, release, _ = admitted(body_app(body))
     assert release.count == 0  # held while the body is pending
@@ -637,6 +660,7 @@ def test_dropped_without_close_still_releases(fast_path):
     assert middleware.stats()["in_flight"] == 0
 
 
+@pytest.mark.usefixtures("admitted_path")
 def test_run_admitted_sets_queue_wait():
     probe = Probe()
     response, _, _ = admitted(probe)

@@ -1,0 +1,77 @@
+"""``prazo bench throughput``: a short run end to end on real servers, the fallback load generator, the JSON shape."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from prazo.bench.throughput import STOCK_OF, THROUGHPUT_SERVERS, bench_throughput, parse_wrk
+
+# Two peers and the embedding measured against it: a short run, never an assertion on speed.
+_SUBSET = "waitress,prazo-waitress"
+
+
+def test_a_short_run_answers_on_every_server_with_the_fallback_generator() -> None:
+    out = io.StringIO()
+    argv = ["--servers", _SUBSET, "--rounds", "2", "--duration", "0.5", "--connections", "4", "--loadgen", "prazo"]
+    assert bench_throughput([*argv, "--json"], out) == 0
+    document = json.loads(out.getvalue())
+    assert document["generator"].startswith("prazo.bench.loadgen")
+    assert (document["rounds"], document["duration_s"], document["connections"]) == (2, 0.5, 4)
+    servers = {entry["server"]: entry for entry in document["servers"]}
+    assert list(servers) == _SUBSET.split(",")
+    for entry in servers.values():
+        assert len(entry["rounds_per_s"]) == len(entry["answers"]) == 2
+        assert all(answers > 0 for answers in entry["answers"]), entry
+        assert entry["best_per_s"] == max(entry["rounds_per_s"])
+        assert entry["errors"] == entry["other_statuses"] == 0
+        assert 0 < entry["vs_fastest"] <= 1
+    # The embedding's ratio is to its own stock server; a stock server has none.
+    embedded = servers["prazo-waitress"]
+    assert embedded["stock"] == STOCK_OF["prazo-waitress"] == "waitress"
+    assert embedded["vs_stock"] == pytest.approx(embedded["best_per_s"] / servers["waitress"]["best_per_s"], rel=1e-2)
+    assert servers["waitress"]["vs_stock"] is None
+
+
+def test_the_table_has_the_ratio_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    argv = ["--servers", _SUBSET, "--rounds", "1", "--duration", "0.5", "--connections", "2", "--loadgen", "prazo"]
+    assert bench_throughput(argv, out) == 0
+    header, *rows = out.getvalue().splitlines()[1:]
+    assert header.split()[:5] == ["server", "answers/s", "rounds", "vs", "stock"]
+    assert "vs fastest" in header
+    assert {row.split()[0] for row in rows} == {"waitress", "prazo-waitress"}
+    assert "1 interleaved round(s)" in out.getvalue()
+    assert "round 1 prazo-waitress:" in capsys.readouterr().err
+
+
+def test_unknown_servers_and_bad_options_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_throughput(["--servers", "nginx"], io.StringIO()) == 2
+    assert "unknown server(s) nginx" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_throughput(["--duration", "0"], io.StringIO())
+    with pytest.raises(SystemExit):
+        bench_throughput(["--rounds", "0"], io.StringIO())
+
+
+def test_every_server_has_a_label_and_says_whether_it_can_run() -> None:
+    for name, spec in THROUGHPUT_SERVERS.items():
+        assert spec.name == name and spec.label()
+        assert spec.unavailable() is None or "not installed" in str(spec.unavailable())
+    assert set(STOCK_OF) | set(STOCK_OF.values()) <= set(THROUGHPUT_SERVERS)
+
+
+def test_wrk_output_is_read_into_answers_and_errors() -> None:
+    output = """Running 8s test @ http://127.0.0.1:8000/
+  1 threads and 32 connections
+  256000 requests in 8.00s, 30.00MB read
+  Socket errors: connect 0, read 3, write 0, timeout 2
+  Non-2xx or 3xx responses: 10
+Requests/sec:  32000.00
+"""
+    result = parse_wrk(output)
+    assert (result.answers, result.other, result.errors, result.seconds) == (255990, 10, 5, 8.0)
+    assert result.per_second == pytest.approx(255990 / 8)
+    with pytest.raises(RuntimeError, match="no total"):
+        parse_wrk("unable to connect")
