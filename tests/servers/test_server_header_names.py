@@ -100,7 +100,9 @@ def test_a_budget_header_sent_twice_is_bounded_by_the_smaller_value(server: Runn
     # The server joins the two lines with a comma; falling back to the default
     # (5000 ms) would let the duplicate extend the caller's deadline.
     assert callable(send)
-    status, body = send(server.port, [("X-Request-Budget-Ms", "4000"), ("x-request-budget-ms", "1500")])
+    # 3000 ms, not less: the head in pieces spends 0.3 s of it before the app runs, and a
+    # loaded machine more; any value under the 4000 and the default 5000 tells the rule.
+    status, body = send(server.port, [("X-Request-Budget-Ms", "4000"), ("x-request-budget-ms", "3000")])
     _, remaining = _seen_by_the_app(body)
     assert status == 200
-    assert 0 < remaining <= 1500
+    assert 0 < remaining <= 3000
