@@ -64,7 +64,6 @@ class Connection:
     minor_version: int
     headers: list[tuple[bytes, bytes]]
     peer: tuple[str, int] | None
-    local: tuple[str, int] | None
     arrival_ns: int
     deadline_ns: int
     upstream_ns: int

@@ -22,7 +22,6 @@ cdef extern from "<sys/socket.h>" nogil:
         pass
     struct sockaddr:
         pass
-    int getsockname(int fd, sockaddr *addr, socklen_t *len)
     enum:
         AF_INET
         AF_INET6
@@ -782,7 +781,6 @@ cdef class Connection:
     cdef readonly int minor_version
     cdef readonly list headers
     cdef readonly object peer
-    cdef readonly object local
     cdef readonly int64_t arrival_ns
     cdef readonly int64_t deadline_ns
     cdef readonly int64_t upstream_ns
@@ -806,9 +804,6 @@ cdef class Connection:
             for i in range(c.num_headers)
         ]
         self.peer = _address(&c.peer)
-        cdef sockaddr_storage local
-        cdef socklen_t local_len = sizeof(local)
-        self.local = _address(&local) if getsockname(c.fd, <sockaddr *>&local, &local_len) == 0 else None
         self.arrival_ns = c.arrival_ns
         self.deadline_ns = c.deadline_ns
         self.upstream_ns = c.upstream_ns
