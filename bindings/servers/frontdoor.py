@@ -494,6 +494,7 @@ class FrontDoorServer:
         max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
         shutdown_timeout: float = 5.0,
         policies: dict[str, Any] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         if not sys.platform.startswith("linux"):
             raise RuntimeError("the front door runs on Linux only (epoll)")
@@ -512,7 +513,12 @@ class FrontDoorServer:
         self.settings = settings
         self.shutdown_timeout = shutdown_timeout
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, port), family=family, backlog=backlog)
+        if not isinstance(reuse_port, bool):
+            raise TypeError(f"reuse_port must be a bool, got {type(reuse_port).__name__}")
+        # reuse_port: several independent front doors may share the port (the
+        # kernel spreads connections); each admits on its own, with no view of
+        # the others' room - what `--workers N` exists to avoid.
+        listener = socket.create_server((host, port), family=family, backlog=backlog, reuse_port=reuse_port)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._base_environ = {
             "SERVER_NAME": host,
@@ -785,6 +791,7 @@ def create_server(
     write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
     max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
     shutdown_timeout: float = 5.0,
+    reuse_port: bool = False,
     order: str | None = None,
     codel_target_ms: float | None = None,
     codel_interval_ms: float | None = None,
@@ -802,7 +809,10 @@ def create_server(
     ``prazo.bindings.servers.settings.resolve_settings``. The queue-policy
     options (``order`` ... ``critical_paths``, as ``AdmissionQueue``'s; see
     the module docstring) not given come from ``settings`` when it has them,
-    else their defaults (``POLICY_DEFAULTS``).
+    else their defaults (``POLICY_DEFAULTS``). ``reuse_port=True`` sets
+    ``SO_REUSEPORT`` so that several front doors can listen on one port; each
+    still admits on its own (one host-wide line is what ``prazo serve --workers``
+    gives).
     """
     policies = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
@@ -825,4 +835,5 @@ def create_server(
         max_io_wait_ms=max_io_wait_ms,
         shutdown_timeout=shutdown_timeout,
         policies=policies,
+        reuse_port=reuse_port,
     )
