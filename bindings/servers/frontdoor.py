@@ -434,6 +434,8 @@ def create_server(
     max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
     shutdown_timeout: float = 5.0,
     reuse_port: bool = False,
+    workers: int = 1,
+    max_requests: int | None = None,
     order: str | None = None,
     codel_target_ms: float | None = None,
     codel_interval_ms: float | None = None,
@@ -443,7 +445,7 @@ def create_server(
     reserved: int | None = None,
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
-) -> FrontDoorServer:
+) -> Any:
     """A front door serving ``app`` on ``host:port`` (``port=0``: any free port; see ``server_address``).
 
     Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
@@ -455,6 +457,12 @@ def create_server(
     ``SO_REUSEPORT`` so that several front doors can listen on one port; each
     still admits on its own (one host-wide line is what ``prazo serve --workers``
     gives).
+
+    ``workers=N`` (N > 1) returns a ``prazo.bindings.servers.host.FrontDoorHost``
+    instead: one triage process and N worker processes of ``threads`` threads
+    each, one line for the host (``max_queue`` places) and ``N x threads``
+    running places; the same ``serve_forever()``/``shutdown()``/``stats()``.
+    ``max_requests`` (hosts only) retires a worker after that many requests.
     """
     policies = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
@@ -466,6 +474,18 @@ def create_server(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
     )  # fmt: skip
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise TypeError(f"workers must be an int, got {type(workers).__name__}")
+    if workers != 1 or max_requests is not None:
+        if reuse_port:
+            raise ValueError("reuse_port is for one front door per process; workers=N shares one port already")
+        from .host import FrontDoorHost
+
+        return FrontDoorHost(
+            app, host=host, port=port, settings=settings, workers=workers, backlog=backlog,
+            io_timeout_ms=io_timeout_ms, write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
+            shutdown_timeout=shutdown_timeout, policies=policies, max_requests=max_requests,
+        )  # fmt: skip
     return FrontDoorServer(
         app,
         host=host,
