@@ -194,6 +194,7 @@ struct pfd_msg {
     uint64_t token;  /* the triage's name of the connection, echoed back by the worker */
     int64_t deadline_ns, arrival_ns, started_ns, upstream_ns, last_read_ns;
     int32_t critical, budget_source, budget_invalid, arrival_from_kernel;
+    int32_t draining; /* DISPATCH: the host drains, so this response closes the connection */
     uint32_t peer_len, len;
     struct sockaddr_storage peer;
 };

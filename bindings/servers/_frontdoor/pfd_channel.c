@@ -72,6 +72,8 @@ static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_chan
             c->arrival_from_kernel = m->arrival_from_kernel;
             c->peer_len = m->peer_len <= sizeof c->peer ? m->peer_len : sizeof c->peer;
             memcpy(&c->peer, &m->peer, sizeof c->peer);
+            if (m->draining)
+                c->client_keep_alive = 0; /* as a one-process front door answers while it drains */
             pfd_conn_start_body(c);
             return c;
         }

@@ -354,6 +354,7 @@ void pfd_host_dispatch(struct pfd_server *srv, int64_t now)
             .budget_source = c->budget_source,
             .budget_invalid = c->budget_invalid,
             .arrival_from_kernel = c->arrival_from_kernel,
+            .draining = srv->draining,
             .peer_len = c->peer_len,
             .len = (uint32_t)c->len,
         };
