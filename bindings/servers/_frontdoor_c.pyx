@@ -809,7 +809,7 @@ cdef class Engine:
             "insufficient_budget": s.insufficient_budget, "shed": s.shed, "evicted": s.evicted,
             "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
             "upstream_stamps": s.upstream_stamps,
-            "worker_lost": s.worker_lost, "workers": s.workers, "worker_threads": s.worker_threads,
+            "worker_lost": s.worker_lost, "worker_processes": s.workers, "worker_threads": s.worker_threads,
         }
 
     def __dealloc__(self):

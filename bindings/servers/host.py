@@ -42,6 +42,7 @@ exports the whole host from any worker in one scrape.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -263,6 +264,7 @@ class FrontDoorHost:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._commands: collections.deque[bytes] = collections.deque()
         self._state_lock = threading.RLock()
         self._started = False
         self._stopping = False
@@ -286,10 +288,11 @@ class FrontDoorHost:
 
     def serve_forever(self) -> None:
         """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads."""
-        self._boot()
         if threading.current_thread() is threading.main_thread():
+            # Before the boot: a signal that comes while the workers start waits for the loop.
             for signum, command in ((signal.SIGTERM, b"t"), (signal.SIGINT, b"t"), (signal.SIGHUP, b"h")):
                 signal.signal(signum, lambda *_, command=command: self._command(command))
+        self._boot()
         self._supervise()
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -318,7 +321,8 @@ class FrontDoorHost:
 
     def stats(self) -> dict[str, Any]:
         """The host's counters: every key of a one-process front door's ``stats()``, plus
-        ``worker_lost``, ``workers``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests running}``)."""
+        ``worker_lost``, ``worker_processes``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests
+        running}``)."""
         reply = self._request({"op": "stats"})
         if reply is None or "stats" not in reply:
             raise RuntimeError("the host is not running")
@@ -444,9 +448,8 @@ class FrontDoorHost:
                 os.close(fd)
             return reply
 
-    def _pump(self, timeout: float) -> list[bytes]:
-        """Handle what happened (exits, readiness) within ``timeout``; the commands that came."""
-        commands: list[bytes] = []
+    def _pump(self, timeout: float) -> None:
+        """Handle what happened (exits, readiness) within ``timeout``; commands wait in ``_commands``."""
         for key, _ in self._selector.select(timeout):
             what = key.data
             if what == "wake":
@@ -454,7 +457,7 @@ class FrontDoorHost:
                     data = os.read(self._wake_r, 64)
                 except BlockingIOError:
                     data = b""
-                commands.extend(data[i : i + 1] for i in range(len(data)))
+                self._commands.extend(data[i : i + 1] for i in range(len(data)))
             elif what == "triage":
                 self._reap_triage()
             elif isinstance(what, tuple):
@@ -462,7 +465,6 @@ class FrontDoorHost:
             else:
                 self._on_exit(what)
         self._poll_exits()
-        return commands
 
     def _poll_exits(self) -> None:
         """Without pidfds (old kernels): find exited children by waitpid."""
@@ -543,7 +545,9 @@ class FrontDoorHost:
     def _supervise(self) -> None:
         try:
             while True:
-                for command in self._pump(1.0):
+                self._pump(1.0)
+                while self._commands:
+                    command = self._commands.popleft()
                     if command == b"t":
                         self._drain()
                         return
@@ -576,12 +580,9 @@ class FrontDoorHost:
         end = time.monotonic() + timeout
         while not done():
             left = end - time.monotonic()
-            if left <= 0:
-                return False
-            for command in self._pump(min(left, 0.5)):
-                if command == b"t":
-                    self._command(b"t")  # handled by the loop once this wait ends
-                    return done()
+            if left <= 0 or b"t" in self._commands:  # a stop is handled by the loop once this wait ends
+                return done()
+            self._pump(min(left, 0.5))
         return True
 
     def _drain(self) -> None:
@@ -741,6 +742,8 @@ def _triage_main(plan: _Plan, listener_fd: int, ctl: socket.socket) -> int:
 def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
     global _current
     *channel_socks, stats_sock = ends
+    host = HostStats(stats_sock, worker_id)
+    _current = host  # before the app's import: its module may register current_host() for metrics
     app = plan.app
     if app is None:
         from .serve import load_app
@@ -752,8 +755,6 @@ def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_f
             traceback.print_exc()
             return _BOOT_FAILED
     engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
-    host = HostStats(stats_sock, worker_id)
-    _current = host
     runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
     reported = {"expired_at_start": 0, "app_errors": 0}
     served = [0]
