@@ -171,6 +171,7 @@ cdef extern from "pfd.h" nogil:
     int pfd_server_worker_loads(pfd_server *srv, int *workers, int64_t *in_flight, int max)
     pfd_server *pfd_server_new_worker(const pfd_config *cfg)
     pfd_conn *pfd_channel_next(pfd_server *srv, pfd_channel *ch)
+    int pfd_channel_ask(pfd_channel *ch)
     ssize_t pfd_conn_try_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
     int pfd_conn_body_buffered(const pfd_conn *c)
     int pfd_conn_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
@@ -830,6 +831,11 @@ cdef class Channel:
         self.engine = engine
         memset(&self.ch, 0, sizeof(self.ch))
         self.ch.fd = fd
+
+    def ask(self):
+        """Tell the triage now that this thread takes connections (``next_connection`` then waits without asking)."""
+        if pfd_channel_ask(&self.ch) != 0:
+            raise OSError("the triage is gone")
 
     def next_connection(self):
         """Ask the triage (without the GIL) for the next admitted connection; None once it says stop or is gone."""

@@ -56,6 +56,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..wsgi import WSGIApp
@@ -286,13 +287,18 @@ class FrontDoorHost:
         self._thread = threading.Thread(target=self._supervise, name="prazo-host-supervisor", daemon=True)
         self._thread.start()
 
-    def serve_forever(self) -> None:
-        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads."""
+    def serve_forever(self, serving: Callable[[], object] | None = None) -> None:
+        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads.
+
+        ``serving()`` is called once every worker takes requests.
+        """
         if threading.current_thread() is threading.main_thread():
             # Before the boot: a signal that comes while the workers start waits for the loop.
             for signum, command in ((signal.SIGTERM, b"t"), (signal.SIGINT, b"t"), (signal.SIGHUP, b"h")):
                 signal.signal(signum, lambda *_, command=command: self._command(command))
         self._boot()
+        if serving is not None:
+            serving()
         self._supervise()
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -563,17 +569,19 @@ class FrontDoorHost:
             if self._stopping or worker.pid not in self._workers:
                 continue
             fresh = self._spawn(worker.slot)
-            self._wait(lambda fresh=fresh: fresh.ready or fresh.pid not in self._workers, BOOT_TIMEOUT_S)
+            self._wait(partial(_serving_or_gone, fresh, self._workers), BOOT_TIMEOUT_S)
             if not fresh.ready:
                 _log.error("prazo host: reload stopped: a new worker did not start serving")
                 return
             worker.retiring = True
             self._request({"op": "retire", "worker": worker.id})
-            if not self._wait(
-                lambda worker=worker: worker.pid not in self._workers, self.shutdown_timeout + _EXIT_GRACE_S
-            ):
+            gone = partial(_gone, worker, self._workers)
+            exited = self._wait(gone, self.shutdown_timeout + _EXIT_GRACE_S)
+            if b"t" in self._commands:
+                return  # the host drains: the retiring worker finishes there, it is not killed
+            if not exited:
                 _kill(worker.pid)
-                self._wait(lambda worker=worker: worker.pid not in self._workers, _EXIT_GRACE_S)
+                self._wait(gone, _EXIT_GRACE_S)
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         """Handle events until ``done()`` or ``timeout``; a stop command that comes meanwhile is kept for later."""
@@ -611,6 +619,14 @@ class FrontDoorHost:
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def _gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.pid not in workers
+
+
+def _serving_or_gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.ready or worker.pid not in workers
 
 
 def _kill(pid: int) -> None:
@@ -782,6 +798,7 @@ def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_f
     threads = []
     for index, sock in enumerate(channel_socks):
         channel = engine.channel(sock.detach())
+        channel.ask()  # before "ready": the triage may hand this thread a connection from now on
         thread = threading.Thread(
             target=runner.work, args=(next_from(channel),), name=f"prazo-host-worker-{worker_id}-{index}", daemon=True
         )

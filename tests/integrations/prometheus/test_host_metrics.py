@@ -1,10 +1,11 @@
 """A front-door host's metrics: one scrape of any worker is the whole host's.
 
-A real ``prazo serve --server prazo --workers 2`` serves ``_host_metrics_app``
-(tests/support), whose module registers ``current_host()`` with its own
-registry and mounts ``/metrics``. Requests go to both workers; then every
-scrape, whichever worker answers it, must count all of them, show both worker
-processes and each one's running requests.
+The recipe of docs/how-to/metrics.md ("A front-door host") runs as written, in
+the module a real ``prazo serve --server prazo --workers 2`` imports in each
+worker, after a ``service`` app that answers its worker's process id.
+Requests go to both workers; then every scrape, whichever worker answers it,
+must count all of them, show both worker processes and each one's running
+requests.
 """
 
 from __future__ import annotations
@@ -15,14 +16,26 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
+from _docs import blocks
 from prometheus_client.parser import text_string_to_metric_families
 
-SUPPORT = Path(__file__).resolve().parents[2] / "support"
 WAIT_S = 30.0
+THIS_TEST = "tests/integrations/prometheus/test_host_metrics.py::test_one_scrape_of_any_worker_shows_the_whole_host"
+SERVICE = '''
+import os
+
+from prazo.bindings.integrations import prometheus
+
+
+def service(environ, start_response):
+    body = str(os.getpid()).encode()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+'''
 
 pytestmark = pytest.mark.compiled  # the front door's engine
 
@@ -45,14 +58,16 @@ def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def test_one_scrape_of_any_worker_shows_the_whole_host() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")])))
+def test_one_scrape_of_any_worker_shows_the_whole_host(tmp_path: Path) -> None:
+    (recipe,) = [block for block in blocks("docs/how-to/metrics.md") if block.marker == ("tested-by", THIS_TEST)]
+    (tmp_path / "host_metrics_app.py").write_text(SERVICE + textwrap.dedent(recipe.source))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     command = [
-        sys.executable, "-m", "prazo.bindings.servers.serve", "_host_metrics_app:app", "--server", "prazo",
+        sys.executable, "-m", "prazo.bindings.servers.serve", "host_metrics_app:app", "--server", "prazo",
         "--workers", "2", "--threads", "2", "--max-queue", "8", "--port", "0",
         "--reserved", "1", "--critical-path", "/metrics",
     ]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -86,4 +101,3 @@ def test_one_scrape_of_any_worker_shows_the_whole_host() -> None:
         finally:
             if process.poll() is None:
                 process.kill()
-    time.sleep(0)  # the supervisor reaped its children before it exited: nothing is left behind
