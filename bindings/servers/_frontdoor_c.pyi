@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network
+from typing import Any
 
 from typing_extensions import disjoint_base
 
@@ -12,6 +13,7 @@ ANSWERS: dict[str, int]
 KEEPABLE: frozenset[str]
 ORDERS: dict[str, int]
 
+def head_environ(base: dict[str, Any], conn: Any) -> dict[str, Any]: ...
 def parse_budget_ms(value: bytes) -> float | None: ...
 def parse_grpc_timeout(value: bytes) -> float | None: ...
 def parse_envoy_timeout_ms(value: bytes) -> float | None: ...

@@ -8,10 +8,12 @@
 # the tests hold each C rule to its Python twin (parse_budget_ms, check_head,
 # split_requests, is_critical, ...) all need the same cdef extern block.
 from libc.stdint cimport int64_t, uint64_t
-from libc.string cimport memset, memcpy
+from libc.string cimport memset, memcpy, memchr, memcmp
 from libc.stdlib cimport malloc, calloc, free
 from posix.unistd cimport close
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+from cpython.dict cimport PyDict_GetItem
 # core/: the admission line the engine runs, for EngineLine below (the engine's own
 # files call it in C, through pfd_line.c). Extern declarations only: no import at run time.
 from prazo.core.prazo_line cimport *
@@ -128,6 +130,7 @@ cdef extern from "pfd.h" nogil:
         int expect_continue
         pfd_chunked decoder
         char *cbuf
+        size_t cbuf_pos, cbuf_len
         int64_t arrival_ns
         int64_t deadline_ns
         int64_t queued_ns
@@ -226,6 +229,155 @@ cdef object _address(const sockaddr_storage *ss):
     if pfd_addr_text(ss, host, sizeof(host), &port):
         return (host.decode("ascii"), port)
     return None
+
+
+# ------------------------------------------------------------ the PEP 3333 environ
+
+# The rules of ``frontdoor_worker.head_environ_py`` (its readable spec; a
+# Hypothesis test holds the two to the same dict, keys in the same order), in C
+# over the parsed head: the workers' Python spent more on this than on anything
+# but the app call.
+cdef str _HTTP_1_0 = "HTTP/1.0"
+cdef str _HTTP_1_1 = "HTTP/1.1"
+cdef bytes _KEY_CONTENT_TYPE = b"CONTENT_TYPE"
+cdef bytes _KEY_CONTENT_LENGTH = b"CONTENT_LENGTH"
+
+
+cdef inline str _latin1(const char *p, Py_ssize_t n):
+    return PyUnicode_DecodeLatin1(p, n, NULL)
+
+
+cdef inline int _hex(char ch) noexcept nogil:
+    if c'0' <= ch <= c'9':
+        return ch - c'0'
+    if c'a' <= ch <= c'f':
+        return ch - c'a' + 10
+    if c'A' <= ch <= c'F':
+        return ch - c'A' + 10
+    return -1
+
+
+cdef str _path_info(const char *p, Py_ssize_t n):
+    """``unquote_to_bytes(path).decode("latin-1")``: %XX of two hex digits is a byte, any other % stays."""
+    if n == 0 or memchr(p, c'%', n) == NULL:
+        return _latin1(p, n)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
+    cdef char *dst = PyBytes_AS_STRING(out)
+    cdef Py_ssize_t i = 0, j = 0
+    cdef int hi, lo
+    while i < n:
+        if p[i] == c'%' and i + 2 < n:
+            hi = _hex(p[i + 1])
+            lo = _hex(p[i + 2])
+            if hi >= 0 and lo >= 0:
+                dst[j] = <char>(hi * 16 + lo)
+                j += 1
+                i += 3
+                continue
+        dst[j] = p[i]
+        j += 1
+        i += 1
+    return _latin1(dst, j)
+
+
+cdef object _header_key(const char *p, Py_ssize_t n):
+    """The environ key of header name ``p`` (``HTTP_...``, or CONTENT_TYPE/CONTENT_LENGTH); None to drop it."""
+    cdef char key[256]
+    cdef Py_ssize_t i
+    cdef unsigned char ch
+    if memchr(p, c'_', n) != NULL:
+        return None  # is_ambiguous_header_name: a name with an underscore is dropped
+    if n > <Py_ssize_t>sizeof(key) - 5:
+        return _header_key_py(_latin1(p, n))
+    memcpy(key, b"HTTP_", 5)
+    for i in range(n):
+        ch = <unsigned char>p[i]
+        if ch >= 0x80:
+            return _header_key_py(_latin1(p, n))  # str.upper()'s own rules beyond ASCII
+        if c'a' <= ch <= c'z':
+            ch -= 32
+        elif ch == c'-':
+            ch = c'_'
+        key[5 + i] = <char>ch
+    if (n == 12 and memcmp(key + 5, b"CONTENT_TYPE", 12) == 0) or (
+            n == 14 and memcmp(key + 5, b"CONTENT_LENGTH", 14) == 0):
+        return _latin1(key + 5, n)
+    return _latin1(key, n + 5)
+
+
+cdef object _header_key_py(str name):
+    key = name.upper().replace("-", "_")
+    if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
+        return key
+    return "HTTP_" + key
+
+
+cdef dict _head_environ(dict base, const char *method, Py_ssize_t method_len, const char *target,
+                        Py_ssize_t target_len, int minor, const phr_header *headers, Py_ssize_t n, object peer):
+    cdef dict environ = base.copy()
+    cdef const char *path = target
+    cdef Py_ssize_t path_len = target_len, i, q
+    cdef const char *slash
+    cdef const char *start
+    cdef const char *query
+    cdef void *old
+    # absolute-form: the path is what follows the authority
+    if (target_len >= 7 and memcmp(target, b"http://", 7) == 0) or (
+            target_len >= 8 and memcmp(target, b"https://", 8) == 0):
+        start = <const char *>memchr(target, c'/', target_len) + 2  # just past the "//"
+        slash = <const char *>memchr(start, c'/', target_len - (start - target))
+        if slash != NULL:
+            path = slash
+            path_len = target_len - (slash - target)
+        else:
+            path = b"/"
+            path_len = 1
+    query = <const char *>memchr(path, c'?', path_len)
+    q = path_len if query == NULL else query - path
+    environ["REQUEST_METHOD"] = _latin1(method, method_len)
+    environ["PATH_INFO"] = _path_info(path, q)
+    environ["QUERY_STRING"] = _latin1(query + 1, path_len - q - 1) if query != NULL else ""
+    uri = _latin1(target, target_len)
+    environ["RAW_URI"] = uri
+    environ["REQUEST_URI"] = uri
+    environ["SERVER_PROTOCOL"] = _HTTP_1_1 if minor == 1 else (_HTTP_1_0 if minor == 0 else f"HTTP/1.{minor}")
+    if peer is not None:
+        host, port = peer
+        environ["REMOTE_ADDR"] = host
+        environ["REMOTE_PORT"] = str(port)
+    for i in range(n):
+        key = _header_key(headers[i].name, headers[i].name_len)
+        if key is None:
+            continue
+        value = _latin1(headers[i].value, headers[i].value_len)
+        if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
+            environ[key] = value
+            continue
+        old = PyDict_GetItem(environ, key)
+        environ[key] = value if old == NULL else f"{<object>old},{value}"
+    return environ
+
+
+def head_environ(dict base, conn):
+    """A copy of ``base`` with the CGI keys of ``conn``'s head (``frontdoor_worker.head_environ_py``'s rules).
+
+    ``conn``: a ``Connection``, or anything with its ``method``, ``target``,
+    ``minor_version``, ``headers`` and ``peer``.
+    """
+    cdef phr_header raw[100]
+    cdef Connection c
+    cdef list items
+    cdef bytes method, target
+    if type(conn) is Connection:
+        c = <Connection>conn
+        if c.headers_list is None and c.c != NULL:
+            return _head_environ(base, c.method, len(c.method), c.target, len(c.target), c.minor_version,
+                                 c.c.headers, c.c.num_headers, c.peer)
+    method = bytes(conn.method)
+    target = bytes(conn.target)
+    items = _raw_headers(conn.headers, raw)
+    return _head_environ(base, method, len(method), target, len(target), conn.minor_version, raw, len(items),
+                         conn.peer)
 
 
 # ------------------------------------------------------------ budget parsers
@@ -882,8 +1034,13 @@ cdef class Connection:
     cdef readonly bytes method
     cdef readonly bytes target
     cdef readonly int minor_version
-    cdef readonly list headers
-    cdef readonly object peer
+    # The head's fields and the peer's address become Python objects when first
+    # asked (head_environ reads the engine's parsed head directly), and at the
+    # latest before anything that may move the engine's buffer (a body read,
+    # finish): see _keep_head.
+    cdef list headers_list
+    cdef object peer_value
+    cdef bint peer_known
     cdef readonly int64_t arrival_ns
     cdef readonly int64_t deadline_ns
     cdef readonly int64_t upstream_ns
@@ -901,12 +1058,6 @@ cdef class Connection:
         self.method = PyBytes_FromStringAndSize(c.method, c.method_len)
         self.target = PyBytes_FromStringAndSize(c.path, c.path_len)
         self.minor_version = c.minor_version
-        self.headers = [
-            (PyBytes_FromStringAndSize(c.headers[i].name, c.headers[i].name_len),
-             PyBytes_FromStringAndSize(c.headers[i].value, c.headers[i].value_len))
-            for i in range(c.num_headers)
-        ]
-        self.peer = _address(&c.peer)
         self.arrival_ns = c.arrival_ns
         self.deadline_ns = c.deadline_ns
         self.upstream_ns = c.upstream_ns
@@ -917,6 +1068,33 @@ cdef class Connection:
         self.content_length = c.content_length
         self.chunked = c.chunked
         self.arrival_from_kernel = c.arrival_from_kernel
+
+    cdef void _keep_head(self):
+        """Copy the parsed head's fields out of the engine's buffer, which a body read or the hand-back may reuse."""
+        cdef pfd_conn *c = self.c
+        if self.headers_list is None:
+            self.headers_list = [
+                (PyBytes_FromStringAndSize(c.headers[i].name, c.headers[i].name_len),
+                 PyBytes_FromStringAndSize(c.headers[i].value, c.headers[i].value_len))
+                for i in range(c.num_headers)
+            ] if c != NULL else []
+        if not self.peer_known:
+            self.peer_value = _address(&c.peer) if c != NULL else None
+            self.peer_known = True
+
+    @property
+    def headers(self):
+        """The head's fields, ``[(name, value), ...]`` as bytes, in their order."""
+        self._keep_head()
+        return self.headers_list
+
+    @property
+    def peer(self):
+        """``(host, port)`` of the client, or None when the socket has no IP address."""
+        if not self.peer_known:
+            self.peer_value = _address(&self.c.peer) if self.c != NULL else None
+            self.peer_known = True
+        return self.peer_value
 
     cdef void _after_call(self):
         """A call that ran without the GIL returned: a finish() that came meanwhile hands the connection back now."""
@@ -938,6 +1116,7 @@ cdef class Connection:
             raise RuntimeError("another thread is reading this request body")
         if size <= 0:
             return b""
+        self._keep_head()
         cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
         cdef char *dst = PyBytes_AS_STRING(out)
         cdef ssize_t n
@@ -967,7 +1146,10 @@ cdef class Connection:
             raise ValueError("the connection is finished")
         if self.reading:
             return False
-        if self.c.body_done or self.c.body_error:
+        if self.c.body_error or (self.c.body_done and self.c.cbuf_pos == self.c.cbuf_len):
+            return pfd_conn_discard_body(self.engine.srv, self.c) == 1  # nothing left to read: the buffer stays
+        self._keep_head()
+        if self.c.body_done:
             return pfd_conn_discard_body(self.engine.srv, self.c) == 1
         cdef int done
         self.reading = True
@@ -994,11 +1176,21 @@ cdef class Connection:
             raise ValueError("the connection is finished")
         if self.writing:
             raise RuntimeError("another thread is writing this response")
-        cdef const unsigned char[:] view = memoryview(data).cast("B") if len(data) else None
-        if view is None:
+        cdef const unsigned char[:] view
+        cdef const char *p
+        cdef size_t n
+        if type(data) is bytes:
+            # the common case, without a memoryview
+            p = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+        else:
+            view = memoryview(data).cast("B") if len(data) else None
+            if view is None:
+                return
+            p = <const char *>&view[0]
+            n = view.shape[0]
+        if n == 0:
             return
-        cdef const char *p = <const char *>&view[0]
-        cdef size_t n = view.shape[0]
         cdef int rc = 0
         # Most responses fit the socket buffer: no reason to give the GIL away for them.
         cdef ssize_t sent = pfd_conn_try_write(self.engine.srv, self.c, p, n)
@@ -1022,6 +1214,7 @@ cdef class Connection:
         """
         if self.finished:
             return
+        self._keep_head()
         self.finished = True
         # O(1) under the engine's mutex, never a wait: the GIL is kept.
         if self.reading or self.writing:

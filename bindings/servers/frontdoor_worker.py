@@ -26,7 +26,7 @@ from ..headers import is_ambiguous_header_name
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
 
-__all__ = ["RequestBodyError", "RequestRunner"]
+__all__ = ["RequestBodyError", "RequestRunner", "head_environ_py"]
 
 _log = logging.getLogger("prazo.servers.frontdoor")
 
@@ -278,6 +278,52 @@ class _Response:
             self.keep_alive = False
 
 
+def head_environ_py(base: dict[str, Any], conn: Any) -> dict[str, Any]:
+    """A copy of ``base`` with the CGI keys of ``conn``'s parsed head: the spec of the engine's ``head_environ``.
+
+    ``conn`` has the head as the engine parsed it: ``method``, ``target`` and
+    each header's name and value as bytes (latin-1, as PEP 3333 says),
+    ``minor_version`` and ``peer``. A name with an underscore is dropped
+    (``is_ambiguous_header_name``); repeated headers are joined with ``,``; an
+    absolute-form target's path is what follows the authority; PATH_INFO is
+    percent-decoded as ``unquote_to_bytes`` does. The compiled twin,
+    ``_frontdoor_c.head_environ``, builds the same dict, keys in the same order.
+    """
+    environ = base.copy()
+    target: bytes = conn.target
+    if target.startswith((b"http://", b"https://")):
+        # absolute-form: the path is what follows the authority
+        slash = target.find(b"/", target.find(b"//") + 2)
+        target = target[slash:] if slash >= 0 else b"/"
+    path, _, query = target.partition(b"?")
+    environ["REQUEST_METHOD"] = conn.method.decode("latin-1")
+    environ["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
+    environ["QUERY_STRING"] = query.decode("latin-1")
+    environ["RAW_URI"] = environ["REQUEST_URI"] = conn.target.decode("latin-1")
+    environ["SERVER_PROTOCOL"] = f"HTTP/1.{conn.minor_version}"
+    if conn.peer is not None:
+        environ["REMOTE_ADDR"], port = conn.peer
+        environ["REMOTE_PORT"] = str(port)
+    for raw_name, raw_value in conn.headers:
+        name = raw_name.decode("latin-1")
+        if is_ambiguous_header_name(name):
+            continue
+        value = raw_value.decode("latin-1")
+        key = name.upper().replace("-", "_")
+        if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
+            environ[key] = value
+            continue
+        key = "HTTP_" + key
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+try:
+    from ._frontdoor_c import head_environ
+except ImportError:  # the front door itself needs the engine; the spec serves where only it is missing
+    head_environ = head_environ_py
+
+
 class RequestRunner:
     """Serves admitted connections with ``app``; ``base_environ`` is copied for each request.
 
@@ -310,32 +356,8 @@ class RequestRunner:
                 conn.finish(keep)
 
     def environ(self, conn: Any) -> dict[str, Any]:
-        environ = self.base_environ.copy()
-        target: bytes = conn.target
-        if target.startswith((b"http://", b"https://")):
-            # absolute-form: the path is what follows the authority
-            slash = target.find(b"/", target.find(b"//") + 2)
-            target = target[slash:] if slash >= 0 else b"/"
-        path, _, query = target.partition(b"?")
-        environ["REQUEST_METHOD"] = conn.method.decode("latin-1")
-        environ["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1")
-        environ["QUERY_STRING"] = query.decode("latin-1")
-        environ["RAW_URI"] = environ["REQUEST_URI"] = conn.target.decode("latin-1")
-        environ["SERVER_PROTOCOL"] = f"HTTP/1.{conn.minor_version}"
-        if conn.peer is not None:
-            environ["REMOTE_ADDR"], port = conn.peer
-            environ["REMOTE_PORT"] = str(port)
-        for raw_name, raw_value in conn.headers:
-            name = raw_name.decode("latin-1")
-            if is_ambiguous_header_name(name):
-                continue
-            value = raw_value.decode("latin-1")
-            key = name.upper().replace("-", "_")
-            if key == "CONTENT_TYPE" or key == "CONTENT_LENGTH":
-                environ[key] = value
-                continue
-            key = "HTTP_" + key
-            environ[key] = f"{environ[key]},{value}" if key in environ else value
+        """The PEP 3333 environ of ``conn``'s request: ``head_environ`` of the head, then the body and budget keys."""
+        environ = head_environ(self.base_environ, conn)
         environ["wsgi.input"] = _BodyInput(conn)
         if conn.budget_source is not None:
             environ[BUDGET_SOURCE_KEY] = conn.budget_source
