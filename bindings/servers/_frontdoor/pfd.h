@@ -220,6 +220,11 @@ struct pfd_conn {
     struct pfd_conn *prev, *next; /* timer list, or a chain of connections to answer */
     int64_t timer_ns;             /* head timer / linger end */
     int verdict;                  /* handed back by a worker: 1 next head, 0 polite close, -1 close now */
+    /* In the I/O thread's epoll (registered) and waiting for its one event
+     * (armed): a connection reading a head is registered EPOLLONESHOT, so its
+     * event disarms it and a worker's turn needs no EPOLL_CTL_DEL, its next
+     * head one EPOLL_CTL_MOD. I/O thread only. */
+    int registered, armed;
     int64_t drained;
     char *buf;
     size_t len, cap;
@@ -291,6 +296,16 @@ struct pfd_server {
     int draining;              /* under mutex; also read by the I/O thread */
     int stopping;
     int io_done; /* the I/O thread has exited: workers free what they finish */
+    /* The I/O thread found nothing returned (set under mutex, with that look)
+     * and sleeps in epoll_wait: the first hand-back after that (which takes it
+     * under mutex) writes the eventfd; the others find it awake or about to
+     * look at `returned`. */
+    atomic_int io_sleeping;
+    /* Workers inside pfd_server_next and not asleep on `ready`: each will look
+     * at the line under the mutex before it sleeps, so an admission needs to
+     * wake a sleeper only for the entries beyond them (counted before the
+     * mutex is taken, so a look about to happen is never missed). */
+    atomic_int looking;
     atomic_int listeners_closed;
     /* owned by the I/O thread */
     struct pfd_list heads, lingering;

@@ -5,6 +5,26 @@
 
 static void pfd_io_arm_head(struct pfd_server *srv, struct pfd_conn *c, int64_t now);
 static int pfd_io_try_head(struct pfd_server *srv, struct pfd_conn *c, int64_t now, size_t last_len);
+static void pfd_io_close(struct pfd_server *srv, struct pfd_conn *c);
+
+/* A connection reading a head waits for its next bytes: armed for one event
+ * (EPOLLONESHOT), by MOD when it is still registered from an earlier head.
+ * On failure it is closed: the caller must not touch it again. */
+static void pfd_io_rearm(struct pfd_server *srv, struct pfd_conn *c)
+{
+    if (c->armed)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+    int failed = c->registered ? epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &ev) != 0 &&
+                                     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0
+                               : epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0;
+    if (failed) {
+        pfd_io_close(srv, c);
+        return;
+    }
+    c->registered = 1;
+    c->armed = 1;
+}
 
 static void pfd_io_close(struct pfd_server *srv, struct pfd_conn *c)
 {
@@ -32,6 +52,8 @@ static void pfd_io_linger(struct pfd_server *srv, struct pfd_conn *c, int64_t no
         pfd_conn_free(srv, c);
         return;
     }
+    c->registered = 1;
+    c->armed = 0; /* level-triggered from here on, until it closes */
     /* Each lingering socket is a descriptor and a buffer held for a client
      * that was already answered: a flood of refused connections may not grow
      * them without bound. The oldest has had the longest to read its answer.
@@ -74,23 +96,15 @@ static void pfd_io_answer(struct pfd_server *srv, struct pfd_conn *c, int answer
     }
     size_t consumed = c->head_len;
     pfd_conn_reset_for_next(c, consumed);
-    if (c->state != PFD_READING) {
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
-        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-            c->state = PFD_CLOSED;
-            pfd_conn_free(srv, c);
-            return;
-        }
-        c->state = PFD_READING;
-        c->timer_ns = now + srv->cfg.header_timeout_ns;
-        pfd_list_push(&srv->heads, c);
-    } else {
+    if (c->state == PFD_READING)
         pfd_list_remove(&srv->heads, c);
-        c->timer_ns = now + srv->cfg.header_timeout_ns;
-        pfd_list_push(&srv->heads, c);
-    }
-    if (c->len)
-        (void)pfd_io_try_head(srv, c, now, 0);
+    c->state = PFD_READING;
+    c->timer_ns = now + srv->cfg.header_timeout_ns;
+    pfd_list_push(&srv->heads, c);
+    /* A pipelined head already here goes first; armed only while it waits for bytes. */
+    if (c->len && !pfd_io_try_head(srv, c, now, 0))
+        return;
+    pfd_io_rearm(srv, c);
 }
 
 /* A complete head: decide. Each arrival's offered and its outcome are counted
@@ -135,9 +149,16 @@ static void pfd_io_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now
     }
     if (answer < 0) {
         pfd_list_remove(&srv->heads, c);
-        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        /* Its event disarmed it (EPOLLONESHOT); only a head read at accept, before any event, is still armed. */
+        if (c->armed) {
+            epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+            c->armed = 0;
+            c->registered = 0;
+        }
         pfd_count(&srv->admitted, 1);
-        pthread_cond_signal(&srv->ready);
+        /* A worker already looking takes it without a wake-up (and its futex call). */
+        if (pfd_waiting(srv) > atomic_load(&srv->looking))
+            pthread_cond_signal(&srv->ready);
     }
     if (dropped)
         pfd_line_dropped_wake(srv);
@@ -179,7 +200,8 @@ static void pfd_io_read_head(struct pfd_server *srv, struct pfd_conn *c, int64_t
             if (cap > srv->cfg.max_head + PFD_READ_CHUNK)
                 cap = srv->cfg.max_head + PFD_READ_CHUNK;
             if (cap <= c->len) {
-                (void)pfd_io_try_head(srv, c, now, 0);
+                if (pfd_io_try_head(srv, c, now, 0))
+                    pfd_io_rearm(srv, c);
                 return;
             }
             char *nb = realloc(c->buf, cap);
@@ -228,8 +250,10 @@ static void pfd_io_read_head(struct pfd_server *srv, struct pfd_conn *c, int64_t
         }
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            pfd_io_rearm(srv, c);
             return;
+        }
         if (n <= 0) {
             pfd_io_close(srv, c);
             return;
@@ -239,8 +263,10 @@ static void pfd_io_read_head(struct pfd_server *srv, struct pfd_conn *c, int64_t
         c->last_read_ns = now;
         if (!pfd_io_try_head(srv, c, now, last))
             return;
-        if ((size_t)n < c->cap - last)
-            return; /* all there was; epoll says when more comes */
+        if ((size_t)n < c->cap - last) {
+            pfd_io_rearm(srv, c); /* all there was; epoll says when more comes */
+            return;
+        }
     }
 }
 
@@ -286,11 +312,13 @@ static void pfd_io_accept(struct pfd_server *srv, int lfd, int64_t now)
          * accept): no system call here for them, the refusal path is the hot one. */
         pfd_count(&srv->accepted, 1);
         pfd_count(&srv->open_connections, 1);
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             pfd_conn_free(srv, c);
             continue;
         }
+        c->registered = 1;
+        c->armed = 1;
         c->state = PFD_READING;
         c->timer_ns = now + srv->cfg.header_timeout_ns;
         pfd_list_push(&srv->heads, c);
@@ -301,17 +329,13 @@ static void pfd_io_accept(struct pfd_server *srv, int lfd, int64_t now)
 
 static void pfd_io_arm_head(struct pfd_server *srv, struct pfd_conn *c, int64_t now)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
-    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-        c->state = PFD_CLOSED;
-        pfd_conn_free(srv, c);
-        return;
-    }
     c->state = PFD_READING;
     c->timer_ns = now + srv->cfg.header_timeout_ns;
     pfd_list_push(&srv->heads, c);
-    if (c->len)
-        (void)pfd_io_try_head(srv, c, now, 0);
+    /* A pipelined head already here goes first; armed only while it waits for bytes. */
+    if (c->len && !pfd_io_try_head(srv, c, now, 0))
+        return;
+    pfd_io_rearm(srv, c);
 }
 
 void pfd_io_close_listeners(struct pfd_server *srv)
@@ -480,7 +504,16 @@ void *pfd_io_main(void *arg)
             if (ms < timeout_ms)
                 timeout_ms = (int)ms;
         }
+        /* A worker's hand-back writes the eventfd only when this thread sleeps
+         * (io_sleeping, set under the mutex with the look at `returned`). */
+        pthread_mutex_lock(&srv->mutex);
+        if (srv->returned != NULL)
+            timeout_ms = 0;
+        else
+            atomic_store(&srv->io_sleeping, 1);
+        pthread_mutex_unlock(&srv->mutex);
         int n = epoll_wait(srv->epfd, events, 128, timeout_ms);
+        atomic_store(&srv->io_sleeping, 0); /* a hand-back that took it meanwhile only wrote the eventfd once more */
         now = pfd_now_ns();
         for (int i = 0; i < n; i++) {
             void *ptr = events[i].data.ptr;
@@ -504,8 +537,10 @@ void *pfd_io_main(void *arg)
                 continue;
             }
             struct pfd_conn *c = ptr;
-            if (c->state == PFD_READING)
+            if (c->state == PFD_READING) {
+                c->armed = 0; /* EPOLLONESHOT: this event disarmed it */
                 pfd_io_read_head(srv, c, now);
+            }
             else if (c->state == PFD_DRAINING)
                 pfd_io_drain(srv, c);
         }

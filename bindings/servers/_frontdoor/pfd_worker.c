@@ -15,8 +15,10 @@ static void pfd_return(struct pfd_server *srv, struct pfd_conn *c, int keep)
     }
     c->next = srv->returned;
     srv->returned = c;
+    int wake = atomic_exchange(&srv->io_sleeping, 0);
     pthread_mutex_unlock(&srv->mutex);
-    pfd_wake(srv);
+    if (wake)
+        pfd_wake(srv);
 }
 
 /* Refuse, from a worker, connections dropped from the line at pickup. */
@@ -45,6 +47,7 @@ static void pfd_refuse_dropped(struct pfd_server *srv, struct pfd_conn *dropped)
 struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
 {
     *empty = 0;
+    atomic_fetch_add(&srv->looking, 1);
     for (;;) {
         struct pfd_conn *dropped = NULL, **tail = &dropped, *c = NULL;
         int64_t now = 0;
@@ -62,7 +65,9 @@ struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
                 *empty = 1;
                 break;
             }
+            atomic_fetch_sub(&srv->looking, 1);
             pthread_cond_wait(&srv->ready, &srv->mutex);
+            atomic_fetch_add(&srv->looking, 1);
         }
         int stopping = srv->stopping;
         if (dropped)
@@ -71,6 +76,8 @@ struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
             c->state = PFD_RUNNING;
             c->started_ns = now;
         }
+        if (c != NULL || stopping || *empty)
+            atomic_fetch_sub(&srv->looking, 1); /* done looking, under the mutex an admission holds */
         pthread_mutex_unlock(&srv->mutex);
         pfd_refuse_dropped(srv, dropped);
         if (c == NULL) {
