@@ -1,17 +1,58 @@
-"""The fuzz harness itself, without atheris: the middleware target's timing rule.
+"""The fuzz harness itself: what ``python -m fuzz`` does on a finding, and the middleware target's timing rule.
 
-The middleware target must not call a difference between paths a bug when
-only timing made it, and must still compare them when timing cannot matter.
+Without atheris (``tests/fuzz/_runner.py`` needs none): a finding must leave
+its input where libFuzzer would, and the middleware target must not call a
+difference between paths a bug when only timing made it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _helpers import load_twin
-from fuzz import fuzz_middleware
+from fuzz import _runner, fuzz_middleware
+
+
+def test_artifact_path_is_libfuzzers() -> None:
+    data = b"GET /\n"
+    sha1 = hashlib.sha1(data).hexdigest()
+    assert _runner.artifact_path(["prog"], data) == Path(f"./crash-{sha1}")
+    assert _runner.artifact_path(["prog", "-artifact_prefix=out/mw-"], data) == Path(f"out/mw-crash-{sha1}")
+    assert _runner.artifact_path(["prog", "-artifact_prefix=out/", "-exact_artifact_path=x"], data) == Path("x")
+
+
+def test_a_finding_saves_its_input_then_aborts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    aborted: list[bool] = []
+
+    def target(data: bytes) -> None:
+        if data == b"bad":
+            raise AssertionError("paths differ")
+
+    run = _runner.crash_at_once(target, ["prog", f"-artifact_prefix={tmp_path}/mw-"], lambda: aborted.append(True))
+    run(b"good")
+    assert not aborted and not list(tmp_path.iterdir())
+    # The stand-in abort returns, so the exception goes on; os.abort never returns.
+    with pytest.raises(AssertionError, match="paths differ"):
+        run(b"bad")
+    assert aborted == [True]
+    saved = tmp_path / f"mw-crash-{hashlib.sha1(b'bad').hexdigest()}"
+    assert saved.read_bytes() == b"bad"
+    err = capsys.readouterr().err
+    assert "Uncaught Python exception" in err and "AssertionError: paths differ" in err and str(saved) in err
+
+
+def test_keyboard_interrupt_is_not_a_finding(tmp_path: Path) -> None:
+    def target(data: bytes) -> None:
+        raise KeyboardInterrupt
+
+    run = _runner.crash_at_once(target, ["prog", f"-artifact_prefix={tmp_path}/"], lambda: pytest.fail("aborted"))
+    with pytest.raises(KeyboardInterrupt):
+        run(b"x")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_stall_under_a_short_outer_deadline_is_no_difference(monkeypatch: pytest.MonkeyPatch) -> None:
