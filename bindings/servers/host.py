@@ -424,6 +424,8 @@ class FrontDoorHost:
             self._failure = f"worker {worker.id} failed to start (exit status {code}); see its error above"
             self._command(b"t")
             return
+        if self._slot_taken(worker.slot):
+            return  # a reload started its successor already (or it was that successor, and the old one serves on)
         if code != 0:
             _log.warning(
                 "prazo host: worker %d (pid %d) exited with status %s; replacing it", worker.id, worker.pid, code
@@ -433,6 +435,11 @@ class FrontDoorHost:
             self._spawn(worker.slot)
         except RuntimeError as exc:  # the triage is gone too: its own exit stops the host
             _log.error("prazo host: cannot replace worker %d: %s", worker.id, exc)
+
+    def _slot_taken(self, slot: int) -> bool:
+        """Whether a live worker that is not retiring serves ``slot``: each slot has at most one."""
+        with self._state_lock:
+            return any(w.slot == slot and not w.retiring for w in self._workers.values())
 
     def _reap_triage(self) -> None:
         if self._triage_pidfd >= 0:
@@ -469,8 +476,8 @@ class FrontDoorHost:
         with self._state_lock:
             old = sorted(self._workers.values(), key=lambda w: w.slot)
         for worker in old:
-            if self._stopping or worker.pid not in self._workers:
-                continue
+            if self._stopping or worker.pid not in self._workers or worker.retiring:
+                continue  # died meanwhile: its replacement runs the new code already
             fresh = self._spawn(worker.slot)
             self._wait(partial(_serving_or_gone, fresh, self._workers), BOOT_TIMEOUT_S)
             if not fresh.ready:

@@ -216,34 +216,43 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
         engine.stop()
         return idle
 
+    def answer(reply: dict[str, Any]) -> bool:
+        try:
+            send_message(ctl, reply)
+        except OSError:
+            return False  # the supervisor is gone
+        return True
+
     while True:
         for key, _ in selector.select():
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             message, fds = receive_message(sock)
             if key.data is None:  # the supervisor
-                if message is None:  # it died: drain on our own and leave
-                    drain(plan.shutdown_timeout)
-                    return 0
-                op = message.get("op")
+                request: dict[str, Any] = message or {}
+                op = request.get("op")
                 if op == "add":
-                    worker = int(message["worker"])
+                    worker = int(request["worker"])
                     *channels, stats_fd = fds
                     for fd in channels:
                         engine.add_channel(fd, worker)
                     stats_sock = socket.socket(fileno=stats_fd)
                     selector.register(stats_sock, selectors.EVENT_READ, worker)
-                    send_message(ctl, {"ok": True})
+                    reply: dict[str, Any] = {"ok": True}
                 elif op == "retire":
-                    engine.retire_worker(int(message["worker"]))
-                    send_message(ctl, {"ok": True})
+                    engine.retire_worker(int(request["worker"]))
+                    reply = {"ok": True}
                 elif op == "stats":
-                    send_message(ctl, {"stats": host_stats()})
+                    reply = {"stats": host_stats()}
                 elif op == "drain":
-                    idle = drain(float(message.get("timeout", plan.shutdown_timeout)))
-                    send_message(ctl, {"idle": idle})
+                    idle = drain(float(request.get("timeout", plan.shutdown_timeout)))
+                    answer({"idle": idle})
                     return 0
                 else:
-                    send_message(ctl, {"error": f"unknown op {op!r}"})
+                    reply = {"error": f"unknown op {op!r}"}
+                if message is None or not answer(reply):
+                    # The supervisor died: drain on our own (the workers end when their channels close) and leave.
+                    drain(plan.shutdown_timeout)
+                    return 0
                 continue
             worker = key.data
             if message is None:  # the worker exited; its channels tell the engine on their own
