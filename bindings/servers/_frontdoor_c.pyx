@@ -380,6 +380,61 @@ def head_environ(dict base, conn):
                          conn.peer)
 
 
+# ------------------------------------------------------------ the response head
+
+# The app's part of a response head, for ``frontdoor_worker._Response._head``
+# (which adds the framing and Connection lines): the rules of its spec,
+# ``frontdoor_worker.response_fields_py``, compiled.
+cdef frozenset _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+                                       "proxy-authenticate", "proxy-authorization"})
+cdef long long _date_second = -1
+cdef str _date_text = ""
+
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    time_t time(time_t *t)
+
+
+def date_line():
+    """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
+    global _date_second, _date_text
+    cdef long long now = time(NULL)
+    if now != _date_second:
+        from email.utils import formatdate
+        _date_text = "Date: " + formatdate(now, usegmt=True)
+        _date_second = now
+    return _date_text
+
+
+def response_fields(status, list headers):
+    """``(text, content_length or None, close)``: the status line, Date and the app's fields but the hop-by-hop ones.
+
+    ``text`` is those lines joined by CRLF (without a final one); ``close`` is
+    True when the app's Connection field says close; a Content-Length that is
+    not digits raises ValueError. The spec: ``frontdoor_worker.response_fields_py``.
+    """
+    cdef list lines = [f"HTTP/1.1 {status}", date_line()]
+    cdef bint close = False
+    length = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _HOP_BY_HOP:
+            if lower == "connection" and "close" in value.lower():
+                close = True
+            continue
+        if lower == "date":
+            lines[1] = f"{name}: {value}"
+            continue
+        if lower == "content-length":
+            digits = value.strip()
+            if not (digits.isascii() and digits.isdigit()):
+                raise ValueError(f"bad Content-Length {value!r}")
+            length = int(value)
+        lines.append(f"{name}: {value}")
+    return "\r\n".join(lines), length, close
+
+
 # ------------------------------------------------------------ budget parsers
 
 cdef object _parsed(int ok, double ms):

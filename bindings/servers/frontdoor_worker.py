@@ -26,7 +26,7 @@ from ..headers import is_ambiguous_header_name
 from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from .refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
 
-__all__ = ["RequestBodyError", "RequestRunner", "head_environ_py"]
+__all__ = ["RequestBodyError", "RequestRunner", "date_line_py", "head_environ_py", "response_fields_py"]
 
 _log = logging.getLogger("prazo.servers.frontdoor")
 
@@ -198,24 +198,15 @@ class _Response:
     def _head(self, whole_body: int | None) -> bytes:
         """The response head; ``whole_body`` is the body's length when all of it is known now."""
         assert self.status is not None
-        lines = [f"HTTP/1.1 {self.status}", _date_line()]
         if self.status.startswith(_NO_BODY_STATUS):
             self.head_only = True  # 1xx, 204 and 304 never carry a body, whatever the app returns
         no_body = self.head_only
-        for name, value in self.headers:
-            lower = name.lower()
-            if lower in _HOP_BY_HOP:
-                if lower == "connection" and "close" in value.lower():
-                    self.keep_alive = False
-                continue
-            if lower == "date":
-                lines[1] = f"{name}: {value}"
-                continue
-            if lower == "content-length":
-                if not (value.strip().isascii() and value.strip().isdigit()):
-                    raise ValueError(f"bad Content-Length {value!r}")
-                self.length = int(value)
-            lines.append(f"{name}: {value}")
+        text, length, close = response_fields(self.status, self.headers)
+        if close:
+            self.keep_alive = False
+        if length is not None:
+            self.length = length
+        lines = [text]
         if self.length is None and not no_body:
             if whole_body is not None:
                 self.length = whole_body
@@ -233,8 +224,8 @@ class _Response:
         # A streamed response's app may still read the body, so it is not dropped yet.
         if self.keep_alive and not (self.conn.discard_body() if whole_body is not None else self.conn.body_arrived()):
             self.keep_alive = False
-        lines.append("Connection: keep-alive" if self.keep_alive else "Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        lines.append("Connection: keep-alive\r\n\r\n" if self.keep_alive else "Connection: close\r\n\r\n")
+        return "\r\n".join(lines).encode("latin-1")
 
     def write(self, data: bytes) -> None:
         if self.status is None:
@@ -318,10 +309,39 @@ def head_environ_py(base: dict[str, Any], conn: Any) -> dict[str, Any]:
     return environ
 
 
+def response_fields_py(status: str, headers: list[tuple[str, str]]) -> tuple[str, int | None, bool]:
+    """``(text, content_length or None, close)``: the app's part of a response head, the spec of ``response_fields``.
+
+    ``text``: the status line, the Date line (the app's own Date replaces the
+    server's) and every field of the app's but the hop-by-hop ones, joined by
+    CRLF; ``close``: the app's Connection field says close; a Content-Length
+    that is not digits raises ValueError (the app's error: a 500).
+    """
+    lines = [f"HTTP/1.1 {status}", date_line_py()]
+    close = False
+    length = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _HOP_BY_HOP:
+            if lower == "connection" and "close" in value.lower():
+                close = True
+            continue
+        if lower == "date":
+            lines[1] = f"{name}: {value}"
+            continue
+        if lower == "content-length":
+            if not (value.strip().isascii() and value.strip().isdigit()):
+                raise ValueError(f"bad Content-Length {value!r}")
+            length = int(value)
+        lines.append(f"{name}: {value}")
+    return "\r\n".join(lines), length, close
+
+
 try:
-    from ._frontdoor_c import head_environ
-except ImportError:  # the front door itself needs the engine; the spec serves where only it is missing
+    from ._frontdoor_c import head_environ, response_fields
+except ImportError:  # the front door itself needs the engine; the specs serve where only it is missing
     head_environ = head_environ_py
+    response_fields = response_fields_py
 
 
 class RequestRunner:
@@ -448,7 +468,7 @@ class RequestRunner:
 _date_cache: tuple[int, str] = (0, "")
 
 
-def _date_line() -> str:
+def date_line_py() -> str:
     """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
     global _date_cache
     now = int(time.time())

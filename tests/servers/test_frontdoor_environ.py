@@ -1,4 +1,4 @@
-"""The engine's environ builder (``_frontdoor_c.head_environ``) agrees with its Python spec.
+"""The engine's environ builder and response fields (``_frontdoor_c``) agree with their Python specs.
 
 The front door's workers build each request's PEP 3333 environ in C from the
 engine's parsed head; ``frontdoor_worker.head_environ_py`` is the readable
@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import compiled_engine, create_server
 from prazo.bindings.servers.frontdoor_worker import head_environ_py
+from prazo.bindings.servers.frontdoor_worker import response_fields_py as head_fields_py
 
 # compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = pytest.mark.compiled
@@ -93,3 +94,30 @@ def test_a_live_request_s_environ_is_the_spec_s() -> None:
         assert environ["CONTENT_TYPE"] == "text/plain" and "HTTP_X_SNEAKY" not in environ
         assert environ["REMOTE_ADDR"] == "127.0.0.1" and environ["REMOTE_PORT"].isdigit()
         assert environ["SERVER_PROTOCOL"] == "HTTP/1.1" and environ["REQUEST_METHOD"] == "GET"
+
+
+_FIELD_NAMES = st.sampled_from(
+    ["Content-Length", "content-length", "Date", "Connection", "Keep-Alive", "Transfer-Encoding", "TE", "X-A", "Upgrade"]
+)
+_FIELD_VALUES = st.one_of(
+    st.sampled_from(["13", " 7 ", "close", "Keep-Alive, Close", "x", "", "\u0661", "1 2"]), st.text(max_size=6)
+)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    status=st.sampled_from(["200 OK", "204 No Content", "304 Not Modified", "500 \xe9"]),
+    headers=st.lists(st.tuples(_FIELD_NAMES, _FIELD_VALUES), max_size=6),
+)
+def test_the_compiled_response_fields_are_the_spec_s(status: str, headers: list[tuple[str, str]]) -> None:
+    """The app's part of a response head: the same text, Content-Length and close, or the same ValueError."""
+    engine = compiled_engine()
+    try:
+        expected: object = head_fields_py(status, headers)
+    except ValueError as exc:
+        expected = ("ValueError", str(exc))
+    try:
+        built: object = engine.response_fields(status, list(headers))
+    except ValueError as exc:
+        built = ("ValueError", str(exc))
+    assert built == expected
