@@ -121,3 +121,28 @@ def test_the_compiled_response_fields_are_the_spec_s(status: str, headers: list[
     except ValueError as exc:
         built = ("ValueError", str(exc))
     assert built == expected
+
+
+def test_remote_addr_is_the_client_s_dotted_quad() -> None:
+    """The engine formats an IPv4 peer itself (not with inet_ntop): one-, two- and three-digit parts."""
+    seen: list[tuple[str, str]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append((environ["REMOTE_ADDR"], environ["REMOTE_PORT"]))
+        start_response("200 OK", [("Content-Length", "0")])
+        return [b""]
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=1)
+    server.start()
+    try:
+        for source in ["127.0.0.1", "127.10.200.3", "127.0.100.255", "127.99.9.10"]:
+            with socket.socket() as client:
+                client.bind((source, 0))
+                client.connect(("127.0.0.1", server.port))
+                client.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                while client.recv(4096):
+                    pass
+                host, port = client.getsockname()
+            assert seen[-1] == (host, str(port))
+    finally:
+        server.shutdown()

@@ -405,7 +405,23 @@ int pfd_addr_text(const struct sockaddr_storage *ss, char *host, size_t hostlen,
     if (ss->ss_family == AF_INET) {
         const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
         *port = ntohs(a->sin_port);
-        return inet_ntop(AF_INET, &a->sin_addr, host, (socklen_t)hostlen) != NULL;
+        /* Dotted quad by hand: inet_ntop formats it with sprintf, about 1.7 k
+         * instructions, asked for every request's REMOTE_ADDR. */
+        const unsigned char *b = (const unsigned char *)&a->sin_addr;
+        char text[16], *p = text;
+        for (int i = 0; i < 4; i++) {
+            unsigned v = b[i];
+            if (v >= 100)
+                *p++ = (char)('0' + v / 100);
+            if (v >= 10)
+                *p++ = (char)('0' + v / 10 % 10);
+            *p++ = (char)('0' + v % 10);
+            *p++ = i < 3 ? '.' : '\0';
+        }
+        if ((size_t)(p - text) > hostlen)
+            return 0;
+        memcpy(host, text, (size_t)(p - text));
+        return 1;
     }
     if (ss->ss_family == AF_INET6) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
