@@ -407,6 +407,35 @@ def date_line():
     return _date_text
 
 
+# What each (name, value) field of an app's headers comes to in the head: an app
+# sends the same few on every response, so each exact (str, str) tuple is
+# judged once (at most _FIELDS_MAX of them, then the memory starts again).
+cdef dict _FIELDS = {}
+cdef Py_ssize_t _FIELDS_MAX = 1024
+cdef dict _STATUS_LINES = {}
+cdef enum:
+    _F_PLAIN = 0
+    _F_HOP = 1
+    _F_HOP_CLOSE = 2
+    _F_DATE = 3
+    _F_LENGTH = 4
+
+
+cdef tuple _judge_field(name, value):
+    lower = name.lower()
+    if lower in _HOP_BY_HOP:
+        return (_F_HOP_CLOSE if lower == "connection" and "close" in value.lower() else _F_HOP, None, None)
+    line = f"{name}: {value}"
+    if lower == "date":
+        return (_F_DATE, line, None)
+    if lower == "content-length":
+        digits = value.strip()
+        if not (digits.isascii() and digits.isdigit()):
+            raise ValueError(f"bad Content-Length {value!r}")
+        return (_F_LENGTH, line, int(value))
+    return (_F_PLAIN, line, None)
+
+
 def response_fields(status, list headers):
     """``(text, content_length or None, close)``: the status line, Date and the app's fields but the hop-by-hop ones.
 
@@ -414,24 +443,41 @@ def response_fields(status, list headers):
     True when the app's Connection field says close; a Content-Length that is
     not digits raises ValueError. The spec: ``frontdoor_worker.response_fields_py``.
     """
-    cdef list lines = [f"HTTP/1.1 {status}", date_line()]
+    cdef tuple judged
+    cdef int kind
+    status_line = _STATUS_LINES.get(status) if type(status) is str else None
+    if status_line is None:
+        status_line = f"HTTP/1.1 {status}"
+        if type(status) is str:
+            if len(_STATUS_LINES) >= _FIELDS_MAX:
+                _STATUS_LINES.clear()
+            _STATUS_LINES[status] = status_line
+    cdef list lines = [status_line, date_line()]
     cdef bint close = False
     length = None
-    for name, value in headers:
-        lower = name.lower()
-        if lower in _HOP_BY_HOP:
-            if lower == "connection" and "close" in value.lower():
-                close = True
+    for field in headers:
+        cached = type(field) is tuple and len(<tuple>field) == 2 and type((<tuple>field)[0]) is str and \
+            type((<tuple>field)[1]) is str
+        judged = _FIELDS.get(field) if cached else None
+        if judged is None:
+            name, value = field
+            judged = _judge_field(name, value)
+            if cached:
+                if len(_FIELDS) >= _FIELDS_MAX:
+                    _FIELDS.clear()
+                _FIELDS[field] = judged
+        kind = judged[0]
+        if kind == _F_HOP:
             continue
-        if lower == "date":
-            lines[1] = f"{name}: {value}"
+        if kind == _F_HOP_CLOSE:
+            close = True
             continue
-        if lower == "content-length":
-            digits = value.strip()
-            if not (digits.isascii() and digits.isdigit()):
-                raise ValueError(f"bad Content-Length {value!r}")
-            length = int(value)
-        lines.append(f"{name}: {value}")
+        if kind == _F_DATE:
+            lines[1] = judged[1]
+            continue
+        if kind == _F_LENGTH:
+            length = judged[2]
+        lines.append(judged[1])
     return "\r\n".join(lines), length, close
 
 
