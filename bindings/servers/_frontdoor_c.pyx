@@ -3,10 +3,12 @@
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
 #
-# Why one file of about 850 lines: a Cython extension is one module, and the
-# engine's declarations, the Engine/Connection faces and the probes that let
-# the tests hold each C rule to its Python twin (parse_budget_ms, check_head,
-# split_requests, is_critical, ...) all need the same cdef extern block.
+# Why one file of about 1300 lines: a Cython extension is one module, and the
+# engine's declarations, the Engine/Connection faces, the per-request work of
+# the workers that is cheaper in C than in Python (the environ from the parsed
+# head, the response head's fields) and the probes that let the tests hold each
+# C rule to its Python twin (parse_budget_ms, check_head, split_requests,
+# is_critical, head_environ, response_fields, ...) all need the same cdef extern block.
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy, memchr, memcmp
 from libc.stdlib cimport malloc, calloc, free
