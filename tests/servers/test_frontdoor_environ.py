@@ -32,7 +32,9 @@ class _Head:
 
 
 _BYTE_TEXT = st.binary(max_size=12)
-_PIECES = st.sampled_from([b"/", b"%", b"%4", b"%41", b"%e9", b"%zz", b"?", b"//", b"http://", b"https://", b"a", b"\xe9"])
+_PIECES = st.sampled_from(
+    [b"/", b"%", b"%4", b"%41", b"%e9", b"%zz", b"?", b"//", b"http://", b"https://", b"a", b"\xe9"]
+)
 _TARGETS = st.one_of(_BYTE_TEXT, st.lists(_PIECES, max_size=8).map(b"".join))
 _NAMES = st.one_of(
     st.sampled_from([b"Host", b"X-A", b"x-a", b"X_A", b"Content-Type", b"content-length", b"CONTENT-TYPE", b"X-\xdf"]),
@@ -97,7 +99,17 @@ def test_a_live_request_s_environ_is_the_spec_s() -> None:
 
 
 _FIELD_NAMES = st.sampled_from(
-    ["Content-Length", "content-length", "Date", "Connection", "Keep-Alive", "Transfer-Encoding", "TE", "X-A", "Upgrade"]
+    [
+        "Content-Length",
+        "content-length",
+        "Date",
+        "Connection",
+        "Keep-Alive",
+        "Transfer-Encoding",
+        "TE",
+        "X-A",
+        "Upgrade",
+    ]
 )
 _FIELD_VALUES = st.one_of(
     st.sampled_from(["13", " 7 ", "close", "Keep-Alive, Close", "x", "", "\u0661", "1 2"]), st.text(max_size=6)
