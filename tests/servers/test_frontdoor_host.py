@@ -264,10 +264,10 @@ def test_lifo_serves_the_newest_waiter_first_whichever_worker_frees_a_thread(hos
         waiters[name] = Burst(host.port, [f"/host-stats?gate={waiter_gate}&mark={tmp_path / name}"])
         wait_until(lambda queued=queued: host.stats()["queued"] == queued + 1, f"{name} in line", WAIT_S)
     gates[0].touch()  # one thread frees: it takes the newest
-    wait_until(lambda: (tmp_path / "d").exists(), "the newest waiter to start", WAIT_S)
+    wait_until((tmp_path / "d").exists, "the newest waiter to start", WAIT_S)
     assert not (tmp_path / "c").exists() and not (tmp_path / "b").exists()
     gates[1].touch()  # a thread of the other worker frees
-    wait_until(lambda: (tmp_path / "c").exists(), "the next newest waiter to start", WAIT_S)
+    wait_until((tmp_path / "c").exists, "the next newest waiter to start", WAIT_S)
     assert not (tmp_path / "b").exists()
     for gate in (*gates, waiter_gate):
         gate.touch()
