@@ -42,6 +42,7 @@ exports the whole host from any worker in one scrape.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..wsgi import WSGIApp
@@ -263,6 +265,7 @@ class FrontDoorHost:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._commands: collections.deque[bytes] = collections.deque()
         self._state_lock = threading.RLock()
         self._started = False
         self._stopping = False
@@ -284,12 +287,18 @@ class FrontDoorHost:
         self._thread = threading.Thread(target=self._supervise, name="prazo-host-supervisor", daemon=True)
         self._thread.start()
 
-    def serve_forever(self) -> None:
-        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads."""
-        self._boot()
+    def serve_forever(self, serving: Callable[[], object] | None = None) -> None:
+        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads.
+
+        ``serving()`` is called once every worker takes requests.
+        """
         if threading.current_thread() is threading.main_thread():
+            # Before the boot: a signal that comes while the workers start waits for the loop.
             for signum, command in ((signal.SIGTERM, b"t"), (signal.SIGINT, b"t"), (signal.SIGHUP, b"h")):
                 signal.signal(signum, lambda *_, command=command: self._command(command))
+        self._boot()
+        if serving is not None:
+            serving()
         self._supervise()
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -318,7 +327,8 @@ class FrontDoorHost:
 
     def stats(self) -> dict[str, Any]:
         """The host's counters: every key of a one-process front door's ``stats()``, plus
-        ``worker_lost``, ``workers``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests running}``)."""
+        ``worker_lost``, ``worker_processes``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests
+        running}``)."""
         reply = self._request({"op": "stats"})
         if reply is None or "stats" not in reply:
             raise RuntimeError("the host is not running")
@@ -444,9 +454,8 @@ class FrontDoorHost:
                 os.close(fd)
             return reply
 
-    def _pump(self, timeout: float) -> list[bytes]:
-        """Handle what happened (exits, readiness) within ``timeout``; the commands that came."""
-        commands: list[bytes] = []
+    def _pump(self, timeout: float) -> None:
+        """Handle what happened (exits, readiness) within ``timeout``; commands wait in ``_commands``."""
         for key, _ in self._selector.select(timeout):
             what = key.data
             if what == "wake":
@@ -454,7 +463,7 @@ class FrontDoorHost:
                     data = os.read(self._wake_r, 64)
                 except BlockingIOError:
                     data = b""
-                commands.extend(data[i : i + 1] for i in range(len(data)))
+                self._commands.extend(data[i : i + 1] for i in range(len(data)))
             elif what == "triage":
                 self._reap_triage()
             elif isinstance(what, tuple):
@@ -462,7 +471,6 @@ class FrontDoorHost:
             else:
                 self._on_exit(what)
         self._poll_exits()
-        return commands
 
     def _poll_exits(self) -> None:
         """Without pidfds (old kernels): find exited children by waitpid."""
@@ -543,7 +551,9 @@ class FrontDoorHost:
     def _supervise(self) -> None:
         try:
             while True:
-                for command in self._pump(1.0):
+                self._pump(1.0)
+                while self._commands:
+                    command = self._commands.popleft()
                     if command == b"t":
                         self._drain()
                         return
@@ -559,29 +569,28 @@ class FrontDoorHost:
             if self._stopping or worker.pid not in self._workers:
                 continue
             fresh = self._spawn(worker.slot)
-            self._wait(lambda fresh=fresh: fresh.ready or fresh.pid not in self._workers, BOOT_TIMEOUT_S)
+            self._wait(partial(_serving_or_gone, fresh, self._workers), BOOT_TIMEOUT_S)
             if not fresh.ready:
                 _log.error("prazo host: reload stopped: a new worker did not start serving")
                 return
             worker.retiring = True
             self._request({"op": "retire", "worker": worker.id})
-            if not self._wait(
-                lambda worker=worker: worker.pid not in self._workers, self.shutdown_timeout + _EXIT_GRACE_S
-            ):
+            gone = partial(_gone, worker, self._workers)
+            exited = self._wait(gone, self.shutdown_timeout + _EXIT_GRACE_S)
+            if b"t" in self._commands:
+                return  # the host drains: the retiring worker finishes there, it is not killed
+            if not exited:
                 _kill(worker.pid)
-                self._wait(lambda worker=worker: worker.pid not in self._workers, _EXIT_GRACE_S)
+                self._wait(gone, _EXIT_GRACE_S)
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         """Handle events until ``done()`` or ``timeout``; a stop command that comes meanwhile is kept for later."""
         end = time.monotonic() + timeout
         while not done():
             left = end - time.monotonic()
-            if left <= 0:
-                return False
-            for command in self._pump(min(left, 0.5)):
-                if command == b"t":
-                    self._command(b"t")  # handled by the loop once this wait ends
-                    return done()
+            if left <= 0 or b"t" in self._commands:  # a stop is handled by the loop once this wait ends
+                return done()
+            self._pump(min(left, 0.5))
         return True
 
     def _drain(self) -> None:
@@ -610,6 +619,14 @@ class FrontDoorHost:
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def _gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.pid not in workers
+
+
+def _serving_or_gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.ready or worker.pid not in workers
 
 
 def _kill(pid: int) -> None:
@@ -741,6 +758,8 @@ def _triage_main(plan: _Plan, listener_fd: int, ctl: socket.socket) -> int:
 def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
     global _current
     *channel_socks, stats_sock = ends
+    host = HostStats(stats_sock, worker_id)
+    _current = host  # before the app's import: its module may register current_host() for metrics
     app = plan.app
     if app is None:
         from .serve import load_app
@@ -752,8 +771,6 @@ def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_f
             traceback.print_exc()
             return _BOOT_FAILED
     engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
-    host = HostStats(stats_sock, worker_id)
-    _current = host
     runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
     reported = {"expired_at_start": 0, "app_errors": 0}
     served = [0]
@@ -781,6 +798,7 @@ def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_f
     threads = []
     for index, sock in enumerate(channel_socks):
         channel = engine.channel(sock.detach())
+        channel.ask()  # before "ready": the triage may hand this thread a connection from now on
         thread = threading.Thread(
             target=runner.work, args=(next_from(channel),), name=f"prazo-host-worker-{worker_id}-{index}", daemon=True
         )

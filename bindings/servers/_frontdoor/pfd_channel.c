@@ -72,6 +72,8 @@ static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_chan
             c->arrival_from_kernel = m->arrival_from_kernel;
             c->peer_len = m->peer_len <= sizeof c->peer ? m->peer_len : sizeof c->peer;
             memcpy(&c->peer, &m->peer, sizeof c->peer);
+            if (m->draining)
+                c->client_keep_alive = 0; /* as a one-process front door answers while it drains */
             pfd_conn_start_body(c);
             return c;
         }
@@ -85,6 +87,18 @@ static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_chan
     struct pfd_msg back = {.kind = PFD_MSG_FINISH, .verdict = -1, .token = m->token};
     (void)pfd_channel_send(ch, &back, NULL, 0);
     return NULL;
+}
+
+/* Tell the triage this thread takes a connection now, before its first
+ * pfd_channel_next (which then sends nothing): a worker is ready once every
+ * thread has asked. 0, or -1 when the triage is gone. */
+int pfd_channel_ask(struct pfd_channel *ch)
+{
+    struct pfd_msg hello = {.kind = PFD_MSG_HELLO};
+    if (pfd_channel_send(ch, &hello, NULL, 0) != 0)
+        return -1;
+    atomic_store(&ch->asked, 1);
+    return 0;
 }
 
 /* The next connection for this thread, holding one of the host's places; NULL
