@@ -140,7 +140,7 @@ def test_the_seed_scenario_through_two_workers_splits_host_wide(hosts: Any, tmp_
     stats = idle(host)
     assert (stats["started"], stats["completed"], stats["rejected_full"], stats["worker_lost"]) == (24, 24, 16, 0)
     assert stats["peak_in_flight"] <= 4 and stats["peak_queued"] == 20
-    assert (stats["workers"], stats["worker_threads"], stats["max_concurrency"], stats["max_queue"]) == (2, 4, 4, 20)
+    assert (stats["worker_processes"], stats["worker_threads"], stats["max_concurrency"], stats["max_queue"]) == (2, 4, 4, 20)
     assert_conservation(stats)
     assert stats["offered"] == stats["admitted"] + stats["rejected_full"] + stats["expired_on_arrival"], stats
 
@@ -348,7 +348,7 @@ def test_server_stats_in_a_worker_are_the_hosts(hosts: Any, tmp_path: Path) -> N
     assert len(others) == 1 and answer["pid"] not in others  # the least-loaded rule
     assert {answer["pid"], *others} == set(host.worker_pids())
     # The asking worker counts what its sibling served, and itself running.
-    assert (seen["offered"], seen["completed"], seen["in_flight"], seen["workers"]) == (6, 5, 1, 2), seen
+    assert (seen["offered"], seen["completed"], seen["in_flight"], seen["worker_processes"]) == (6, 5, 1, 2), seen
     assert sorted(seen["worker_in_flight"].values()) == [0, 1]
     stats = idle(host)
     assert (stats["offered"], stats["completed"]) == (6, 6)
