@@ -85,6 +85,9 @@ _EXIT_GRACE_S = 5.0
 # A worker that failed before it served: the exit status it reports.
 _BOOT_FAILED = 3
 _MESSAGE_BYTES = 1 << 20
+# While it drains, the triage looks this often for the workers' questions (and each
+# question waits at most this long for its answer).
+_DRAIN_POLL_S = 0.02
 
 _current: HostStats | None = None
 
@@ -700,56 +703,68 @@ def _triage_main(plan: _Plan, listener_fd: int, ctl: socket.socket) -> int:
         stats["worker_in_flight"] = engine.worker_loads()
         return stats
 
+    def from_worker(sock: socket.socket, worker: int) -> None:
+        """One message on a worker's stats socket."""
+        message, _ = _receive(sock)
+        if message is None:  # the worker exited; its channels tell the engine on their own
+            selector.unregister(sock)
+            sock.close()
+            return
+        op = message.get("op")
+        if op == "stats":
+            try:
+                _send(sock, {"stats": host_stats()})
+            except OSError:
+                pass
+        elif op == "count":
+            counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
+        elif op == "retire":
+            engine.retire_worker(worker)
+
     def drain(timeout: float) -> bool:
         engine.drain()
-        idle = bool(engine.wait_idle(timeout))
+        # The workers' questions are answered while they finish: a request admitted before the
+        # drain may ask for the host's figures (a metrics scrape), and the drain waits for it.
+        end = time.monotonic() + timeout
+        while not (idle := bool(engine.wait_idle(min(max(end - time.monotonic(), 0.0), _DRAIN_POLL_S)))):
+            if time.monotonic() >= end:
+                break
+            for key, _ in selector.select(0):
+                if key.data is not None:
+                    from_worker(key.fileobj, key.data)  # type: ignore[arg-type]
         engine.stop()
         return idle
 
     while True:
         for key, _ in selector.select():
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
-            message, fds = _receive(sock)
-            if key.data is None:  # the supervisor
-                if message is None:  # it died: drain on our own and leave
-                    drain(plan.shutdown_timeout)
-                    return 0
-                op = message.get("op")
-                if op == "add":
-                    worker = int(message["worker"])
-                    *channels, stats_fd = fds
-                    for fd in channels:
-                        engine.add_channel(fd, worker)
-                    stats_sock = socket.socket(fileno=stats_fd)
-                    selector.register(stats_sock, selectors.EVENT_READ, worker)
-                    _send(ctl, {"ok": True})
-                elif op == "retire":
-                    engine.retire_worker(int(message["worker"]))
-                    _send(ctl, {"ok": True})
-                elif op == "stats":
-                    _send(ctl, {"stats": host_stats()})
-                elif op == "drain":
-                    idle = drain(float(message.get("timeout", plan.shutdown_timeout)))
-                    _send(ctl, {"idle": idle})
-                    return 0
-                else:
-                    _send(ctl, {"error": f"unknown op {op!r}"})
+            if key.data is not None:
+                from_worker(sock, key.data)
                 continue
-            worker = key.data
-            if message is None:  # the worker exited; its channels tell the engine on their own
-                selector.unregister(sock)
-                sock.close()
-                continue
+            message, fds = _receive(sock)  # the supervisor
+            if message is None:  # it died: drain on our own and leave
+                drain(plan.shutdown_timeout)
+                return 0
             op = message.get("op")
-            if op == "stats":
-                try:
-                    _send(sock, {"stats": host_stats()})
-                except OSError:
-                    pass
-            elif op == "count":
-                counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
+            if op == "add":
+                worker = int(message["worker"])
+                *channels, stats_fd = fds
+                for fd in channels:
+                    engine.add_channel(fd, worker)
+                stats_sock = socket.socket(fileno=stats_fd)
+                selector.register(stats_sock, selectors.EVENT_READ, worker)
+                _send(ctl, {"ok": True})
             elif op == "retire":
-                engine.retire_worker(worker)
+                engine.retire_worker(int(message["worker"]))
+                _send(ctl, {"ok": True})
+            elif op == "stats":
+                _send(ctl, {"stats": host_stats()})
+            elif op == "drain":
+                idle = drain(float(message.get("timeout", plan.shutdown_timeout)))
+                _send(ctl, {"idle": idle})
+                return 0
+            else:
+                _send(ctl, {"error": f"unknown op {op!r}"})
 
 
 # ------------------------------------------------------------ a worker process
