@@ -37,6 +37,7 @@ from _server_harness import (
     Burst,
     Outcome,
     connection_refused,
+    exchange,
     request,
     statuses,
 )
@@ -140,7 +141,12 @@ def test_the_seed_scenario_through_two_workers_splits_host_wide(hosts: Any, tmp_
     stats = idle(host)
     assert (stats["started"], stats["completed"], stats["rejected_full"], stats["worker_lost"]) == (24, 24, 16, 0)
     assert stats["peak_in_flight"] <= 4 and stats["peak_queued"] == 20
-    assert (stats["worker_processes"], stats["worker_threads"], stats["max_concurrency"], stats["max_queue"]) == (2, 4, 4, 20)
+    assert (stats["worker_processes"], stats["worker_threads"], stats["max_concurrency"], stats["max_queue"]) == (
+        2,
+        4,
+        4,
+        20,
+    )
     assert_conservation(stats)
     assert stats["offered"] == stats["admitted"] + stats["rejected_full"] + stats["expired_on_arrival"], stats
 
@@ -224,6 +230,43 @@ def test_a_worker_killed_under_load_is_replaced_and_every_request_has_one_outcom
     assert stats["started"] == stats["completed"], stats  # a lost request's place came back too
     assert_conservation(stats)
     assert host.replaced == 1
+
+
+def test_kept_alive_and_pipelined_requests_come_back_to_the_triage_between_requests(hosts: Any) -> None:
+    host = hosts(workers=2, threads=2, max_queue=4)
+    head = b"GET /pid HTTP/1.1\r\nHost: test\r\n\r\n"
+    answer = exchange(host.port, head * 2 + head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert answer.count(b"HTTP/1.1 200 ") == 3, answer
+    # A body the worker reads from the descriptor it was handed, past what the triage had read.
+    body = bytes(range(256)) * 1200
+    posted = request(host.port, "/work", method="POST", body=body, headers={"Content-Type": "application/octet-stream"})
+    assert posted.status == 200, posted
+    stats = idle(host)
+    assert (stats["offered"], stats["admitted"], stats["completed"]) == (4, 4, 4), stats  # each triaged anew
+    assert_conservation(stats)
+
+
+def test_a_kept_alive_connection_outlives_the_worker_that_served_it(hosts: Any) -> None:
+    host = hosts(workers=2, threads=2, max_queue=4)
+    conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=CLIENT_TIMEOUT_S)
+    try:
+        conn.request("GET", "/pid")
+        first = conn.getresponse()
+        served_by = int(first.read())
+        assert first.status == 200 and first.getheader("Connection") == "keep-alive"
+        # Its place comes back with the connection itself: then the triage holds it, waiting for the next head.
+        idle(host)
+        os.kill(served_by, signal.SIGKILL)
+        wait_until(
+            lambda: served_by not in host.worker_pids() and len(host.worker_pids()) == 2, "a replacement", WAIT_S
+        )
+        conn.request("GET", "/pid")
+        second = conn.getresponse()
+        assert second.status == 200 and int(second.read()) in host.worker_pids()
+    finally:
+        conn.close()
+    stats = idle(host)
+    assert (stats["worker_lost"], stats["completed"]) == (0, 2), stats
 
 
 # -- policies, host-wide -----------------------------------------------------------------------
