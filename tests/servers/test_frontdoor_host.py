@@ -579,24 +579,29 @@ def test_sighup_reloads_every_worker_under_a_steady_stream_refusing_nothing(serv
     # Two clients, four places: a reload that dropped places would show as 503s with this small line.
     served = serve("--threads", "2", "--max-queue", "2", "--shutdown-timeout", "10")
     served.serving()
-    seen: list[tuple[float, int, int | None]] = []  # (when, status, pid)
+    seen: list[tuple[float, int, int | None]] = []  # (sent, status, pid)
     errors: list[BaseException] = []
     stop = threading.Event()
 
     def client() -> None:
         while not stop.is_set():
+            sent = time.monotonic()
             try:
                 outcome = request(served.port, "/pid?ms=20")
             except BaseException as exc:  # noqa: BLE001 - the test asserts there were none
                 errors.append(exc)
                 return
-            seen.append((time.monotonic(), outcome.status, pid_of(outcome) if outcome.status == 200 else None))
+            seen.append((sent, outcome.status, pid_of(outcome) if outcome.status == 200 else None))
+
+    def stream_seen(what: str, predicate: Callable[[], bool]) -> None:
+        wait_until(lambda: bool(errors) or predicate(), what, WAIT_S)
+        assert not errors, errors
 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
     for thread in clients:
         thread.start()
     try:
-        wait_until(lambda: len({pid for _, _, pid in seen}) == 2, "both workers serving the stream", WAIT_S)
+        stream_seen("both workers serving the stream", lambda: len({pid for _, _, pid in seen}) == 2)
         old = {pid for _, _, pid in seen}
         assert old < served.children()
         served.process.send_signal(signal.SIGHUP)
@@ -605,16 +610,16 @@ def test_sighup_reloads_every_worker_under_a_steady_stream_refusing_nothing(serv
             children = served.children()
             return len(children) == 3 and not old & children  # the triage and two new workers
 
-        wait_until(reloaded, "both workers replaced", WAIT_S)
-        after = time.monotonic()
-        wait_until(lambda: len({pid for when, _, pid in seen if when > after}) == 2, "the new workers serving", WAIT_S)
+        stream_seen("both workers replaced", reloaded)
+        after = time.monotonic()  # a request sent from now on can only reach a new worker
+        stream_seen("the new workers serving", lambda: len({pid for sent, _, pid in seen if sent > after}) == 2)
     finally:
         stop.set()
         for thread in clients:
             thread.join(CLIENT_TIMEOUT_S)
     assert not errors, errors
     assert {status for _, status, _ in seen} == {200}, [entry for entry in seen if entry[1] != 200]
-    new = {pid for when, _, pid in seen if when > after}
+    new = {pid for sent, _, pid in seen if sent > after}
     assert not new & old and new < served.children()
     served.process.send_signal(signal.SIGTERM)
     assert served.wait() == 0
