@@ -151,6 +151,22 @@ def test_the_seed_scenario_through_two_workers_splits_host_wide(hosts: Any, tmp_
     assert stats["offered"] == stats["admitted"] + stats["rejected_full"] + stats["expired_on_arrival"], stats
 
 
+def test_the_seed_scenario_with_its_two_second_budgets(hosts: Any, tmp_path: Path) -> None:
+    # The issue's own figures: 2 s budgets, six 300 ms waves on 4 places, the last one
+    # starting about 1.5 s after the arrivals (the gate opens once the refusals are out).
+    host = hosts(workers=2, threads=2, max_queue=20)
+    gate = tmp_path / "gate"
+    burst = Burst(host.port, [f"/work?ms=300&gate={gate}"] * 40, {BUDGET: "2000"})
+    assert statuses(burst.wait(16)) == {503: 16}
+    gate.touch()
+    outcomes = burst.join()
+    assert statuses(outcomes) == {200: 24, 503: 16}
+    assert all(0 <= _remaining_ms(outcome) <= 2000 for outcome in outcomes if outcome.status == 200)
+    stats = idle(host)
+    assert (stats["started"], stats["rejected_full"], stats["expired"]) == (24, 16, 0), stats
+    assert_conservation(stats)
+
+
 def test_no_refusal_while_a_sibling_has_room(hosts: Any, tmp_path: Path) -> None:
     # One place a worker and no line: the only room is the idle worker's thread.
     host = hosts(workers=2, threads=1, max_queue=0)
