@@ -6,6 +6,7 @@ from ipaddress import IPv4Network, IPv6Network
 from typing_extensions import disjoint_base
 
 ROLES: frozenset[str]
+CHANNEL_MESSAGE_SIZE: int
 BUDGET_SOURCES: tuple[str, str, str]
 ANSWERS: dict[str, int]
 KEEPABLE: frozenset[str]

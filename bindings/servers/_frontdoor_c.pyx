@@ -157,6 +157,9 @@ cdef extern from "pfd.h" nogil:
         int fd
         char *scratch
 
+    struct pfd_msg:
+        pass
+
     pfd_server *pfd_server_new(const pfd_config *cfg, const int *listen_fds, int n_listen)
     int pfd_server_start(pfd_server *srv)
     void pfd_server_drain(pfd_server *srv)
@@ -198,6 +201,8 @@ cdef extern from "pfd.h" nogil:
 
 
 ROLES = frozenset({"single", "triage", "worker"})
+# The fixed part of every channel message (struct pfd_msg), for the tests that play a worker.
+CHANNEL_MESSAGE_SIZE = sizeof(pfd_msg)
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
 ANSWERS = {
     "queue-full": PFD_A_QUEUE_FULL,

@@ -283,7 +283,10 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
         c->next = NULL;
         c->remote = NULL;
         int verdict = m.verdict == 1 ? 1 : (m.verdict == 0 ? 0 : -1);
-        if (verdict == 1 && pfd_conn_take_pending(c, srv->msg_buf + sizeof m, m.len, m.last_read_ns) != 0)
+        /* When the pipelined bytes were read is the next request's arrival: never
+         * later than now, so a worker's clock error cannot extend a deadline. */
+        int64_t read_ns = m.last_read_ns > 0 && m.last_read_ns <= now ? m.last_read_ns : now;
+        if (verdict == 1 && pfd_conn_take_pending(c, srv->msg_buf + sizeof m, m.len, read_ns) != 0)
             verdict = -1;
         pfd_io_returned(srv, c, verdict, now);
     }
