@@ -13,7 +13,7 @@ static void pfd_io_close(struct pfd_server *srv, struct pfd_conn *c)
     else if (c->state == PFD_DRAINING)
         pfd_list_remove(&srv->lingering, c);
     c->state = PFD_CLOSED;
-    pfd_conn_free(srv, c); /* close() also takes it out of epoll */
+    pfd_conn_free(srv, c); /* and out of epoll */
 }
 
 /* A polite close: shut the write side, read and drop what the client still sends. */
