@@ -676,6 +676,27 @@ def test_sighup_reloads_every_worker_under_a_steady_stream_refusing_nothing(serv
     assert served.wait() == 0
 
 
+def test_a_reload_lets_the_old_workers_finish_what_they_run(serve: Any, tmp_path: Path) -> None:
+    served = serve("--threads", "2", "--max-queue", "4", "--shutdown-timeout", "20")
+    served.serving()
+    gate = tmp_path / "gate"
+    held = [hold(served.port, [tmp_path / f"held-{n}"], gate, "/host-stats") for n in range(2)]  # one on each
+    old = served.children()
+    served.process.send_signal(signal.SIGHUP)
+    # A new worker serves beside the retiring ones, which keep their running requests.
+    wait_until(lambda: len(served.children()) >= 4, "a new worker beside the old ones", WAIT_S)
+    fresh = served.children() - old
+    assert len(fresh) == 1
+    meanwhile = {pid_of(request(served.port, "/pid")) for _ in range(4)}  # served meanwhile, never refused
+    assert meanwhile <= old | fresh
+    gate.touch()
+    held_by = {pid_of(burst.join()[0]) for burst in held}
+    assert len(held_by) == 2 and held_by < old  # answered by the old workers, 200
+    wait_until(lambda: len(served.children()) == 3 and not held_by & served.children(), "the reload", WAIT_S)
+    served.process.send_signal(signal.SIGTERM)
+    assert served.wait() == 0
+
+
 def test_a_worker_whose_app_import_fails_stops_prazo_serve_with_the_error(serve: Any, tmp_path: Path) -> None:
     (tmp_path / "broken_host_app.py").write_text('raise RuntimeError("boom at import")\napp = None\n')
     served = serve("--threads", "2", app_spec="broken_host_app:app", path=(tmp_path,))
