@@ -376,8 +376,7 @@ def resolve_settings(
         given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
         policies = (order, codel_target_ms, codel_interval_ms, expected_service_ms, limit, min_concurrency, reserved)
         more = (*policies, critical_header, critical_paths, max_upstream_ms, header_timeout_ms, yield_when_full)
-        more = (*more, host_workers)
-        if any(value is not None for value in (*given, *more)):
+        if any(value is not None for value in (*given, *more, host_workers)):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
