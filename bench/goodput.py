@@ -1495,7 +1495,8 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
         workers = points[0].workers
         registry = servers_for(workers)
         known = {
-            name: _label_of(registry[name], workers) if name in registry else name for name in (r.server for r in points)
+            name: _label_of(registry[name], workers) if name in registry else name
+            for name in (r.server for r in points)
         }
         seconds = {r.workload: r.seconds for r in points}
         loaded = replace(
