@@ -81,11 +81,17 @@ def _door(args: argparse.Namespace, ready_fd: int, go_fd: int) -> None:
         load_app(args.app), host=args.host, port=args.port, threads=args.threads, max_queue=args.max_queue,
         shutdown_timeout=args.shutdown_timeout, reuse_port=True,
     )  # fmt: skip
+    # The handler only notes the signal (one may come before the go, while the
+    # server is not started); a thread shuts down once it is serving: shutting
+    # down from the handler itself would block the main thread that serves.
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     os.write(ready_fd, b"r")
     os.read(go_fd, 1)
-    # Shutting down from the handler itself would block the thread that serves.
-    stop = threading.Thread(target=server.shutdown, args=(args.shutdown_timeout,), daemon=True)
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.start())
+    server.start()
+    threading.Thread(
+        target=lambda: stopping.wait() and server.shutdown(args.shutdown_timeout), name="door-stop", daemon=True
+    ).start()
     server.serve_forever()
 
 
