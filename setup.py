@@ -37,7 +37,7 @@ PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 # The front door's engine, one file per concern; pfd.h is its interface.
 FRONTDOOR = "bindings/servers/_frontdoor"
 FRONTDOOR_SOURCES = [
-    f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker")
+    f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker", "host", "channel")
 ]
 
 

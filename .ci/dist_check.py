@@ -71,6 +71,8 @@ SDIST_REQUIRED = [
     "bindings/servers/_frontdoor/pfd_io.c",
     "bindings/servers/_frontdoor/pfd_server.c",
     "bindings/servers/_frontdoor/pfd_worker.c",
+    "bindings/servers/_frontdoor/pfd_host.c",
+    "bindings/servers/_frontdoor/pfd_channel.c",
     "bindings/vendor/picohttpparser/picohttpparser.c",
     "bindings/vendor/picohttpparser/picohttpparser.h",
     "bench/RESULTS.md",

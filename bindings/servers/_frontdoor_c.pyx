@@ -10,6 +10,7 @@
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy
 from libc.stdlib cimport malloc, calloc, free
+from posix.unistd cimport close
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 # core/: the admission line the engine runs, for EngineLine below (the engine's own
 # files call it in C, through pfd_line.c). Extern declarations only: no import at run time.
@@ -146,10 +147,15 @@ cdef extern from "pfd.h" nogil:
         int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering
         int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns
         int64_t upstream_stamps
+        int64_t worker_lost, workers, worker_threads
 
     struct pfd_server:
         int draining
         pfd_config cfg
+
+    struct pfd_channel:
+        int fd
+        char *scratch
 
     pfd_server *pfd_server_new(const pfd_config *cfg, const int *listen_fds, int n_listen)
     int pfd_server_start(pfd_server *srv)
@@ -159,6 +165,12 @@ cdef extern from "pfd.h" nogil:
     int pfd_server_free(pfd_server *srv)
     void pfd_server_stats(pfd_server *srv, pfd_stats *s)
     pfd_conn *pfd_server_next(pfd_server *srv, int block, int *empty)
+    pfd_server *pfd_server_new_host(const pfd_config *cfg, const int *listen_fds, int n_listen)
+    int pfd_server_add_channel(pfd_server *srv, int fd, int worker)
+    void pfd_server_retire_worker(pfd_server *srv, int worker)
+    int pfd_server_worker_loads(pfd_server *srv, int *workers, int64_t *in_flight, int max)
+    pfd_server *pfd_server_new_worker(const pfd_config *cfg)
+    pfd_conn *pfd_channel_next(pfd_server *srv, pfd_channel *ch)
     ssize_t pfd_conn_try_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
     int pfd_conn_body_buffered(const pfd_conn *c)
     int pfd_conn_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
@@ -184,6 +196,7 @@ cdef extern from "pfd.h" nogil:
     void pfd_conn_reset_for_next(pfd_conn *c, size_t consumed)
 
 
+ROLES = frozenset({"single", "triage", "worker"})
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
 ANSWERS = {
     "queue-full": PFD_A_QUEUE_FULL,
@@ -600,6 +613,7 @@ cdef class Engine:
     cdef pfd_server *srv
     cdef bint stopped
     cdef readonly int threads
+    cdef readonly str role
 
     def __cinit__(self, listen_fds, *, int threads, int max_queue, double default_budget_ms, double max_budget_ms,
                   double header_timeout_ms, double io_timeout_ms, double write_grace_ms, double max_io_wait_ms,
@@ -608,7 +622,7 @@ cdef class Engine:
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
                   bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
-                  int64_t max_upstream_ns=0, trusted_networks=None):
+                  int64_t max_upstream_ns=0, trusted_networks=None, str role="single"):
         # FrontDoorServer checks the options under the names users know; these
         # checks only keep the engine's own invariants, whoever calls it.
         if order not in ORDERS:
@@ -627,6 +641,8 @@ cdef class Engine:
             raise ValueError("io_timeout_ms and max_io_wait_ms must be in (0, 1e12], write_grace_ms in [0, 1e12]")
         if max_lingering < 1:
             raise ValueError("max_lingering must be >= 1")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
         cdef list path_list = [bytes(path) for path in critical_paths]
         if any(not path or b"\0" in path for path in path_list):
             raise ValueError("a critical path is a non-empty path without NUL bytes")
@@ -672,26 +688,71 @@ cdef class Engine:
                 cfg.answer_len[index][1] = PyBytes_GET_SIZE(keep_bytes)
         cdef int fds[8]
         fd_list = list(listen_fds)
-        if not 1 <= len(fd_list) <= 8:
+        if role == "worker" and fd_list:
+            raise ValueError("a worker process's engine listens on nothing: its connections come by channels")
+        if role != "worker" and not 1 <= len(fd_list) <= 8:
             raise ValueError("between 1 and 8 listening sockets")
         for i, fd in enumerate(fd_list):
             fds[i] = fd
         cfg.trust_request_start = trust_request_start
         cfg.max_upstream_ns = max_upstream_ns
         _trusted_config(&cfg, trusted_networks, &nets)
-        self.srv = pfd_server_new(&cfg, fds, len(fd_list))   # copies the answers and the networks
+        # Each copies the answers and the networks.
+        if role == "worker":
+            self.srv = pfd_server_new_worker(&cfg)
+        elif role == "triage":
+            self.srv = pfd_server_new_host(&cfg, fds, len(fd_list))
+        else:
+            self.srv = pfd_server_new(&cfg, fds, len(fd_list))
         free(nets)
         if self.srv == NULL:
             raise MemoryError("cannot create the front door")
         self.threads = threads
+        self.role = role
+
+    cdef int _require(self, str role) except -1:
+        if self.role != role:
+            raise RuntimeError(f"only the engine of a {role} does this (this one is {self.role!r})")
+        return 0
 
     def start(self):
         """Start the I/O thread: from now on connections are accepted."""
+        if self.role == "worker":
+            raise RuntimeError("a worker process's engine has no I/O thread to start")
         if pfd_server_start(self.srv) != 0:
             raise OSError("cannot start the front door's I/O thread")
 
+    def add_channel(self, int fd, int worker):
+        """(triage) A channel to one thread of worker process ``worker``; the engine owns ``fd`` from now on."""
+        self._require("triage")
+        if fd < 0:
+            raise ValueError(f"fd must be a descriptor, got {fd}")
+        if pfd_server_add_channel(self.srv, fd, worker) != 0:
+            raise MemoryError("cannot add the channel")
+
+    def retire_worker(self, int worker):
+        """(triage) Each thread of worker process ``worker`` gets STOP when it next asks for a connection."""
+        self._require("triage")
+        pfd_server_retire_worker(self.srv, worker)
+
+    def worker_loads(self):
+        """(triage) ``{worker: requests running there}`` for every worker process with a live channel."""
+        self._require("triage")
+        cdef int ids[256]
+        cdef int64_t loads[256]
+        cdef int n = pfd_server_worker_loads(self.srv, ids, loads, 256)
+        return {ids[i]: loads[i] for i in range(n)}
+
+    def channel(self, int fd):
+        """(worker) The ``Channel`` on descriptor ``fd`` (one per worker thread; it closes ``fd`` when dropped)."""
+        self._require("worker")
+        channel = Channel.__new__(Channel)
+        (<Channel>channel)._init(self, fd)
+        return channel
+
     def next_connection(self):
         """Wait (without the GIL) for the next admitted connection; None once the engine stops."""
+        self._require("single")
         cdef pfd_conn *c
         cdef int empty = 0
         # Releasing the GIL costs a CPU-bound app a switch interval to get it
@@ -748,6 +809,7 @@ cdef class Engine:
             "insufficient_budget": s.insufficient_budget, "shed": s.shed, "evicted": s.evicted,
             "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
             "upstream_stamps": s.upstream_stamps,
+            "worker_lost": s.worker_lost, "workers": s.workers, "worker_threads": s.worker_threads,
         }
 
     def __dealloc__(self):
@@ -756,6 +818,35 @@ cdef class Engine:
                 pfd_server_stop(self.srv)
             # A worker still holding a connection keeps the engine's memory alive (leaked, not freed under it).
             pfd_server_free(self.srv)
+
+
+cdef class Channel:
+    """A worker thread's end of its channel to the triage (``Engine.channel``): its connections come from here."""
+
+    cdef pfd_channel ch
+    cdef Engine engine
+
+    cdef void _init(self, Engine engine, int fd):
+        self.engine = engine
+        memset(&self.ch, 0, sizeof(self.ch))
+        self.ch.fd = fd
+
+    def next_connection(self):
+        """Ask the triage (without the GIL) for the next admitted connection; None once it says stop or is gone."""
+        cdef pfd_conn *c
+        with nogil:
+            c = pfd_channel_next(self.engine.srv, &self.ch)
+        if c == NULL:
+            return None
+        conn = Connection.__new__(Connection)
+        (<Connection>conn)._init(self.engine, c)
+        (<Connection>conn).channel = self  # the channel outlives every connection it gave
+        return conn
+
+    def __dealloc__(self):
+        if self.ch.fd >= 0:
+            close(self.ch.fd)
+        free(self.ch.scratch)
 
 
 cdef class Connection:
@@ -772,6 +863,7 @@ cdef class Connection:
 
     cdef pfd_conn *c
     cdef Engine engine
+    cdef object channel
     cdef bint reading
     cdef bint writing
     cdef readonly bint finished

@@ -25,7 +25,12 @@ Servers: ``waitress`` (the default: production-grade, pure Python),
 ``gunicorn`` (``--workers`` processes of ``AdmissionWorker``; POSIX only),
 ``cheroot``, ``werkzeug`` and ``wsgiref`` (development servers), and ``prazo``
 (the front door: accept, head parsing and admission in a C thread that never
-waits for the GIL; Linux).
+waits for the GIL; Linux). ``--server prazo --workers N`` runs a host: one
+triage process and N worker processes of ``--threads`` threads each, with one
+admission line for the host (``prazo.bindings.servers.host``); ``--preload``
+imports the app once before forking (default: each worker imports it), and
+``--max-requests N`` replaces a worker after N requests. SIGHUP reloads its
+workers one at a time.
 
 For the ``prazo`` command line: ``add_serve_arguments(parser)`` declares the
 options on a (sub)parser and ``run_serve(args, out)`` runs them;
@@ -121,7 +126,25 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default=DEFAULT_HOST, metavar="H", help=f"default {DEFAULT_HOST}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
-    parser.add_argument("--workers", type=int, default=1, metavar="W", help="gunicorn worker processes (default 1)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="W",
+        help="worker processes, gunicorn or prazo (default 1); prazo: --threads each, one host-wide line",
+    )
+    parser.add_argument(
+        "--preload",
+        action="store_true",
+        help="prazo --workers: import the app once, before forking the workers (default: each worker imports it)",
+    )
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prazo --workers: replace a worker after it served N requests (default: never)",
+    )
     parser.add_argument(
         "--no-yield-when-full",
         dest="yield_when_full",
@@ -231,11 +254,17 @@ def build_serve_parser(prog: str = "prazo serve") -> argparse.ArgumentParser:
     return parser
 
 
-def load_app(spec: str) -> WSGIApp:
-    """Import ``module:attribute`` (dotted attributes allowed) from the current directory or ``sys.path``."""
+def split_app_spec(spec: str) -> tuple[str, str]:
+    """``MODULE:APP`` as its two parts; ``ValueError`` when it is not of that shape."""
     module_name, colon, attribute = spec.partition(":")
     if not colon or not module_name or not attribute:
         raise ValueError(f"app must look like MODULE:APP, got {spec!r}")
+    return module_name, attribute
+
+
+def load_app(spec: str) -> WSGIApp:
+    """Import ``module:attribute`` (dotted attributes allowed) from the current directory or ``sys.path``."""
+    module_name, attribute = split_app_spec(spec)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -266,7 +295,7 @@ def _server_version(server: str) -> str:
 
 
 def _startup_line(args: argparse.Namespace, settings: ServerSettings, port: object) -> str:
-    workers = f" x{args.workers} workers" if args.server == "gunicorn" else ""
+    workers = f" x{args.workers} workers" if args.workers > 1 else ""
     return (
         f"prazo serve: {args.app} on http://{args.host}:{port} with {_server_version(args.server)}{workers} — "
         f"{settings.describe()} shutdown_timeout={args.shutdown_timeout:g}s"
@@ -352,6 +381,25 @@ def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSet
     return 0
 
 
+def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
+    """``--server prazo --workers N``: the supervisor runs here; the app is imported in the workers (or here with --preload)."""
+    from .host import FrontDoorHost
+
+    app = load_app(args.app) if args.preload else None
+    host = FrontDoorHost(
+        app, app_spec=None if args.preload else args.app, host=args.host, port=args.port, settings=settings,
+        workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
+    )  # fmt: skip
+    line = _startup_line(args, settings, host.port)
+    print(f"{line} host: {args.workers * settings.threads} running places, one line", file=out, flush=True)
+    try:
+        host.serve_forever()  # SIGTERM and Ctrl-C drain the host, SIGHUP reloads the workers
+    except RuntimeError as exc:
+        print(f"prazo serve: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     from gunicorn.app.base import BaseApplication
 
@@ -429,8 +477,14 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers != 1 and args.server != "gunicorn":
-        raise ValueError("--workers is for --server gunicorn only (the other servers run one process)")
+    if args.workers != 1 and args.server not in ("gunicorn", "prazo"):
+        raise ValueError("--workers is for --server gunicorn or prazo only (the other servers run one process)")
+    if args.preload and (args.server != "prazo" or args.workers == 1):
+        raise ValueError("--preload is for --server prazo --workers N only")
+    if args.max_requests is not None and (args.server != "prazo" or args.workers == 1):
+        raise ValueError("--max-requests is for --server prazo --workers N only")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
     if args.yield_when_full is False and args.server != "gunicorn":
         raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:
@@ -484,6 +538,10 @@ def run_serve(args: argparse.Namespace, out: TextIO) -> int:
     """Serve as ``args`` (from ``add_serve_arguments``) say; the exit status (2 for bad options)."""
     try:
         settings = _check(args)
+        if args.server == "prazo" and args.workers > 1:
+            # Each worker imports the app itself (unless --preload): not here, before the fork.
+            split_app_spec(args.app)
+            return _serve_frontdoor_host(args, settings, out)
         app = load_app(args.app)
     except (TypeError, ValueError) as exc:
         print(f"prazo serve: error: {exc}", file=sys.stderr)

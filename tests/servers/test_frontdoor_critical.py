@@ -5,7 +5,7 @@ before any Python runs (``pfd_is_critical``). The rule it must follow is the
 one every other binding applies: ``CriticalClassifier`` over the environ the
 app receives. So for any head, the engine's verdict must equal the
 classifier's verdict on the environ the front door's own workers build from
-that head (``FrontDoorServer._environ``) - percent-decoding, absolute-form
+that head (``RequestRunner.environ``) - percent-decoding, absolute-form
 targets, queries, a header sent twice, and whitespace that HTTP does or does
 not count as optional included.
 """
@@ -19,7 +19,8 @@ from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.policies import CriticalClassifier
-from prazo.bindings.servers.frontdoor import FrontDoorServer, compiled_engine, engine_critical_paths
+from prazo.bindings.servers.frontdoor import compiled_engine, engine_critical_paths
+from prazo.bindings.servers.frontdoor_worker import RequestRunner
 
 # compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = pytest.mark.compiled
@@ -29,7 +30,7 @@ PATHS = ["/healthz", "/a/b", "/%", "/ol\xe9", "/"]
 
 
 class _ParsedHead:
-    """What the engine's Connection gives a worker for a head: just the fields ``_environ`` reads."""
+    """What the engine's Connection gives a worker for a head: just the fields ``RequestRunner.environ`` reads."""
 
     def __init__(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -44,9 +45,12 @@ class _ParsedHead:
 
 
 def _python_verdict(head: bytes, classifier: CriticalClassifier) -> bool:
-    server: Any = FrontDoorServer.__new__(FrontDoorServer)
-    server._base_environ = {}
-    return classifier(server._environ(_ParsedHead(head)))
+    runner = RequestRunner(_no_app, {}, lambda: False)
+    return classifier(runner.environ(_ParsedHead(head)))
+
+
+def _no_app(environ: Any, start_response: Any) -> Any:
+    raise AssertionError("only the environ is built here")
 
 
 def _c_verdict(head: bytes) -> bool:

@@ -15,6 +15,18 @@
  * The listening sockets and the epoll/eventfd descriptors belong to the I/O
  * thread; a connection's descriptor to whoever owns the connection.
  *
+ * On a host of several worker processes (prazo serve --workers N) the same
+ * engine runs in two roles. The triage process's engine has no Python
+ * workers: its I/O thread hands each admitted connection (its descriptor by
+ * SCM_RIGHTS, the bytes read so far and the deadline) to a worker thread of a
+ * worker process over that thread's channel, a SOCK_SEQPACKET socket (see
+ * pfd_host.c), and the line, its policies and counters stay the triage's
+ * alone: one admission decision for the host. A worker process's engine
+ * (pfd_server_new_worker) has no I/O thread and no line: its Python workers
+ * take connections from their channels (pfd_channel.c) and run the very same
+ * body/write calls; giving the place and the connection back becomes a
+ * message to the triage, which then owns the connection again.
+ *
  * This header is the engine's interface: its types, and the calls that the
  * Cython face (_frontdoor_c.pyx) and the fuzz harness make. The engine's own
  * files share the rest through pfd_internal.h.
@@ -159,6 +171,43 @@ struct pfd_chunked {
 };
 
 struct pfd_conn;
+struct pfd_remote;
+struct pfd_worker;
+
+/* ------------------------------------------------ the channels of a host */
+
+/* The messages of a channel between the triage and one worker thread. Every
+ * message is one struct pfd_msg, then `len` bytes; a DISPATCH carries the
+ * connection's descriptor (SCM_RIGHTS). */
+enum pfd_msg_kind {
+    PFD_MSG_HELLO = 1, /* worker -> triage: this thread takes a connection now (sent once, and after a stall) */
+    PFD_MSG_DISPATCH,  /* triage -> worker: an admitted connection; bytes: all read of it so far */
+    PFD_MSG_STOP,      /* triage -> worker: no more connections; the thread ends */
+    PFD_MSG_RELEASE,   /* worker -> triage: the place is given back (the thread takes the next one) */
+    PFD_MSG_DONE,      /* worker -> triage: the connection is back; bytes: what follows the body */
+    PFD_MSG_FINISH,    /* worker -> triage: RELEASE and DONE in one */
+};
+
+struct pfd_msg {
+    uint32_t kind;  /* enum pfd_msg_kind */
+    int32_t verdict; /* DONE/FINISH: 1 next head, 0 polite close, -1 close now */
+    uint64_t token;  /* the triage's name of the connection, echoed back by the worker */
+    int64_t deadline_ns, arrival_ns, started_ns, upstream_ns, last_read_ns;
+    int32_t critical, budget_source, budget_invalid, arrival_from_kernel;
+    int32_t draining; /* DISPATCH: the host drains, so this response closes the connection */
+    uint32_t peer_len, len;
+    struct sockaddr_storage peer;
+};
+
+/* A worker process's end of one channel (one per worker thread). */
+struct pfd_channel {
+    int fd;
+    /* 1 once a RELEASE/FINISH went: the triage counts the thread as asking
+     * again, so its next pfd_channel_next sends no HELLO. */
+    atomic_int asked;
+    char *scratch; /* receive buffer, allocated at the first message */
+    size_t scratch_cap;
+};
 
 struct pfd_list { /* intrusive doubly linked list of connections */
     struct pfd_conn *head, *tail;
@@ -206,6 +255,13 @@ struct pfd_conn {
     size_t cbuf_pos, cbuf_len, cbuf_cap;
     struct sockaddr_storage peer;
     socklen_t peer_len;
+    /* On a host: in a worker process, the channel it came by (NULL in the
+     * triage and in a one-process engine) and the triage's token for it; in
+     * the triage, the worker it was handed to and whether its place came back. */
+    struct pfd_channel *channel;
+    uint64_t token;
+    struct pfd_remote *remote;
+    int released;
 };
 
 struct pfd_stats {
@@ -215,6 +271,7 @@ struct pfd_stats {
     int64_t in_flight, assigned, queued, peak_in_flight, peak_queued, queue_wait_ns_total, pending_heads, lingering;
     int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
     int64_t upstream_stamps;
+    int64_t worker_lost, workers, worker_threads; /* on a host: connections lost with their worker; live channels */
 };
 
 struct pfd_server {
@@ -246,6 +303,17 @@ struct pfd_server {
     _Atomic int64_t pending_heads, lingering_now; /* published by the I/O thread each turn */
     _Atomic int64_t expected_now;    /* pfd_expected() as last published: a change wakes the I/O thread's sweep */
     _Atomic int64_t upstream_stamps; /* heads whose deadline a trusted proxy's stamp shortened */
+    /* A host's triage (pfd_host.c): the worker threads' channels. `remotes` is
+     * the I/O thread's, changed under mutex (stats reads it there); `incoming`
+     * and the retire requests come from other threads under mutex. */
+    int host;                                 /* 1: a triage without Python workers */
+    int worker_only;                          /* 1: a worker process's engine: no I/O thread, no line use */
+    struct pfd_remote *remotes, *incoming;
+    struct pfd_worker *host_workers; /* one per worker process with a live channel */
+    uint32_t dispatch_turn;          /* where the search for an idle thread starts: ties go round */
+    _Atomic int64_t worker_lost, remote_count;
+    char *msg_buf; /* the I/O thread's receive buffer for channel messages */
+    size_t msg_cap;
 };
 
 #define PFD_EARLIEST_STAMP_NS (946684800LL * 1000000000LL)
@@ -289,6 +357,16 @@ int pfd_server_wait_idle(struct pfd_server *srv, int64_t until_ns);
 void pfd_server_stop(struct pfd_server *srv);
 int pfd_server_free(struct pfd_server *srv);
 void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s);
+
+/* pfd_host.c: a host's triage side: channels to the worker processes' threads */
+struct pfd_server *pfd_server_new_host(const struct pfd_config *cfg, const int *listen_fds, int n_listen);
+int pfd_server_add_channel(struct pfd_server *srv, int fd, int worker);
+void pfd_server_retire_worker(struct pfd_server *srv, int worker);
+int pfd_server_worker_loads(struct pfd_server *srv, int *workers, int64_t *in_flight, int max);
+
+/* pfd_channel.c: a worker process's side of its channels */
+struct pfd_server *pfd_server_new_worker(const struct pfd_config *cfg);
+struct pfd_conn *pfd_channel_next(struct pfd_server *srv, struct pfd_channel *ch);
 
 /* pfd_worker.c: the calls the Python workers make, with the GIL released */
 struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty);

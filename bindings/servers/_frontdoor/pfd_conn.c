@@ -57,3 +57,23 @@ void pfd_conn_reset_for_next(struct pfd_conn *c, size_t consumed)
     c->cbuf = NULL;
     c->cbuf_cap = c->cbuf_pos = c->cbuf_len = 0;
 }
+
+/* A worker process gave the connection back with these bytes after the body
+ * (read from the socket there): they are the start of its next head. 0, or
+ * -1 when memory ran out (the bytes cannot be kept: close the connection). */
+int pfd_conn_take_pending(struct pfd_conn *c, const char *bytes, size_t n, int64_t last_read_ns)
+{
+    if (n > c->cap) {
+        char *nb = realloc(c->buf, n);
+        if (!nb)
+            return -1;
+        c->buf = nb;
+        c->cap = n;
+    }
+    if (n)
+        memcpy(c->buf, bytes, n);
+    c->len = n;
+    c->last_read_ns = last_read_ns;
+    pfd_conn_reset_for_next(c, 0);
+    return 0;
+}

@@ -75,7 +75,23 @@ int64_t pfd_line_take_all(struct pfd_server *srv, struct pfd_conn ***tail);
 void pfd_line_dropped_wake(struct pfd_server *srv);
 void pfd_line_release(struct pfd_server *srv, int critical, int64_t service_ns);
 
+/* pfd_server.c */
+struct pfd_server *pfd_server_alloc(const struct pfd_config *cfg);
+
+/* pfd_host.c: the triage's I/O thread and its channels (each a no-op without any) */
+void pfd_host_take_incoming(struct pfd_server *srv);
+void pfd_host_event(struct pfd_server *srv, struct pfd_remote *r, uint32_t events, int64_t now);
+void pfd_host_dispatch(struct pfd_server *srv, int64_t now);
+void pfd_host_stop(struct pfd_server *srv);
+int64_t pfd_host_worker_count(struct pfd_server *srv); /* under mutex */
+void pfd_channel_release(struct pfd_conn *c);
+void pfd_channel_hand_back(struct pfd_server *srv, struct pfd_conn *c, int keep);
+#define PFD_REMOTE_TAG ((uintptr_t)1) /* epoll data of a channel: its struct pfd_remote *, tagged */
+
 /* pfd_io.c: the I/O thread */
+void pfd_io_returned(struct pfd_server *srv, struct pfd_conn *c, int verdict, int64_t now);
+void pfd_io_answer_dropped(struct pfd_server *srv, struct pfd_conn *dropped, int64_t now);
+int pfd_conn_take_pending(struct pfd_conn *c, const char *bytes, size_t n, int64_t last_read_ns);
 void pfd_io_close_listeners(struct pfd_server *srv);
 void *pfd_io_main(void *arg);
 

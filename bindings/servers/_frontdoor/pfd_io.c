@@ -4,7 +4,6 @@
 #include "pfd_internal.h"
 
 static void pfd_io_arm_head(struct pfd_server *srv, struct pfd_conn *c, int64_t now);
-static void pfd_io_answer_dropped(struct pfd_server *srv, struct pfd_conn *dropped, int64_t now);
 static int pfd_io_try_head(struct pfd_server *srv, struct pfd_conn *c, int64_t now, size_t last_len);
 
 static void pfd_io_close(struct pfd_server *srv, struct pfd_conn *c)
@@ -336,22 +335,28 @@ static void pfd_io_take_returned(struct pfd_server *srv, int64_t now)
     while (c) {
         struct pfd_conn *next = c->next;
         c->next = c->prev = NULL;
-        int verdict = c->verdict;
-        if (verdict == 1 && !srv->draining && !srv->stopping) {
-            pfd_io_arm_head(srv, c, now);
-        } else if (verdict == 0 && !srv->stopping) {
-            c->state = PFD_RUNNING; /* in no list yet: pfd_io_linger adds it to lingering */
-            pfd_io_linger(srv, c, now);
-        } else {
-            c->state = PFD_CLOSED;
-            pfd_conn_free(srv, c);
-        }
+        pfd_io_returned(srv, c, c->verdict, now);
         c = next;
     }
 }
 
+/* A connection back from a worker (in this process or another), in no list:
+ * its next head (verdict 1), a polite close (0) or the end (-1). */
+void pfd_io_returned(struct pfd_server *srv, struct pfd_conn *c, int verdict, int64_t now)
+{
+    if (verdict == 1 && !srv->draining && !srv->stopping) {
+        pfd_io_arm_head(srv, c, now);
+    } else if (verdict == 0 && !srv->stopping) {
+        c->state = PFD_RUNNING; /* in no list yet: pfd_io_linger adds it to lingering */
+        pfd_io_linger(srv, c, now);
+    } else {
+        c->state = PFD_CLOSED;
+        pfd_conn_free(srv, c);
+    }
+}
+
 /* Refuse connections dropped from the line, each with its drop_answer. */
-static void pfd_io_answer_dropped(struct pfd_server *srv, struct pfd_conn *dropped, int64_t now)
+void pfd_io_answer_dropped(struct pfd_server *srv, struct pfd_conn *dropped, int64_t now)
 {
     while (dropped) {
         struct pfd_conn *c = dropped;
@@ -388,6 +393,7 @@ void *pfd_io_main(void *arg)
             pfd_conn_free(srv, c);
         }
         int64_t now = pfd_now_ns();
+        pfd_host_take_incoming(srv);
         pthread_mutex_lock(&srv->mutex);
         int draining = srv->draining, stopping = srv->stopping;
         pthread_mutex_unlock(&srv->mutex);
@@ -418,6 +424,7 @@ void *pfd_io_main(void *arg)
                 pfd_conn_free(srv, c);
             }
             pfd_io_take_returned(srv, now);
+            pfd_host_stop(srv);
             pthread_mutex_lock(&srv->mutex);
             srv->io_done = 1; /* from here on workers free what they finish */
             struct pfd_conn *late = srv->returned;
@@ -456,6 +463,8 @@ void *pfd_io_main(void *arg)
         while (srv->lingering.head && srv->lingering.head->timer_ns <= now)
             pfd_io_close(srv, srv->lingering.head);
         int64_t next = pfd_io_expire_line(srv, now);
+        /* A host's triage hands what may start now to its idle worker threads. */
+        pfd_host_dispatch(srv, now);
         atomic_store_explicit(&srv->pending_heads, srv->heads.count, memory_order_relaxed);
         atomic_store_explicit(&srv->lingering_now, srv->lingering.count, memory_order_relaxed);
         if (srv->heads.head && srv->heads.head->timer_ns < next)
@@ -475,6 +484,10 @@ void *pfd_io_main(void *arg)
         now = pfd_now_ns();
         for (int i = 0; i < n; i++) {
             void *ptr = events[i].data.ptr;
+            if ((uintptr_t)ptr & PFD_REMOTE_TAG) {
+                pfd_host_event(srv, (struct pfd_remote *)((uintptr_t)ptr & ~PFD_REMOTE_TAG), events[i].events, now);
+                continue;
+            }
             if (ptr == (void *)&srv->evfd) {
                 uint64_t value;
                 ssize_t ignored = read(srv->evfd, &value, sizeof value);

@@ -2,10 +2,9 @@
  * free) and its statistics. */
 #include "pfd_internal.h"
 
-struct pfd_server *pfd_server_new(const struct pfd_config *cfg, const int *listen_fds, int n_listen)
+/* A server with its configuration copied, its line, locks, epoll and eventfd, and no listener yet. */
+struct pfd_server *pfd_server_alloc(const struct pfd_config *cfg)
 {
-    if (n_listen < 1 || n_listen > 8)
-        return NULL;
     struct pfd_server *srv = calloc(1, sizeof *srv);
     if (!srv)
         return NULL;
@@ -72,6 +71,16 @@ struct pfd_server *pfd_server_new(const struct pfd_config *cfg, const int *liste
     srv->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->evfd};
     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->evfd, &ev);
+    return srv;
+}
+
+struct pfd_server *pfd_server_new(const struct pfd_config *cfg, const int *listen_fds, int n_listen)
+{
+    if (n_listen < 1 || n_listen > 8)
+        return NULL;
+    struct pfd_server *srv = pfd_server_alloc(cfg);
+    if (!srv)
+        return NULL;
     srv->n_listen = n_listen;
     for (int i = 0; i < n_listen; i++) {
         int one = 1;
@@ -173,6 +182,7 @@ int pfd_server_free(struct pfd_server *srv)
     pthread_cond_destroy(&srv->ready);
     pthread_cond_destroy(&srv->idle);
     free(srv->line);
+    free(srv->msg_buf);
     free(srv);
     return 0;
 }
@@ -215,5 +225,8 @@ void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s)
     s->queue_wait_ns_total = prazo_load(&line->c.queue_wait_ns_total);
     s->pending_heads = pfd_read_counter(&srv->pending_heads);
     s->lingering = pfd_read_counter(&srv->lingering_now);
+    s->worker_lost = pfd_read_counter(&srv->worker_lost);
+    s->worker_threads = pfd_read_counter(&srv->remote_count);
+    s->workers = pfd_host_worker_count(srv);
     pthread_mutex_unlock(&srv->mutex);
 }

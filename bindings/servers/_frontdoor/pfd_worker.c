@@ -355,6 +355,10 @@ int pfd_conn_body_arrived(const struct pfd_conn *c)
 /* The worker's place is given back (exactly once, here); the connection stays with the caller. */
 void pfd_conn_release(struct pfd_server *srv, struct pfd_conn *c)
 {
+    if (c->channel) {
+        pfd_channel_release(c); /* the place is the triage's */
+        return;
+    }
     int64_t now = pfd_now_ns();
     pthread_mutex_lock(&srv->mutex);
     /* The service time (started -> finished) feeds the learned estimate and
@@ -374,13 +378,17 @@ void pfd_conn_hand_back(struct pfd_server *srv, struct pfd_conn *c, int keep)
         keep = 0; /* the rest of an unread body would be taken for the next head */
     if (keep)
         pfd_conn_reset_for_next(c, c->pos); /* what follows the body is the next head */
-    pfd_return(srv, c, keep ? 1 : 0);
+    if (c->channel)
+        pfd_channel_hand_back(srv, c, keep ? 1 : 0); /* with the place too, when it was not given back yet */
+    else
+        pfd_return(srv, c, keep ? 1 : 0);
 }
 
 /* The worker is done with c: its place is freed and the connection handed back. */
 void pfd_conn_finish(struct pfd_server *srv, struct pfd_conn *c, int keep)
 {
-    pfd_conn_release(srv, c);
+    if (!c->channel) /* over a channel the hand-back gives the place back too, in one message */
+        pfd_conn_release(srv, c);
     pfd_conn_hand_back(srv, c, keep);
 }
 

@@ -1,0 +1,793 @@
+"""The front door on every core: one triage process, N worker processes, one admission decision for the host.
+
+``prazo serve MODULE:APP --server prazo --workers N --threads T`` (or
+``create_server(app, workers=N, threads=T)``) runs three kinds of process::
+
+    supervisor   this process: binds the port, starts and replaces the others,
+                 turns SIGTERM into a host-wide drain and SIGHUP into a rolling
+                 reload; it runs no app and takes no request
+    triage       the front door's C engine with no app (accept, head timeout,
+                 parse, budget, the line and its policies, every refusal); its
+                 I/O thread hands each admitted connection to a free worker
+                 thread, descriptor and all, over that thread's channel
+    N workers    T threads each, serving what their channels bring (the same
+                 ``RequestRunner`` as a one-process front door)
+
+So the host has one line of ``max_queue`` places and ``N x T`` running places:
+a request is refused only when every worker thread is busy and the line is
+full, it waits in one line whose deadlines, policies and counters are the
+host's, and among free threads the triage picks one of the worker process
+running the fewest requests (a CPU-bound app spreads over the cores first).
+The triage never waits for a GIL: its decisions hold under any app load.
+
+Preload: ``create_server(app, workers=N)`` has the app already (the workers
+are forked with it); ``prazo serve`` imports the app in each worker instead
+(``--preload`` to import it once, in the supervisor). Not preloading is the
+default, as in gunicorn, because an app that starts threads or opens
+connections at import (a metrics exporter, a connection pool) would carry
+dead ones into every forked worker, and because a reload can then pick up new
+code. A worker that dies (SIGKILL, a segfault, ``os._exit``) is replaced at
+once; its unfinished requests are counted in ``worker_lost`` and their
+connections closed (never left hanging). ``max_requests`` retires a worker
+after that many requests (its threads finish what they have, then it is
+replaced), as gunicorn's option does.
+
+The supervisor talks to the triage over a control socket (JSON messages,
+descriptors by ``SCM_RIGHTS``): ``add`` (a worker's channels), ``retire``,
+``stats``, ``drain``. Each worker has a stats socket to the triage as well, so
+``environ["prazo.server_stats"]()`` and ``current_host().stats()`` in a worker
+are the host's figures, and ``prometheus.register(host=current_host())``
+exports the whole host from any worker in one scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..wsgi import WSGIApp
+from .frontdoor import (
+    DEFAULT_IO_TIMEOUT_MS,
+    DEFAULT_MAX_IO_WAIT_MS,
+    DEFAULT_WRITE_GRACE_MS,
+    base_environ,
+    bound_listener,
+    compiled_engine,
+    engine_arguments,
+    resolved_policies,
+)
+from .frontdoor_worker import RequestRunner
+from .settings import ServerSettings
+
+__all__ = ["FrontDoorHost", "HostStats", "current_host"]
+
+_log = logging.getLogger("prazo.servers.host")
+
+# A worker that cannot serve within this long of its start (its app import
+# hangs, say) is killed and the start counts as failed.
+BOOT_TIMEOUT_S = 60.0
+# How long a stopped child may take to exit before it is killed.
+_EXIT_GRACE_S = 5.0
+# A worker that failed before it served: the exit status it reports.
+_BOOT_FAILED = 3
+_MESSAGE_BYTES = 1 << 20
+
+_current: HostStats | None = None
+
+
+def current_host() -> HostStats | None:
+    """In a worker process of a host: the host's figures (``stats()``); None anywhere else."""
+    return _current
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: Iterable[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    fd_list = list(fds)
+    if fd_list:
+        socket.send_fds(sock, [data], fd_list)
+    else:
+        sock.send(data)
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The next message and the descriptors it carried; (None, []) once the peer is gone."""
+    try:
+        data, fds, _flags, _address = socket.recv_fds(sock, _MESSAGE_BYTES, 64)
+    except (ConnectionError, OSError):
+        return None, []
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    try:
+        message = json.loads(data)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return message, fds
+
+
+class HostStats:
+    """A worker process's view of the host: ``stats()`` asks the triage (one round trip on a socket of its own)."""
+
+    def __init__(self, sock: socket.socket, worker: int) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.worker = worker
+
+    def stats(self) -> dict[str, Any]:
+        """The host's counters, as ``FrontDoorHost.stats()``; ``{}`` once the triage is gone (the host is stopping)."""
+        with self._lock:
+            try:
+                _send(self._sock, {"op": "stats"})
+            except OSError:
+                return {}
+            reply, _ = _receive(self._sock)
+        return _host_stats(reply["stats"]) if reply and "stats" in reply else {}
+
+    __call__ = stats
+
+    def report(self, **counts: int) -> None:
+        """Tell the triage this worker's own counters (cumulative): the host's stats add them up."""
+        with self._lock:
+            try:
+                _send(self._sock, {"op": "count", **counts})
+            except OSError:
+                pass
+
+    def retire(self) -> None:
+        """Ask the triage to stop giving this worker connections (its threads end after what they have)."""
+        with self._lock:
+            try:
+                _send(self._sock, {"op": "retire"})
+            except OSError:
+                pass
+
+
+def _host_stats(raw: dict[str, Any]) -> dict[str, Any]:
+    stats = dict(raw)
+    stats["worker_in_flight"] = {int(worker): n for worker, n in raw.get("worker_in_flight", {}).items()}
+    return stats
+
+
+@dataclass
+class _Plan:
+    """Everything a child process needs, decided in the supervisor before it forks."""
+
+    app: WSGIApp | None
+    app_spec: str | None
+    host: str
+    port: int
+    threads: int
+    workers: int
+    max_requests: int | None
+    shutdown_timeout: float
+    triage_engine: dict[str, Any]
+    worker_engine: dict[str, Any]
+    max_concurrency: int
+    max_queue: int
+    reserved: int
+
+
+@dataclass
+class _Worker:
+    slot: int
+    id: int
+    pid: int
+    pidfd: int
+    ready_fd: int
+    ready: bool = False
+    retiring: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+class FrontDoorHost:
+    """A host of front-door worker processes behind one triage; build it with ``create_server(..., workers=N)``.
+
+    ``serve_forever()`` supervises in the calling thread until SIGTERM/SIGINT
+    or ``shutdown()`` (signals are handled when that is the main thread;
+    SIGHUP reloads); ``start()`` does the same in a background thread.
+    ``stats()`` is the host's (the triage's engine, and the workers' own
+    counters added up), ``worker_pids()`` the workers' process ids.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp | None,
+        *,
+        app_spec: str | None = None,
+        host: str,
+        port: int,
+        settings: ServerSettings,
+        workers: int,
+        backlog: int = 2048,
+        io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
+        write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
+        max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
+        shutdown_timeout: float = 5.0,
+        policies: dict[str, Any] | None = None,
+        max_requests: int | None = None,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise TypeError(f"workers must be an int, got {type(workers).__name__}")
+        if not 1 <= workers <= 64:
+            raise ValueError(f"workers must be between 1 and 64, got {workers}")
+        if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)):
+            raise TypeError(f"max_requests must be an int or None, got {type(max_requests).__name__}")
+        if max_requests is not None and max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+        if (app is None) == (app_spec is None):
+            raise TypeError("give the app or its MODULE:APP spec (app_spec), not both")
+        if not shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
+        self.policies = resolved_policies(settings, policies)
+        self.settings = settings
+        self.workers = workers
+        self.shutdown_timeout = shutdown_timeout
+        total = workers * settings.threads
+        timeouts = {"io_timeout_ms": io_timeout_ms, "write_grace_ms": write_grace_ms, "max_io_wait_ms": max_io_wait_ms}
+        # The line's limit is the host's: every worker thread is a place; reserved and
+        # min_concurrency are checked against that, as one front door checks them against its threads.
+        triage_engine = engine_arguments(settings, self.policies, threads=total, **timeouts)
+        listener = bound_listener(host, port, backlog, False)
+        self.server_address: tuple[str, int] = listener.getsockname()[:2]
+        self._plan = _Plan(
+            app=app, app_spec=app_spec, host=host, port=self.server_address[1], threads=settings.threads,
+            workers=workers, max_requests=max_requests, shutdown_timeout=shutdown_timeout,
+            triage_engine=triage_engine, worker_engine=dict(triage_engine), max_concurrency=total,
+            max_queue=settings.max_queue, reserved=self.policies["reserved"],
+        )  # fmt: skip
+        self._listener: socket.socket | None = listener
+        self._ctl: socket.socket | None = None
+        self._ctl_lock = threading.Lock()
+        self._triage_pid = 0
+        self._triage_pidfd = -1
+        self._workers: dict[int, _Worker] = {}  # by pid
+        self._next_id = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._state_lock = threading.RLock()
+        self._started = False
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._idle = True
+        self._thread: threading.Thread | None = None
+        self._failure: str | None = None
+        self.replaced = 0  # workers replaced after dying or retiring on max_requests
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    # ------------------------------------------------------------ public
+
+    def start(self) -> None:
+        """Start the triage and the workers, wait until every worker serves, supervise in a background thread."""
+        self._boot()
+        self._thread = threading.Thread(target=self._supervise, name="prazo-host-supervisor", daemon=True)
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads."""
+        self._boot()
+        if threading.current_thread() is threading.main_thread():
+            for signum, command in ((signal.SIGTERM, b"t"), (signal.SIGINT, b"t"), (signal.SIGHUP, b"h")):
+                signal.signal(signum, lambda *_, command=command: self._command(command))
+        self._supervise()
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Drain the host: the port closes, everything admitted finishes (up to ``timeout``), the processes exit.
+
+        What still waits after ``timeout`` is answered 503 ``shutting-down``;
+        True when everything admitted had finished in time.
+        """
+        if timeout is not None:
+            self.shutdown_timeout = max(float(timeout), 0.0)
+        if not self._started:
+            self._close_listener()
+            self._stopped.set()
+            return True
+        self._command(b"t")
+        self._stopped.wait()
+        return self._idle
+
+    server_close = shutdown
+
+    def reload(self) -> None:
+        """Replace the workers one at a time (a new one serves before an old one retires): SIGHUP does this."""
+        self._command(b"h")
+
+    def stats(self) -> dict[str, Any]:
+        """The host's counters: every key of a one-process front door's ``stats()``, plus
+        ``worker_lost``, ``workers``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests running}``)."""
+        reply = self._request({"op": "stats"})
+        if reply is None or "stats" not in reply:
+            raise RuntimeError("the host is not running")
+        return _host_stats(reply["stats"])
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers serving now (a retiring one excluded)."""
+        with self._state_lock:
+            return sorted(w.pid for w in self._workers.values() if not w.retiring)
+
+    @property
+    def triage_pid(self) -> int:
+        return self._triage_pid
+
+    # ------------------------------------------------------------ the supervisor
+
+    def _command(self, command: bytes) -> None:
+        try:
+            os.write(self._wake_w, command)
+        except OSError:
+            pass  # a full pipe already holds a command to wake the loop
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def _boot(self) -> None:
+        with self._state_lock:
+            if self._started:
+                raise RuntimeError("the host is already started")
+            self._started = True
+        ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        assert self._listener is not None
+        listener_fd = self._listener.fileno()
+        pid = os.fork()
+        if pid == 0:  # the triage
+            ctl_parent.close()
+            _child(
+                lambda: _triage_main(self._plan, listener_fd, ctl_child),
+                self._supervisor_fds(),
+                keep=(listener_fd, ctl_child.fileno()),
+            )
+        ctl_child.close()
+        self._close_listener()  # the triage holds the only copy: a drain closes the port for real
+        self._ctl = ctl_parent
+        self._triage_pid = pid
+        self._triage_pidfd = self._watch(pid, "triage")
+        for slot in range(self.workers):
+            self._spawn(slot)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while not all(w.ready for w in self._workers.values()):
+            if self._failure is not None or time.monotonic() > deadline:
+                failure = self._failure or "a worker did not start serving within its boot timeout"
+                self._stop_all(0.0)
+                self._stopped.set()
+                raise RuntimeError(failure)
+            self._pump(0.2)
+
+    def _supervisor_fds(self) -> list[int]:
+        """What a forked child must not keep of the supervisor's."""
+        fds = [self._wake_r, self._wake_w]
+        if self._ctl is not None:
+            fds.append(self._ctl.fileno())
+        if self._triage_pidfd >= 0:
+            fds.append(self._triage_pidfd)
+        for w in self._workers.values():
+            fds.extend(fd for fd in (w.pidfd, w.ready_fd) if fd >= 0)
+        return fds
+
+    def _watch(self, pid: int, what: object) -> int:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # pragma: no cover - Linux < 5.3: exits are found by polling
+            return -1
+        self._selector.register(pidfd, selectors.EVENT_READ, what)
+        return pidfd
+
+    def _spawn(self, slot: int) -> _Worker:
+        """A new worker for ``slot``: its channels go to the triage, then it is forked."""
+        with self._state_lock:
+            worker_id = self._next_id
+            self._next_id += 1
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(self._plan.threads + 1)]
+        reply = self._request({"op": "add", "worker": worker_id}, [triage_end.fileno() for triage_end, _ in pairs])
+        for triage_end, _ in pairs:
+            triage_end.close()  # the triage has its own copies now
+        if reply is None:
+            for _, worker_end in pairs:
+                worker_end.close()
+            raise RuntimeError("the triage is gone")
+        ready_r, ready_w = os.pipe()
+        worker_ends = [worker_end for _, worker_end in pairs]
+        inherited = [*self._supervisor_fds(), ready_r]
+        pid = os.fork()
+        if pid == 0:
+            _child(
+                lambda: _worker_main(self._plan, worker_id, worker_ends, ready_w),
+                inherited,
+                keep=[end.fileno() for end in worker_ends],
+            )
+        os.close(ready_w)
+        for worker_end in worker_ends:
+            worker_end.close()
+        worker = _Worker(slot=slot, id=worker_id, pid=pid, pidfd=-1, ready_fd=ready_r)
+        with self._state_lock:
+            self._workers[pid] = worker
+        worker.pidfd = self._watch(pid, worker)
+        self._selector.register(ready_r, selectors.EVENT_READ, ("ready", worker))
+        return worker
+
+    def _request(self, message: dict[str, Any], fds: Iterable[int] = ()) -> dict[str, Any] | None:
+        """One request to the triage and its reply; None when the triage is gone."""
+        with self._ctl_lock:
+            if self._ctl is None:
+                return None
+            try:
+                _send(self._ctl, message, fds)
+            except OSError:
+                return None
+            reply, extra = _receive(self._ctl)
+            for fd in extra:
+                os.close(fd)
+            return reply
+
+    def _pump(self, timeout: float) -> list[bytes]:
+        """Handle what happened (exits, readiness) within ``timeout``; the commands that came."""
+        commands: list[bytes] = []
+        for key, _ in self._selector.select(timeout):
+            what = key.data
+            if what == "wake":
+                try:
+                    data = os.read(self._wake_r, 64)
+                except BlockingIOError:
+                    data = b""
+                commands.extend(data[i : i + 1] for i in range(len(data)))
+            elif what == "triage":
+                self._reap_triage()
+            elif isinstance(what, tuple):
+                self._on_ready(what[1])
+            else:
+                self._on_exit(what)
+        self._poll_exits()
+        return commands
+
+    def _poll_exits(self) -> None:
+        """Without pidfds (old kernels): find exited children by waitpid."""
+        if self._triage_pidfd >= 0:
+            return
+        with self._state_lock:
+            workers = [w for w in self._workers.values() if w.pidfd < 0]
+        for worker in workers:
+            if os.waitpid(worker.pid, os.WNOHANG)[0]:
+                self._forget(worker, reaped=True)
+        if self._triage_pid and os.waitpid(self._triage_pid, os.WNOHANG)[0]:
+            self._triage_pid = 0
+            self._triage_gone()
+
+    def _on_ready(self, worker: _Worker) -> None:
+        try:
+            data = os.read(worker.ready_fd, 16)
+        except OSError:
+            data = b""
+        self._selector.unregister(worker.ready_fd)
+        os.close(worker.ready_fd)
+        worker.ready_fd = -1
+        worker.ready = bool(data)
+
+    def _forget(self, worker: _Worker, *, reaped: bool = False) -> int:
+        """Reap an exited worker and drop its watches; its exit status."""
+        status = 0
+        if not reaped:
+            try:
+                _, status = os.waitpid(worker.pid, 0)
+            except ChildProcessError:
+                status = 0
+        for fd in (worker.pidfd, worker.ready_fd):
+            if fd >= 0:
+                self._selector.unregister(fd)
+                os.close(fd)
+        worker.pidfd = worker.ready_fd = -1
+        with self._state_lock:
+            self._workers.pop(worker.pid, None)
+        return os.waitstatus_to_exitcode(status) if status else 0
+
+    def _on_exit(self, worker: _Worker) -> None:
+        was_ready = worker.ready
+        code = self._forget(worker)
+        if self._stopping or worker.retiring or self._failure is not None:
+            return  # a reload retired it (its successor serves already), or the host is going down
+        if not was_ready and code == _BOOT_FAILED:
+            self._failure = f"worker {worker.id} failed to start (exit status {code}); see its error above"
+            self._command(b"t")
+            return
+        if code != 0:
+            _log.warning(
+                "prazo host: worker %d (pid %d) exited with status %s; replacing it", worker.id, worker.pid, code
+            )
+        self.replaced += 1  # died, or retired itself after max_requests
+        try:
+            self._spawn(worker.slot)
+        except RuntimeError as exc:  # the triage is gone too: its own exit stops the host
+            _log.error("prazo host: cannot replace worker %d: %s", worker.id, exc)
+
+    def _reap_triage(self) -> None:
+        if self._triage_pidfd >= 0:
+            self._selector.unregister(self._triage_pidfd)
+            os.close(self._triage_pidfd)
+            self._triage_pidfd = -1
+        try:
+            os.waitpid(self._triage_pid, 0)
+        except ChildProcessError:
+            pass
+        self._triage_pid = 0
+        self._triage_gone()
+
+    def _triage_gone(self) -> None:
+        if not self._stopping:
+            self._failure = "the triage process exited: the host cannot serve without it"
+            self._command(b"t")
+
+    def _supervise(self) -> None:
+        try:
+            while True:
+                for command in self._pump(1.0):
+                    if command == b"t":
+                        self._drain()
+                        return
+                    if command == b"h":
+                        self._rolling_reload()
+        finally:
+            self._stopped.set()
+
+    def _rolling_reload(self) -> None:
+        with self._state_lock:
+            old = sorted(self._workers.values(), key=lambda w: w.slot)
+        for worker in old:
+            if self._stopping or worker.pid not in self._workers:
+                continue
+            fresh = self._spawn(worker.slot)
+            self._wait(lambda fresh=fresh: fresh.ready or fresh.pid not in self._workers, BOOT_TIMEOUT_S)
+            if not fresh.ready:
+                _log.error("prazo host: reload stopped: a new worker did not start serving")
+                return
+            worker.retiring = True
+            self._request({"op": "retire", "worker": worker.id})
+            if not self._wait(
+                lambda worker=worker: worker.pid not in self._workers, self.shutdown_timeout + _EXIT_GRACE_S
+            ):
+                _kill(worker.pid)
+                self._wait(lambda worker=worker: worker.pid not in self._workers, _EXIT_GRACE_S)
+
+    def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Handle events until ``done()`` or ``timeout``; a stop command that comes meanwhile is kept for later."""
+        end = time.monotonic() + timeout
+        while not done():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            for command in self._pump(min(left, 0.5)):
+                if command == b"t":
+                    self._command(b"t")  # handled by the loop once this wait ends
+                    return done()
+        return True
+
+    def _drain(self) -> None:
+        self._stopping = True
+        reply = self._request({"op": "drain", "timeout": self.shutdown_timeout})
+        self._idle = bool(reply and reply.get("idle"))
+        self._stop_all(_EXIT_GRACE_S)
+
+    def _stop_all(self, grace: float) -> None:
+        """Every child exits (the triage after its drain, the workers when their channels close), or is killed."""
+        self._stopping = True
+        with self._ctl_lock:
+            if self._ctl is not None:
+                self._ctl.close()
+                self._ctl = None
+        end = time.monotonic() + grace
+        while (self._workers or self._triage_pid) and time.monotonic() < end:
+            self._pump(0.1)
+        for pid in [*self._workers, self._triage_pid]:
+            if pid:
+                _kill(pid)
+        for worker in list(self._workers.values()):
+            self._forget(worker)
+        if self._triage_pid:
+            self._reap_triage()
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _child(main: Callable[[], int], inherited: Iterable[int], keep: Iterable[int]) -> None:
+    """Run a forked child's ``main`` and leave with its status, never returning into the parent's code."""
+    status = 1
+    try:
+        for fd in inherited:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _close_inherited_sockets(set(keep))
+        # The supervisor decides: a terminal's Ctrl-C or a group-wide SIGTERM
+        # reaching a child directly must not kill it mid-request.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        status = main()
+    except BaseException:  # noqa: BLE001 - a child reports and exits; it never unwinds into the parent's stack
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def _close_inherited_sockets(keep: set[int]) -> None:
+    """Close every socket the fork copied from the supervisor's process but ``keep``.
+
+    A copy of a client or server socket left in a child keeps that connection
+    open after its owner closed it (the peer sees no end), and a connection a
+    preloaded app opened at import would be shared by every worker, which no
+    protocol survives. Files and pipes stay: an app may hold those across a fork.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd < 3 or fd in keep:
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:
+            pass  # the descriptor of the listing itself, already gone
+
+
+# ------------------------------------------------------------ the triage process
+
+
+def _triage_main(plan: _Plan, listener_fd: int, ctl: socket.socket) -> int:
+    engine = compiled_engine().Engine([listener_fd], role="triage", **plan.triage_engine)
+    engine.start()
+    selector = selectors.DefaultSelector()
+    selector.register(ctl, selectors.EVENT_READ, None)
+    counts: dict[int, dict[str, int]] = {}
+
+    def host_stats() -> dict[str, Any]:
+        stats: dict[str, Any] = engine.stats()
+        stats["cancelled"] = stats["shutting_down"]
+        stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
+        stats["reserved"] = plan.reserved
+        stats["max_concurrency"] = plan.max_concurrency
+        stats["max_queue"] = plan.max_queue
+        stats["expired_at_start"] = sum(c.get("expired_at_start", 0) for c in counts.values())
+        stats["app_errors"] = sum(c.get("app_errors", 0) for c in counts.values())
+        stats["worker_in_flight"] = engine.worker_loads()
+        return stats
+
+    def drain(timeout: float) -> bool:
+        engine.drain()
+        idle = bool(engine.wait_idle(timeout))
+        engine.stop()
+        return idle
+
+    while True:
+        for key, _ in selector.select():
+            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            message, fds = _receive(sock)
+            if key.data is None:  # the supervisor
+                if message is None:  # it died: drain on our own and leave
+                    drain(plan.shutdown_timeout)
+                    return 0
+                op = message.get("op")
+                if op == "add":
+                    worker = int(message["worker"])
+                    *channels, stats_fd = fds
+                    for fd in channels:
+                        engine.add_channel(fd, worker)
+                    stats_sock = socket.socket(fileno=stats_fd)
+                    selector.register(stats_sock, selectors.EVENT_READ, worker)
+                    _send(ctl, {"ok": True})
+                elif op == "retire":
+                    engine.retire_worker(int(message["worker"]))
+                    _send(ctl, {"ok": True})
+                elif op == "stats":
+                    _send(ctl, {"stats": host_stats()})
+                elif op == "drain":
+                    idle = drain(float(message.get("timeout", plan.shutdown_timeout)))
+                    _send(ctl, {"idle": idle})
+                    return 0
+                else:
+                    _send(ctl, {"error": f"unknown op {op!r}"})
+                continue
+            worker = key.data
+            if message is None:  # the worker exited; its channels tell the engine on their own
+                selector.unregister(sock)
+                sock.close()
+                continue
+            op = message.get("op")
+            if op == "stats":
+                try:
+                    _send(sock, {"stats": host_stats()})
+                except OSError:
+                    pass
+            elif op == "count":
+                counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
+            elif op == "retire":
+                engine.retire_worker(worker)
+
+
+# ------------------------------------------------------------ a worker process
+
+
+def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
+    global _current
+    *channel_socks, stats_sock = ends
+    app = plan.app
+    if app is None:
+        from .serve import load_app
+
+        assert plan.app_spec is not None
+        try:
+            app = load_app(plan.app_spec)
+        except Exception:  # noqa: BLE001 - the supervisor reports a worker that cannot start
+            traceback.print_exc()
+            return _BOOT_FAILED
+    engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
+    host = HostStats(stats_sock, worker_id)
+    _current = host
+    runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
+    reported = {"expired_at_start": 0, "app_errors": 0}
+    served = [0]
+    lock = threading.Lock()
+
+    def next_from(channel: Any) -> Callable[[], Any]:
+        def next_connection() -> Any:
+            counts = {"expired_at_start": runner.expired_at_start, "app_errors": runner.app_errors}
+            with lock:
+                changed = counts != reported
+                reported.update(counts)
+            if changed:
+                host.report(**counts)
+            conn = channel.next_connection()
+            if conn is not None and plan.max_requests is not None:
+                with lock:
+                    served[0] += 1
+                    last = served[0] == plan.max_requests
+                if last:
+                    host.retire()
+            return conn
+
+        return next_connection
+
+    threads = []
+    for index, sock in enumerate(channel_socks):
+        channel = engine.channel(sock.detach())
+        thread = threading.Thread(
+            target=runner.work, args=(next_from(channel),), name=f"prazo-host-worker-{worker_id}-{index}", daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    os.write(ready_fd, b"r")
+    os.close(ready_fd)
+    for thread in threads:
+        thread.join()
+    return 0
