@@ -1227,13 +1227,19 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
         ratio_axis.set_xlabel("offered load (x capacity measured in the same run)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
-    # One legend under the panels: inside, it would hide the lines at 0 %.
-    handles, names = axes[0][0].get_legend_handles_labels()
-    columns = 1 if len(apps) == 1 else 3
-    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
+    _legend_below(figure, axes, len(apps))
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _legend_below(figure: Any, axes: Any, panels: int) -> None:
+    # One legend under the panels: inside, it would hide the lines at 0 %.
+    # Three columns fit the short labels of one process per server; the
+    # longer --workers labels would run off the figure's edges, so two.
+    handles, names = axes[0][0].get_legend_handles_labels()
+    columns = 1 if panels == 1 else 3 if max(map(len, names), default=0) <= 60 else 2
+    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
 
 
 def _ratio_scale(axis: Any) -> None:
@@ -1300,10 +1306,7 @@ def plot_timelines(results: Sequence[PointResult], path: str, labels: dict[str, 
         ratio_axis.set_xlabel("seconds into the measured window (scheduled time of the request)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
-    handles, names = axes[0][0].get_legend_handles_labels()
-    ncol = 1 if len(columns) == 1 else 3
-    figure.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / ncol), 1, 1))
+    _legend_below(figure, axes, len(columns))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
