@@ -129,6 +129,13 @@ dist-check: $(STAMP)
 # crash fails the run; its input lands in $(FUZZ_DIR)/crashes, the full log in
 # $(FUZZ_DIR)/TARGET.log. Inputs found on the way go to $(FUZZ_DIR)/corpus (kept
 # between runs): the committed seeds in tests/fuzz/corpus are only read.
+# An input running longer than FUZZ_TIMEOUT seconds is a finding too, saved as
+# TARGET-timeout-*: short enough that a hang is reported within a few seconds
+# rather than stopping the job, long enough for any input on a busy machine
+# (each takes milliseconds; the timer checks every FUZZ_TIMEOUT / 2 + 1 s).
+# A failed target prints the end of its log, its exit status and every input it
+# saved, in base64, so a CI log alone is enough to replay it
+# (base64 -d > FILE; PYTHONPATH=tests .venv/bin/python -m fuzz TARGET FILE).
 # The front door's C engine has a libFuzzer harness of its own (tests/fuzz/c):
 # atheris only sees the Python around it, and the engine is C that parses what
 # any client sends. It is built with clang (gcc has no libFuzzer; .ci/ensure-clang
@@ -139,6 +146,7 @@ FUZZ_SECONDS    ?= 60
 FUZZ_CI_SECONDS ?= 11
 FUZZ_C_SECONDS    ?= 300
 FUZZ_CI_C_SECONDS ?= 15
+FUZZ_TIMEOUT    ?= 3
 FUZZ_DIR        := build/fuzz
 FUZZ_STAMP      := $(VENV)/.prazo-fuzz-installed
 FUZZ_C          := $(FUZZ_DIR)/frontdoor-c
@@ -170,17 +178,22 @@ fuzz-ci: FUZZ_TIME = $(FUZZ_CI_SECONDS)
 fuzz-ci: FUZZ_C_TIME = $(FUZZ_CI_C_SECONDS)
 fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 	@mkdir -p $(FUZZ_DIR)/crashes $(FUZZ_DIR)/corpus/frontdoor-c
-	@failed=""; for target in $(FUZZ_TARGETS); do \
-		mkdir -p $(FUZZ_DIR)/corpus/$$target; \
-		PYTHONPATH=tests $(PY) -m fuzz $$target -max_total_time=$(FUZZ_TIME) -timeout=10 -print_final_stats=1 \
+	@failed=""; \
+	report() { tail -n 40 $(FUZZ_DIR)/$$1.log; echo "fuzz $$1: exit status $$2"; \
+		find $(FUZZ_DIR)/crashes -name "$$1-*" -newer $(FUZZ_DIR)/$$1.started -type f | while read -r input; do \
+			echo "fuzz $$1: saved $$input, base64: $$(base64 -w0 "$$input")"; done; }; \
+	for target in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_DIR)/corpus/$$target; touch $(FUZZ_DIR)/$$target.started; \
+		PYTHONPATH=tests $(PY) -m fuzz $$target -max_total_time=$(FUZZ_TIME) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 \
 			-dict=tests/fuzz/tokens.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$target- \
 			$(FUZZ_DIR)/corpus/$$target tests/fuzz/corpus/$$target > $(FUZZ_DIR)/$$target.log 2>&1 \
-			|| { failed="$$failed $$target"; tail -n 40 $(FUZZ_DIR)/$$target.log; }; \
+			|| { status=$$?; failed="$$failed $$target"; report $$target $$status; }; \
 		echo "fuzz $$target: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/$$target.log) execs (time limit $(FUZZ_TIME) s)"; \
 	done; \
-	$(FUZZ_C) -max_total_time=$(FUZZ_C_TIME) -timeout=10 -print_final_stats=1 -dict=tests/fuzz/c/frontdoor.dict \
+	touch $(FUZZ_DIR)/frontdoor-c.started; \
+	$(FUZZ_C) -max_total_time=$(FUZZ_C_TIME) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 -dict=tests/fuzz/c/frontdoor.dict \
 		-artifact_prefix=$(FUZZ_DIR)/crashes/frontdoor-c- $(FUZZ_DIR)/corpus/frontdoor-c tests/fuzz/c/corpus \
-		> $(FUZZ_DIR)/frontdoor-c.log 2>&1 || { failed="$$failed frontdoor-c"; tail -n 40 $(FUZZ_DIR)/frontdoor-c.log; }; \
+		> $(FUZZ_DIR)/frontdoor-c.log 2>&1 || { status=$$?; failed="$$failed frontdoor-c"; report frontdoor-c $$status; }; \
 	echo "fuzz frontdoor-c: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_DIR)/frontdoor-c.log) execs (time limit $(FUZZ_C_TIME) s)"; \
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 

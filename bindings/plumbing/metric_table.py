@@ -105,6 +105,14 @@ SPECS: dict[str, MetricSpec] = {
     "prazo_server_header_timeouts": (COUNTER, _Q, "Request heads not complete in time (answered 408)."),
     "prazo_server_pending_heads": (GAUGE, _Q, "Connections whose request head is still arriving."),
     "prazo_server_lingering_connections": (GAUGE, _Q, "Refused connections being drained before they close."),
+    # A front-door host (prazo serve --server prazo --workers N): its triage's stats().
+    "prazo_host_worker_processes": (GAUGE, _Q, "Worker processes of the host with a live channel to its triage."),
+    "prazo_host_worker_lost": (
+        COUNTER,
+        _Q,
+        "Requests lost with the worker process running them (it died; their connections were closed).",
+    ),
+    "prazo_host_worker_in_flight": (GAUGE, (*_Q, "worker"), "Requests running in each worker process now."),
     # Opt-in (record_latency=True) on a middleware or a pool.
     "prazo_request_duration_seconds": (
         HISTOGRAM,
@@ -174,6 +182,8 @@ _OPTIONAL_KEYS = {
     "prazo_server_header_timeouts": "header_timeouts",
     "prazo_server_pending_heads": "pending_heads",
     "prazo_server_lingering_connections": "lingering",
+    "prazo_host_worker_processes": "worker_processes",
+    "prazo_host_worker_lost": "worker_lost",
 }
 _REFUSAL_KEYS = {
     "queue-full": "rejected_full",
@@ -233,6 +243,8 @@ def queue_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
     for family, key in _OPTIONAL_KEYS.items():
         if key in stats:
             yield family, labels, stats[key]
+    for worker, running in stats.get("worker_in_flight", {}).items():
+        yield "prazo_host_worker_in_flight", (name, str(worker)), running
     if all(key in stats for key in _RESPONSE_KEYS.values()):
         for code, key in _RESPONSE_KEYS.items():
             yield "prazo_wsgi_refusals", (name, code), stats[key]

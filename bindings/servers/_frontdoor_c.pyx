@@ -157,6 +157,9 @@ cdef extern from "pfd.h" nogil:
         int fd
         char *scratch
 
+    struct pfd_msg:
+        pass
+
     pfd_server *pfd_server_new(const pfd_config *cfg, const int *listen_fds, int n_listen)
     int pfd_server_start(pfd_server *srv)
     void pfd_server_drain(pfd_server *srv)
@@ -171,6 +174,7 @@ cdef extern from "pfd.h" nogil:
     int pfd_server_worker_loads(pfd_server *srv, int *workers, int64_t *in_flight, int max)
     pfd_server *pfd_server_new_worker(const pfd_config *cfg)
     pfd_conn *pfd_channel_next(pfd_server *srv, pfd_channel *ch)
+    int pfd_channel_ask(pfd_channel *ch)
     ssize_t pfd_conn_try_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
     int pfd_conn_body_buffered(const pfd_conn *c)
     int pfd_conn_write(pfd_server *srv, pfd_conn *c, const char *p, size_t n)
@@ -197,6 +201,8 @@ cdef extern from "pfd.h" nogil:
 
 
 ROLES = frozenset({"single", "triage", "worker"})
+# The fixed part of every channel message (struct pfd_msg), for the tests that play a worker.
+CHANNEL_MESSAGE_SIZE = sizeof(pfd_msg)
 BUDGET_SOURCES = ("X-Request-Budget-Ms", "grpc-timeout", "x-envoy-expected-rq-timeout-ms")
 ANSWERS = {
     "queue-full": PFD_A_QUEUE_FULL,
@@ -809,7 +815,7 @@ cdef class Engine:
             "insufficient_budget": s.insufficient_budget, "shed": s.shed, "evicted": s.evicted,
             "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
             "upstream_stamps": s.upstream_stamps,
-            "worker_lost": s.worker_lost, "workers": s.workers, "worker_threads": s.worker_threads,
+            "worker_lost": s.worker_lost, "worker_processes": s.workers, "worker_threads": s.worker_threads,
         }
 
     def __dealloc__(self):
@@ -830,6 +836,11 @@ cdef class Channel:
         self.engine = engine
         memset(&self.ch, 0, sizeof(self.ch))
         self.ch.fd = fd
+
+    def ask(self):
+        """Tell the triage now that this thread takes connections (``next_connection`` then waits without asking)."""
+        if pfd_channel_ask(&self.ch) != 0:
+            raise OSError("the triage is gone")
 
     def next_connection(self):
         """Ask the triage (without the GIL) for the next admitted connection; None once it says stop or is gone."""

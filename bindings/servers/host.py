@@ -42,19 +42,17 @@ exports the whole host from any worker in one scrape.
 
 from __future__ import annotations
 
-import json
+import collections
 import logging
 import os
 import selectors
 import signal
 import socket
-import stat
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..wsgi import WSGIApp
@@ -62,13 +60,22 @@ from .frontdoor import (
     DEFAULT_IO_TIMEOUT_MS,
     DEFAULT_MAX_IO_WAIT_MS,
     DEFAULT_WRITE_GRACE_MS,
-    base_environ,
     bound_listener,
-    compiled_engine,
     engine_arguments,
     resolved_policies,
 )
-from .frontdoor_worker import RequestRunner
+from .host_children import (
+    BOOT_FAILED,
+    HostStats,
+    Plan,
+    current_host,
+    host_stats_of,
+    receive_message,
+    run_child,
+    send_message,
+    triage_main,
+    worker_main,
+)
 from .settings import ServerSettings
 
 __all__ = ["FrontDoorHost", "HostStats", "current_host"]
@@ -80,108 +87,6 @@ _log = logging.getLogger("prazo.servers.host")
 BOOT_TIMEOUT_S = 60.0
 # How long a stopped child may take to exit before it is killed.
 _EXIT_GRACE_S = 5.0
-# A worker that failed before it served: the exit status it reports.
-_BOOT_FAILED = 3
-_MESSAGE_BYTES = 1 << 20
-
-_current: HostStats | None = None
-
-
-def current_host() -> HostStats | None:
-    """In a worker process of a host: the host's figures (``stats()``); None anywhere else."""
-    return _current
-
-
-def _send(sock: socket.socket, message: dict[str, Any], fds: Iterable[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    fd_list = list(fds)
-    if fd_list:
-        socket.send_fds(sock, [data], fd_list)
-    else:
-        sock.send(data)
-
-
-def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and the descriptors it carried; (None, []) once the peer is gone."""
-    try:
-        data, fds, _flags, _address = socket.recv_fds(sock, _MESSAGE_BYTES, 64)
-    except (ConnectionError, OSError):
-        return None, []
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    try:
-        message = json.loads(data)
-    except ValueError:
-        message = None
-    if not isinstance(message, dict):
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return message, fds
-
-
-class HostStats:
-    """A worker process's view of the host: ``stats()`` asks the triage (one round trip on a socket of its own)."""
-
-    def __init__(self, sock: socket.socket, worker: int) -> None:
-        self._sock = sock
-        self._lock = threading.Lock()
-        self.worker = worker
-
-    def stats(self) -> dict[str, Any]:
-        """The host's counters, as ``FrontDoorHost.stats()``; ``{}`` once the triage is gone (the host is stopping)."""
-        with self._lock:
-            try:
-                _send(self._sock, {"op": "stats"})
-            except OSError:
-                return {}
-            reply, _ = _receive(self._sock)
-        return _host_stats(reply["stats"]) if reply and "stats" in reply else {}
-
-    __call__ = stats
-
-    def report(self, **counts: int) -> None:
-        """Tell the triage this worker's own counters (cumulative): the host's stats add them up."""
-        with self._lock:
-            try:
-                _send(self._sock, {"op": "count", **counts})
-            except OSError:
-                pass
-
-    def retire(self) -> None:
-        """Ask the triage to stop giving this worker connections (its threads end after what they have)."""
-        with self._lock:
-            try:
-                _send(self._sock, {"op": "retire"})
-            except OSError:
-                pass
-
-
-def _host_stats(raw: dict[str, Any]) -> dict[str, Any]:
-    stats = dict(raw)
-    stats["worker_in_flight"] = {int(worker): n for worker, n in raw.get("worker_in_flight", {}).items()}
-    return stats
-
-
-@dataclass
-class _Plan:
-    """Everything a child process needs, decided in the supervisor before it forks."""
-
-    app: WSGIApp | None
-    app_spec: str | None
-    host: str
-    port: int
-    threads: int
-    workers: int
-    max_requests: int | None
-    shutdown_timeout: float
-    triage_engine: dict[str, Any]
-    worker_engine: dict[str, Any]
-    max_concurrency: int
-    max_queue: int
-    reserved: int
 
 
 @dataclass
@@ -246,7 +151,7 @@ class FrontDoorHost:
         triage_engine = engine_arguments(settings, self.policies, threads=total, **timeouts)
         listener = bound_listener(host, port, backlog, False)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
-        self._plan = _Plan(
+        self._plan = Plan(
             app=app, app_spec=app_spec, host=host, port=self.server_address[1], threads=settings.threads,
             workers=workers, max_requests=max_requests, shutdown_timeout=shutdown_timeout,
             triage_engine=triage_engine, worker_engine=dict(triage_engine), max_concurrency=total,
@@ -263,6 +168,7 @@ class FrontDoorHost:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._commands: collections.deque[bytes] = collections.deque()
         self._state_lock = threading.RLock()
         self._started = False
         self._stopping = False
@@ -284,12 +190,18 @@ class FrontDoorHost:
         self._thread = threading.Thread(target=self._supervise, name="prazo-host-supervisor", daemon=True)
         self._thread.start()
 
-    def serve_forever(self) -> None:
-        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads."""
-        self._boot()
+    def serve_forever(self, serving: Callable[[], object] | None = None) -> None:
+        """Start, then supervise in this thread until ``shutdown()``, SIGTERM or SIGINT; SIGHUP reloads.
+
+        ``serving()`` is called once every worker takes requests.
+        """
         if threading.current_thread() is threading.main_thread():
+            # Before the boot: a signal that comes while the workers start waits for the loop.
             for signum, command in ((signal.SIGTERM, b"t"), (signal.SIGINT, b"t"), (signal.SIGHUP, b"h")):
                 signal.signal(signum, lambda *_, command=command: self._command(command))
+        self._boot()
+        if serving is not None:
+            serving()
         self._supervise()
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -318,11 +230,12 @@ class FrontDoorHost:
 
     def stats(self) -> dict[str, Any]:
         """The host's counters: every key of a one-process front door's ``stats()``, plus
-        ``worker_lost``, ``workers``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests running}``)."""
+        ``worker_lost``, ``worker_processes``, ``worker_threads`` and ``worker_in_flight`` (``{worker id: requests
+        running}``)."""
         reply = self._request({"op": "stats"})
         if reply is None or "stats" not in reply:
             raise RuntimeError("the host is not running")
-        return _host_stats(reply["stats"])
+        return host_stats_of(reply["stats"])
 
     def worker_pids(self) -> list[int]:
         """The process ids of the workers serving now (a retiring one excluded)."""
@@ -357,8 +270,8 @@ class FrontDoorHost:
         pid = os.fork()
         if pid == 0:  # the triage
             ctl_parent.close()
-            _child(
-                lambda: _triage_main(self._plan, listener_fd, ctl_child),
+            run_child(
+                lambda: triage_main(self._plan, listener_fd, ctl_child),
                 self._supervisor_fds(),
                 keep=(listener_fd, ctl_child.fileno()),
             )
@@ -415,8 +328,8 @@ class FrontDoorHost:
         inherited = [*self._supervisor_fds(), ready_r]
         pid = os.fork()
         if pid == 0:
-            _child(
-                lambda: _worker_main(self._plan, worker_id, worker_ends, ready_w),
+            run_child(
+                lambda: worker_main(self._plan, worker_id, worker_ends, ready_w),
                 inherited,
                 keep=[end.fileno() for end in worker_ends],
             )
@@ -436,17 +349,16 @@ class FrontDoorHost:
             if self._ctl is None:
                 return None
             try:
-                _send(self._ctl, message, fds)
+                send_message(self._ctl, message, fds)
             except OSError:
                 return None
-            reply, extra = _receive(self._ctl)
+            reply, extra = receive_message(self._ctl)
             for fd in extra:
                 os.close(fd)
             return reply
 
-    def _pump(self, timeout: float) -> list[bytes]:
-        """Handle what happened (exits, readiness) within ``timeout``; the commands that came."""
-        commands: list[bytes] = []
+    def _pump(self, timeout: float) -> None:
+        """Handle what happened (exits, readiness) within ``timeout``; commands wait in ``_commands``."""
         for key, _ in self._selector.select(timeout):
             what = key.data
             if what == "wake":
@@ -454,7 +366,7 @@ class FrontDoorHost:
                     data = os.read(self._wake_r, 64)
                 except BlockingIOError:
                     data = b""
-                commands.extend(data[i : i + 1] for i in range(len(data)))
+                self._commands.extend(data[i : i + 1] for i in range(len(data)))
             elif what == "triage":
                 self._reap_triage()
             elif isinstance(what, tuple):
@@ -462,7 +374,6 @@ class FrontDoorHost:
             else:
                 self._on_exit(what)
         self._poll_exits()
-        return commands
 
     def _poll_exits(self) -> None:
         """Without pidfds (old kernels): find exited children by waitpid."""
@@ -509,10 +420,12 @@ class FrontDoorHost:
         code = self._forget(worker)
         if self._stopping or worker.retiring or self._failure is not None:
             return  # a reload retired it (its successor serves already), or the host is going down
-        if not was_ready and code == _BOOT_FAILED:
+        if not was_ready and code == BOOT_FAILED:
             self._failure = f"worker {worker.id} failed to start (exit status {code}); see its error above"
             self._command(b"t")
             return
+        if self._slot_taken(worker.slot):
+            return  # a reload started its successor already (or it was that successor, and the old one serves on)
         if code != 0:
             _log.warning(
                 "prazo host: worker %d (pid %d) exited with status %s; replacing it", worker.id, worker.pid, code
@@ -522,6 +435,11 @@ class FrontDoorHost:
             self._spawn(worker.slot)
         except RuntimeError as exc:  # the triage is gone too: its own exit stops the host
             _log.error("prazo host: cannot replace worker %d: %s", worker.id, exc)
+
+    def _slot_taken(self, slot: int) -> bool:
+        """Whether a live worker that is not retiring serves ``slot``: each slot has at most one."""
+        with self._state_lock:
+            return any(w.slot == slot and not w.retiring for w in self._workers.values())
 
     def _reap_triage(self) -> None:
         if self._triage_pidfd >= 0:
@@ -543,7 +461,9 @@ class FrontDoorHost:
     def _supervise(self) -> None:
         try:
             while True:
-                for command in self._pump(1.0):
+                self._pump(1.0)
+                while self._commands:
+                    command = self._commands.popleft()
                     if command == b"t":
                         self._drain()
                         return
@@ -556,32 +476,31 @@ class FrontDoorHost:
         with self._state_lock:
             old = sorted(self._workers.values(), key=lambda w: w.slot)
         for worker in old:
-            if self._stopping or worker.pid not in self._workers:
-                continue
+            if self._stopping or worker.pid not in self._workers or worker.retiring:
+                continue  # died meanwhile: its replacement runs the new code already
             fresh = self._spawn(worker.slot)
-            self._wait(lambda fresh=fresh: fresh.ready or fresh.pid not in self._workers, BOOT_TIMEOUT_S)
+            self._wait(partial(_serving_or_gone, fresh, self._workers), BOOT_TIMEOUT_S)
             if not fresh.ready:
                 _log.error("prazo host: reload stopped: a new worker did not start serving")
                 return
             worker.retiring = True
             self._request({"op": "retire", "worker": worker.id})
-            if not self._wait(
-                lambda worker=worker: worker.pid not in self._workers, self.shutdown_timeout + _EXIT_GRACE_S
-            ):
+            gone = partial(_gone, worker, self._workers)
+            exited = self._wait(gone, self.shutdown_timeout + _EXIT_GRACE_S)
+            if b"t" in self._commands:
+                return  # the host drains: the retiring worker finishes there, it is not killed
+            if not exited:
                 _kill(worker.pid)
-                self._wait(lambda worker=worker: worker.pid not in self._workers, _EXIT_GRACE_S)
+                self._wait(gone, _EXIT_GRACE_S)
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         """Handle events until ``done()`` or ``timeout``; a stop command that comes meanwhile is kept for later."""
         end = time.monotonic() + timeout
         while not done():
             left = end - time.monotonic()
-            if left <= 0:
-                return False
-            for command in self._pump(min(left, 0.5)):
-                if command == b"t":
-                    self._command(b"t")  # handled by the loop once this wait ends
-                    return done()
+            if left <= 0 or b"t" in self._commands:  # a stop is handled by the loop once this wait ends
+                return done()
+            self._pump(min(left, 0.5))
         return True
 
     def _drain(self) -> None:
@@ -612,182 +531,16 @@ class FrontDoorHost:
         os.close(self._wake_w)
 
 
+def _gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.pid not in workers
+
+
+def _serving_or_gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
+    return worker.ready or worker.pid not in workers
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _child(main: Callable[[], int], inherited: Iterable[int], keep: Iterable[int]) -> None:
-    """Run a forked child's ``main`` and leave with its status, never returning into the parent's code."""
-    status = 1
-    try:
-        for fd in inherited:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        _close_inherited_sockets(set(keep))
-        # The supervisor decides: a terminal's Ctrl-C or a group-wide SIGTERM
-        # reaching a child directly must not kill it mid-request.
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)
-        status = main()
-    except BaseException:  # noqa: BLE001 - a child reports and exits; it never unwinds into the parent's stack
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-
-
-def _close_inherited_sockets(keep: set[int]) -> None:
-    """Close every socket the fork copied from the supervisor's process but ``keep``.
-
-    A copy of a client or server socket left in a child keeps that connection
-    open after its owner closed it (the peer sees no end), and a connection a
-    preloaded app opened at import would be shared by every worker, which no
-    protocol survives. Files and pipes stay: an app may hold those across a fork.
-    """
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd < 3 or fd in keep:
-            continue
-        try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
-                os.close(fd)
-        except OSError:
-            pass  # the descriptor of the listing itself, already gone
-
-
-# ------------------------------------------------------------ the triage process
-
-
-def _triage_main(plan: _Plan, listener_fd: int, ctl: socket.socket) -> int:
-    engine = compiled_engine().Engine([listener_fd], role="triage", **plan.triage_engine)
-    engine.start()
-    selector = selectors.DefaultSelector()
-    selector.register(ctl, selectors.EVENT_READ, None)
-    counts: dict[int, dict[str, int]] = {}
-
-    def host_stats() -> dict[str, Any]:
-        stats: dict[str, Any] = engine.stats()
-        stats["cancelled"] = stats["shutting_down"]
-        stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
-        stats["reserved"] = plan.reserved
-        stats["max_concurrency"] = plan.max_concurrency
-        stats["max_queue"] = plan.max_queue
-        stats["expired_at_start"] = sum(c.get("expired_at_start", 0) for c in counts.values())
-        stats["app_errors"] = sum(c.get("app_errors", 0) for c in counts.values())
-        stats["worker_in_flight"] = engine.worker_loads()
-        return stats
-
-    def drain(timeout: float) -> bool:
-        engine.drain()
-        idle = bool(engine.wait_idle(timeout))
-        engine.stop()
-        return idle
-
-    while True:
-        for key, _ in selector.select():
-            sock: socket.socket = key.fileobj  # type: ignore[assignment]
-            message, fds = _receive(sock)
-            if key.data is None:  # the supervisor
-                if message is None:  # it died: drain on our own and leave
-                    drain(plan.shutdown_timeout)
-                    return 0
-                op = message.get("op")
-                if op == "add":
-                    worker = int(message["worker"])
-                    *channels, stats_fd = fds
-                    for fd in channels:
-                        engine.add_channel(fd, worker)
-                    stats_sock = socket.socket(fileno=stats_fd)
-                    selector.register(stats_sock, selectors.EVENT_READ, worker)
-                    _send(ctl, {"ok": True})
-                elif op == "retire":
-                    engine.retire_worker(int(message["worker"]))
-                    _send(ctl, {"ok": True})
-                elif op == "stats":
-                    _send(ctl, {"stats": host_stats()})
-                elif op == "drain":
-                    idle = drain(float(message.get("timeout", plan.shutdown_timeout)))
-                    _send(ctl, {"idle": idle})
-                    return 0
-                else:
-                    _send(ctl, {"error": f"unknown op {op!r}"})
-                continue
-            worker = key.data
-            if message is None:  # the worker exited; its channels tell the engine on their own
-                selector.unregister(sock)
-                sock.close()
-                continue
-            op = message.get("op")
-            if op == "stats":
-                try:
-                    _send(sock, {"stats": host_stats()})
-                except OSError:
-                    pass
-            elif op == "count":
-                counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
-            elif op == "retire":
-                engine.retire_worker(worker)
-
-
-# ------------------------------------------------------------ a worker process
-
-
-def _worker_main(plan: _Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
-    global _current
-    *channel_socks, stats_sock = ends
-    app = plan.app
-    if app is None:
-        from .serve import load_app
-
-        assert plan.app_spec is not None
-        try:
-            app = load_app(plan.app_spec)
-        except Exception:  # noqa: BLE001 - the supervisor reports a worker that cannot start
-            traceback.print_exc()
-            return _BOOT_FAILED
-    engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
-    host = HostStats(stats_sock, worker_id)
-    _current = host
-    runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
-    reported = {"expired_at_start": 0, "app_errors": 0}
-    served = [0]
-    lock = threading.Lock()
-
-    def next_from(channel: Any) -> Callable[[], Any]:
-        def next_connection() -> Any:
-            counts = {"expired_at_start": runner.expired_at_start, "app_errors": runner.app_errors}
-            with lock:
-                changed = counts != reported
-                reported.update(counts)
-            if changed:
-                host.report(**counts)
-            conn = channel.next_connection()
-            if conn is not None and plan.max_requests is not None:
-                with lock:
-                    served[0] += 1
-                    last = served[0] == plan.max_requests
-                if last:
-                    host.retire()
-            return conn
-
-        return next_connection
-
-    threads = []
-    for index, sock in enumerate(channel_socks):
-        channel = engine.channel(sock.detach())
-        thread = threading.Thread(
-            target=runner.work, args=(next_from(channel),), name=f"prazo-host-worker-{worker_id}-{index}", daemon=True
-        )
-        thread.start()
-        threads.append(thread)
-    os.write(ready_fd, b"r")
-    os.close(ready_fd)
-    for thread in threads:
-        thread.join()
-    return 0

@@ -391,9 +391,10 @@ def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, ou
         workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
     )  # fmt: skip
     line = _startup_line(args, settings, host.port)
-    print(f"{line} host: {args.workers * settings.threads} running places, one line", file=out, flush=True)
+    line += f" host: {args.workers * settings.threads} running places, one line"
     try:
-        host.serve_forever()  # SIGTERM and Ctrl-C drain the host, SIGHUP reloads the workers
+        # Printed once every worker serves; SIGTERM and Ctrl-C drain the host, SIGHUP reloads the workers.
+        host.serve_forever(serving=lambda: print(line, file=out, flush=True))
     except RuntimeError as exc:
         print(f"prazo serve: error: {exc}", file=sys.stderr)
         return 1

@@ -23,7 +23,11 @@ Running them::
         -dict=tests/fuzz/tokens.dict build/fuzz/corpus/middleware tests/fuzz/corpus/middleware
     PYTHONPATH=tests .venv/bin/python -m fuzz headers CRASH_FILE     # replay one input
 
-A crash leaves its input in ``build/fuzz/crashes/`` (git-ignored). To keep it
+A crash leaves its input in ``build/fuzz/crashes/`` (git-ignored), and so does
+an input that runs longer than ``-timeout`` (``timeout-*``; ``make`` passes
+``FUZZ_TIMEOUT``, 3 s); ``make fuzz-ci`` prints each in base64 when it fails.
+``python -m fuzz`` saves the input and aborts at once on an uncaught exception
+(``_runner`` says why atheris's own way could lose it). To keep it
 as a regression: minimise it (``-minimize_crash=1 -runs=10000 CRASH_FILE``),
 copy it into ``tests/fuzz/corpus/TARGET/`` under a name that says what it
 exercises, and fix the code; ``tests/repo/test_fuzz_corpus.py`` replays every seed

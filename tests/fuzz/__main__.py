@@ -11,6 +11,8 @@ import sys
 
 import atheris
 
+from ._runner import crash_at_once
+
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
@@ -20,7 +22,11 @@ def main() -> None:
     # branches do not pass for progress in the code under test.
     with atheris.instrument_imports(include=["prazo"]):
         target = importlib.import_module(f"fuzz.fuzz_{sys.argv[1]}")
-    atheris.Setup([sys.argv[0], *sys.argv[2:]], target.test_one_input)
+    args = [sys.argv[0], *sys.argv[2:]]
+    # A finding ends the process at once, its input saved (see _runner): left
+    # to atheris, a timer tick during the interpreter's finalisation could
+    # kill it before libFuzzer writes the input.
+    atheris.Setup(args, crash_at_once(target.test_one_input, args))
     atheris.Fuzz()
 
 

@@ -310,7 +310,7 @@ struct pfd_server {
     int worker_only;                          /* 1: a worker process's engine: no I/O thread, no line use */
     struct pfd_remote *remotes, *incoming;
     struct pfd_worker *host_workers; /* one per worker process with a live channel */
-    uint32_t dispatch_turn;          /* where the search for an idle thread starts: ties go round */
+    uint64_t dispatch_seq;           /* connections handed to worker threads so far */
     _Atomic int64_t worker_lost, remote_count;
     char *msg_buf; /* the I/O thread's receive buffer for channel messages */
     size_t msg_cap;
@@ -366,6 +366,7 @@ int pfd_server_worker_loads(struct pfd_server *srv, int *workers, int64_t *in_fl
 
 /* pfd_channel.c: a worker process's side of its channels */
 struct pfd_server *pfd_server_new_worker(const struct pfd_config *cfg);
+int pfd_channel_ask(struct pfd_channel *ch);
 struct pfd_conn *pfd_channel_next(struct pfd_server *srv, struct pfd_channel *ch);
 
 /* pfd_worker.c: the calls the Python workers make, with the GIL released */

@@ -89,6 +89,18 @@ static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_chan
     return NULL;
 }
 
+/* Tell the triage this thread takes a connection now, before its first
+ * pfd_channel_next (which then sends nothing): a worker is ready once every
+ * thread has asked. 0, or -1 when the triage is gone. */
+int pfd_channel_ask(struct pfd_channel *ch)
+{
+    struct pfd_msg hello = {.kind = PFD_MSG_HELLO};
+    if (pfd_channel_send(ch, &hello, NULL, 0) != 0)
+        return -1;
+    atomic_store(&ch->asked, 1);
+    return 0;
+}
+
 /* The next connection for this thread, holding one of the host's places; NULL
  * once the triage says STOP or is gone. Blocks (call it without the GIL). */
 struct pfd_conn *pfd_channel_next(struct pfd_server *srv, struct pfd_channel *ch)

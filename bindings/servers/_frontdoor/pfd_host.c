@@ -28,6 +28,7 @@ struct pfd_worker {
     int id;
     int channels;   /* live channels of this worker process */
     int64_t held;   /* places held by its threads (requests running there) */
+    uint64_t last;  /* the dispatch sequence number of its latest connection */
     struct pfd_worker *next;
 };
 
@@ -282,7 +283,10 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
         c->next = NULL;
         c->remote = NULL;
         int verdict = m.verdict == 1 ? 1 : (m.verdict == 0 ? 0 : -1);
-        if (verdict == 1 && pfd_conn_take_pending(c, srv->msg_buf + sizeof m, m.len, m.last_read_ns) != 0)
+        /* When the pipelined bytes were read is the next request's arrival: never
+         * later than now, so a worker's clock error cannot extend a deadline. */
+        int64_t read_ns = m.last_read_ns > 0 && m.last_read_ns <= now ? m.last_read_ns : now;
+        if (verdict == 1 && pfd_conn_take_pending(c, srv->msg_buf + sizeof m, m.len, read_ns) != 0)
             verdict = -1;
         pfd_io_returned(srv, c, verdict, now);
     }
@@ -296,22 +300,17 @@ void pfd_host_event(struct pfd_server *srv, struct pfd_remote *r, uint32_t event
 }
 
 /* The free thread to take the next connection: of the worker process running
- * the fewest requests; between equals the search starts one further each time. */
+ * the fewest requests; between equals, of the one that got a connection least
+ * recently, so that even one client at a time is spread over the workers. */
 static struct pfd_remote *pfd_host_pick(struct pfd_server *srv)
 {
     struct pfd_remote *best = NULL;
-    uint32_t turn = srv->dispatch_turn++, i = 0;
-    int64_t best_held = INT64_MAX;
-    uint32_t best_rank = UINT32_MAX;
-    for (struct pfd_remote *r = srv->remotes; r; r = r->next, i++) {
+    for (struct pfd_remote *r = srv->remotes; r; r = r->next) {
         if (!r->asking || r->stopped)
             continue;
-        uint32_t rank = i - turn; /* wraps: the order of the search, starting at `turn` */
-        if (r->worker->held < best_held || (r->worker->held == best_held && rank < best_rank)) {
+        if (!best || r->worker->held < best->worker->held ||
+            (r->worker->held == best->worker->held && r->worker->last < best->worker->last))
             best = r;
-            best_held = r->worker->held;
-            best_rank = rank;
-        }
     }
     return best;
 }
@@ -335,6 +334,7 @@ void pfd_host_dispatch(struct pfd_server *srv, int64_t now)
             c->state = PFD_RUNNING;
             c->started_ns = now;
             r->worker->held++;
+            r->worker->last = ++srv->dispatch_seq;
         }
         if (dropped)
             pfd_line_dropped_wake(srv);
