@@ -7,7 +7,6 @@ server is started with and what the report says.
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
 import os
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from _required import unavailable
+from _server_harness import request
 from prazo.bench import reuseport_frontdoors
 from prazo.bench.goodput import (
     REFUSAL_TARGET_PCT,
@@ -235,14 +235,9 @@ def test_the_reuseport_doors_answer_on_one_port_and_stop_on_sigterm() -> None:
         unavailable(why)
     settings = GoodputSettings(workers=2, threads=2, max_queue=4)
     with started(WORKER_SERVERS["frontdoor-reuseport"], "io", settings) as target:
-        for _request in range(4):
-            connection = http.client.HTTPConnection(target.host, target.port, timeout=30)
-            try:
-                connection.request("GET", "/", headers={"X-Request-Budget-Ms": "30000"})
-                response = connection.getresponse()
-                assert (response.status, response.read()) == (200, b"ok")
-            finally:
-                connection.close()
+        # A new connection each: the kernel spreads them over both doors' listeners.
+        outcomes = [request(target.port, "/", {"X-Request-Budget-Ms": "30000"}) for _request in range(4)]
+    assert [(outcome.status, outcome.body) for outcome in outcomes] == [(200, b"ok")] * 4
 
 
 def test_the_launcher_passes_sigterm_on_and_exits_0(tmp_path: Path) -> None:
