@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 WAIT_S = 30.0
 THIS_TEST = "tests/integrations/prometheus/test_host_metrics.py::test_one_scrape_of_any_worker_shows_the_whole_host"
-SERVICE = '''
+SERVICE = """
 import os
 
 from prazo.bindings.integrations import prometheus
@@ -35,7 +35,7 @@ def service(environ, start_response):
     body = str(os.getpid()).encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
-'''
+"""
 
 pytestmark = pytest.mark.compiled  # the front door's engine
 
