@@ -171,6 +171,11 @@ void pfd_channel_hand_back(struct pfd_server *srv, struct pfd_conn *c, int keep)
     if (!c->released)
         atomic_store(&c->channel->asked, 1);
     c->released = 1;
+    /* This copy of the descriptor goes before the message: once the triage has the
+     * connection back, it should be the only one holding it (it does not rely on it). */
+    close(c->fd);
+    c->fd = -1;
+    pfd_count(&srv->open_connections, -1);
     (void)pfd_channel_send(c->channel, &m, c->buf, m.len);
     pfd_conn_free(srv, c);
 }

@@ -5,6 +5,12 @@
 void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c)
 {
     if (c->fd >= 0) {
+        /* close() takes a descriptor out of epoll only once every copy of its
+         * open file is closed; in a host's triage a worker process may still
+         * hold one (it closes its copy after giving the connection back), and
+         * epoll would go on reporting the freed c. */
+        if (srv->host)
+            epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
         pfd_count(&srv->open_connections, -1);
     }

@@ -13,7 +13,7 @@ static void pfd_io_close(struct pfd_server *srv, struct pfd_conn *c)
     else if (c->state == PFD_DRAINING)
         pfd_list_remove(&srv->lingering, c);
     c->state = PFD_CLOSED;
-    pfd_conn_free(srv, c); /* close() also takes it out of epoll */
+    pfd_conn_free(srv, c); /* and out of epoll */
 }
 
 /* A polite close: shut the write side, read and drop what the client still sends. */
@@ -40,6 +40,8 @@ static void pfd_io_linger(struct pfd_server *srv, struct pfd_conn *c, int64_t no
     while (srv->lingering.count >= srv->cfg.max_lingering && srv->lingering.head) {
         struct pfd_conn *old = srv->lingering.head;
         pfd_list_remove(&srv->lingering, old);
+        if (srv->host) /* as pfd_conn_free: a worker process may still hold a copy of the descriptor */
+            epoll_ctl(srv->epfd, EPOLL_CTL_DEL, old->fd, NULL);
         close(old->fd);
         old->fd = -1;
         pfd_count(&srv->open_connections, -1);
