@@ -5,7 +5,24 @@ Usage::
     prazo bench goodput [--quick] [--json] [--plot FILE.png]
         [--servers waitress,prazo-waitress,...] [--apps cpu,io] [--loads 0.5,1,2,3,5,10] [--seconds 4]
         [--workload steady,mixed,drop] [--drop-seconds 30]
+    prazo bench goodput --workers [N] [--servers frontdoor,gunicorn,...] [...]
     prazo bench goodput --target 127.0.0.1:8000 --app cpu [--stats-dir DIR] [--name mine]
+
+**Multi-process hosts** (issue 21): ``--workers N`` compares servers that
+each run N processes (``WORKER_SERVERS``): the front door's own ``--workers``
+(one C triage process, one host-wide line), stock gunicorn gthread and prazo's
+gunicorn worker ``-w N``, granian ``--workers N``, the tuned HAProxy (maxconn
+N x threads) in front of gunicorn ``-w N``, and ``frontdoor-reuseport``, N
+independent front doors on one ``SO_REUSEPORT`` port (the issue's prototype B,
+``prazo.bench.reuseport_frontdoors``). ``--threads`` stays per process (4),
+``max_queue`` (20) is the host's: a server with a line per process gets
+``max_queue / N`` each. ``--workers`` alone is N = the number of CPUs; without
+``--workers`` the run is the single-process comparison below, unchanged
+(``SERVERS``). Its default loads add 0.9x, where issue 21 wants fewer than
+``REFUSAL_TARGET_PCT`` % refused (the ``ref%`` column; a miss below capacity
+is flagged on its row). A server ``--workers`` cannot run yet (the front
+door's, before it lands) is left out with the reason, or is an error when
+named in ``--servers``.
 
 **Workloads** (issue 11; ``prazo.bench.goodput_workloads`` says exactly how
 each is cut and what its goodput % is of): ``steady`` (the default: one 1 s
@@ -52,12 +69,13 @@ this UNDER-counts, the app cannot see the time spent in the kernel's backlog
 or the server's queue); ``p99`` = 99th percentile latency of the good
 answers, and ``p99x`` = that / the unloaded p99 (one client, one request at a
 time, on the same server); then what the others got: ``503``, ``504``, ``408`` (refusals, by
-reason in the JSON), ``t/o`` (no answer within the budget: the client gave
+reason in the JSON), ``ref%`` (all three as a share of the requests sent),
+``t/o`` (no answer within the budget: the client gave
 up), ``err`` (connection refused/reset or closed without an answer); ``lag``
 = the load generator's p99 lateness in sending, and ``gen cpu`` its CPU use
-(of one core). A point whose generator fell behind its schedule (lag p99 >
-10 ms) is run once more, then flagged ``!!``: it does not count, and the
-exit status is 1.
+(of one core; the report's last lines say how much of the host that is). A
+point whose generator fell behind its schedule (lag p99 > 10 ms) is run once
+more, then flagged ``!!``: it does not count, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -66,6 +84,7 @@ import argparse
 import http.client
 import importlib.util
 import inspect
+import io
 import json
 import math
 import os
@@ -78,7 +97,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -104,7 +123,11 @@ __all__ = [
     "APPS",
     "DRAIN_S",
     "POLICIES",
+    "REFUSAL_TARGET_PCT",
     "SERVERS",
+    "WORKER_LOADS",
+    "WORKER_QUICK_LOADS",
+    "WORKER_SERVERS",
     "GoodputSettings",
     "NoCapacity",
     "PointResult",
@@ -112,14 +135,17 @@ __all__ = [
     "add_bench_goodput_arguments",
     "bench_goodput",
     "load_points",
+    "misses_refusal_target",
     "missing_module",
     "package_version",
     "percentile",
     "plot",
     "plot_paths",
     "policy_environment",
+    "refused_pct",
     "render_table",
     "run_bench_goodput",
+    "servers_for",
     "summarize",
 ]
 
@@ -127,6 +153,9 @@ APPS = {"cpu": "prazo.bench.goodput_apps:cpu", "io": "prazo.bench.goodput_apps:i
 APP_TITLES = {"cpu": "CPU-bound app (10 ms of Python CPU)", "io": "I/O-bound app (50 ms sleep)"}
 DEFAULT_LOADS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 QUICK_LOADS = (0.5, 3.0, 10.0)
+# --workers adds issue 21's refusal check just below capacity (REFUSAL_TARGET_PCT at 0.9x).
+WORKER_LOADS = (0.5, 0.9, 1.0, 2.0, 3.0, 5.0, 10.0)
+WORKER_QUICK_LOADS = (0.5, 0.9, 3.0, 10.0)
 # With --target (a server never restarted): the longest the bench waits after a
 # point for the server to finish what it took, before the next point.
 DRAIN_S = 3.0
@@ -161,6 +190,25 @@ class GoodputSettings:
     # the app DROP_FACTOR x slower, a third to recover; and its loads (None: ``loads``).
     drop_seconds: float = 30.0
     drop_loads: tuple[float, ...] | None = None
+    # None: today's comparison, every server one process (``SERVERS``). N: the
+    # multi-process hosts of issue 21 (``WORKER_SERVERS``), N processes each,
+    # ``threads`` per process and ``max_queue`` for the whole host.
+    workers: int | None = None
+
+    @property
+    def processes(self) -> int:
+        """Processes per server: ``workers``, or 1 for the single-process comparison."""
+        return self.workers or 1
+
+    @property
+    def queue_per_process(self) -> int:
+        """Each process's share of ``max_queue`` where every process has a line of its own (rounded up).
+
+        So a host of N independent lines (prazo's gunicorn worker, granian's
+        backpressure, the SO_REUSEPORT doors) waits for at least as many as the
+        front door's one line, and the comparison is of the sharing, not the sizes.
+        """
+        return -(-self.max_queue // self.processes)
 
     def loads_of(self, workload: str) -> tuple[float, ...]:
         """The offered loads of ``workload`` (drop points are long: they may have loads of their own)."""
@@ -224,22 +272,30 @@ def _prazo_serve(server: str, policy: str = "") -> Callable[[str, int, GoodputSe
             "-m", "prazo.bindings.servers.serve", app, "--server", server, "--host", "127.0.0.1",
             "--port", str(port), "--threads", str(s.threads), "--max-queue", str(s.max_queue),
             "--shutdown-timeout", "1", *POLICIES.get(policy, ()),
+            # The front door's own --workers: one host-wide line of max_queue.
+            *(() if s.workers is None else ("--workers", str(s.workers))),
         )  # fmt: skip
         return [Process(argv)]
 
     return processes
 
 
-def _gunicorn(worker: str, policy: str = "") -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
-    def processes(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
-        argv = _python(
-            "-m", "gunicorn", "-k", worker, "--threads", str(s.threads), "--workers", "1",
-            "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "1", "--no-control-socket",
-            "--log-level", "warning", app,
-        )  # fmt: skip
-        return [Process(argv, {"PRAZO_MAX_QUEUE": str(s.max_queue), **policy_environment(policy)})]
+def _gunicorn_process(worker: str, app: str, port: int, s: GoodputSettings, policy: str = "") -> Process:
+    argv = _python(
+        "-m", "gunicorn", "-k", worker, "--threads", str(s.threads), "--workers", str(s.processes),
+        "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "1", "--no-control-socket",
+        "--log-level", "warning", app,
+    )  # fmt: skip
+    # PRAZO_MAX_QUEUE is each worker process's line (stock gthread ignores it).
+    return Process(argv, {"PRAZO_MAX_QUEUE": str(s.queue_per_process), **policy_environment(policy)})
 
-    return processes
+
+def _gunicorn(worker: str, policy: str = "") -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
+    return lambda app, port, s, workdir: [_gunicorn_process(worker, app, port, s, policy)]
+
+
+def _stock_gunicorn(app: str, port: int, s: GoodputSettings) -> Process:
+    return _gunicorn_process("gthread", app, port, s)
 
 
 # The queue policies of issue 11 as `prazo serve` options, one configuration
@@ -306,28 +362,32 @@ def _both(*checks: Callable[[], str | None]) -> Callable[[], str | None]:
 
 def _granian(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
     argv = _python(
-        "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--blocking-threads", str(s.threads), "--backpressure", str(s.max_queue), "--log-level", "warning", app,
+        "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", str(s.processes), "--blocking-threads", str(s.threads),
+        # Per worker process: the host's max_queue shared out.
+        "--backpressure", str(s.queue_per_process), "--log-level", "warning", app,
     )  # fmt: skip
     return [Process(argv)]
 
 
-def _haproxy(queue_timeout_ms: int) -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
+def _haproxy(
+    queue_timeout_ms: int, backend: Callable[[str, int, GoodputSettings], Process] = _stock_waitress
+) -> Callable[[str, int, GoodputSettings, Path], list[Process]]:
     def processes(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
-        backend = _free_port()
+        backend_port = _free_port()
         config = workdir / "haproxy.cfg"
-        # The tuned setup of issue 10: at most `threads` requests at the
-        # backend, the rest wait in HAProxy's queue for at most the timeout
-        # and are answered 503 after it. One thread: it shares 2 CPUs with
-        # the app and the load generator.
+        # The tuned setup of issue 10: at most one request per worker thread
+        # of the backend (every process's), the rest wait in HAProxy's queue
+        # for at most the timeout and are answered 503 after it. One thread:
+        # it shares 2 CPUs with the app and the load generator.
         config.write_text(
             "global\n    maxconn 8000\n    nbthread 1\n"
             "defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 10s\n"
             f"    timeout queue {queue_timeout_ms}ms\n"
             f"frontend front\n    bind 127.0.0.1:{port}\n    default_backend app\n"
-            f"backend app\n    server waitress 127.0.0.1:{backend} maxconn {s.threads}\n"
+            f"backend app\n    server backend 127.0.0.1:{backend_port} maxconn {s.threads * s.processes}\n"
         )
-        return [_stock_waitress(app, backend, s), Process(["haproxy", "-db", "-f", str(config)])]
+        return [backend(app, backend_port, s), Process(["haproxy", "-db", "-f", str(config)])]
 
     return processes
 
@@ -342,11 +402,12 @@ def _no_front_door() -> str | None:
     return None if "prazo" in SERVE_SERVERS else "`prazo serve --server prazo` does not exist on this branch"
 
 
-def _haproxy_label(queue_timeout: str) -> Callable[[], str]:
+def _haproxy_label(queue_timeout: str, maxconn: str = "4", backend: str = "waitress") -> Callable[[], str]:
     def label() -> str:
         version = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, check=False).stdout.split()
         return (
-            f"HAProxy {version[2] if len(version) > 2 else '?'} (maxconn 4, timeout queue {queue_timeout}) + waitress"
+            f"HAProxy {version[2] if len(version) > 2 else '?'} (maxconn {maxconn}, timeout queue {queue_timeout}) "
+            f"+ {backend}"
         )
 
     return label
@@ -354,6 +415,7 @@ def _haproxy_label(queue_timeout: str) -> Callable[[], str]:
 
 _waitress_ok = missing_module("waitress", "pip install 'prazo[servers]'")
 _gunicorn_ok = missing_module("gunicorn", "pip install 'prazo[servers]'")
+_granian_ok = missing_module("granian", "pip install granian")
 _PRAZO_WORKER = "prazo.bindings.servers.gunicorn.AdmissionWorker"
 
 
@@ -414,13 +476,96 @@ SERVERS: dict[str, ServerSpec] = {
             "granian",
             lambda: f"granian {package_version('granian')} (--backpressure 20)",
             _granian,
-            missing_module("granian", "pip install granian"),
+            _granian_ok,
         ),
         ServerSpec("haproxy", _haproxy_label("200ms"), _haproxy(200), _no_haproxy),
         ServerSpec("haproxy-1s", _haproxy_label("1s"), _haproxy(1000), _no_haproxy, default=False),
         *_policy_specs(),
     )
 }
+
+
+def _front_door_workers() -> str | None:
+    # Asked of `prazo serve` itself, not of a version: its option checks say
+    # whether the front door takes --workers. The probe can never serve: its
+    # app is no MODULE:APP and its shutdown timeout is negative, so it ends in
+    # an option error either way; the question is only which one.
+    from prazo.bindings.servers.serve import build_serve_parser, run_serve
+
+    probe = ["no-app", "--server", "prazo", "--workers", "2", "--shutdown-timeout", "-1"]
+    errors = io.StringIO()
+    with redirect_stderr(errors):
+        run_serve(build_serve_parser().parse_args(probe), io.StringIO())
+    said = errors.getvalue().strip()
+    if "--workers" not in said:
+        return None
+    return f"the front door has no --workers on this branch (`prazo serve --server prazo --workers 2`: {said})"
+
+
+def _no_reuse_port() -> str | None:
+    from prazo.bindings.servers.frontdoor import create_server
+
+    if "reuse_port" in inspect.signature(create_server).parameters:
+        return None
+    return "the front door's create_server takes no reuse_port on this branch"
+
+
+def _reuseport_frontdoors(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
+    argv = _python(
+        "-m", "prazo.bench.reuseport_frontdoors", app, "--host", "127.0.0.1", "--port", str(port),
+        "--workers", str(s.processes), "--threads", str(s.threads), "--max-queue", str(s.queue_per_process),
+    )  # fmt: skip
+    return [Process(argv)]
+
+
+# `--workers N` (issue 21): every server N processes, in table order. Their
+# labels say N; the report's first line says what N was.
+WORKER_SERVERS: dict[str, ServerSpec] = {
+    spec.name: spec
+    for spec in (
+        ServerSpec(
+            "frontdoor",
+            _fixed("prazo front door --workers N (one C triage process, one host-wide line of max_queue)"),
+            _prazo_serve("prazo"),
+            _both(_no_front_door, _front_door_workers),
+        ),
+        ServerSpec(
+            "gunicorn",
+            lambda: f"stock gunicorn {package_version('gunicorn')} gthread -w N",
+            _gunicorn("gthread"),
+            _gunicorn_ok,
+        ),
+        ServerSpec(
+            "prazo-gunicorn",
+            _fixed("prazo gunicorn AdmissionWorker -w N (a line of max_queue/N each)"),
+            _gunicorn(_PRAZO_WORKER),
+            _gunicorn_ok,
+        ),
+        ServerSpec(
+            "granian",
+            lambda: f"granian {package_version('granian')} --workers N (--backpressure max_queue/N each)",
+            _granian,
+            _granian_ok,
+        ),
+        ServerSpec(
+            "haproxy",
+            _haproxy_label("200ms", "N x threads", "stock gunicorn gthread -w N"),
+            _haproxy(200, _stock_gunicorn),
+            _both(_no_haproxy, _gunicorn_ok),
+        ),
+        ServerSpec(
+            "frontdoor-reuseport",
+            _fixed("N front doors on one SO_REUSEPORT port, a line of max_queue/N each (issue 21's prototype B)"),
+            _reuseport_frontdoors,
+            _both(_no_front_door, _no_reuse_port),
+        ),
+    )
+}
+
+
+def servers_for(workers: int | None) -> dict[str, ServerSpec]:
+    """The comparison a run chooses its servers from: ``SERVERS`` without ``--workers``, else ``WORKER_SERVERS``."""
+    return SERVERS if workers is None else WORKER_SERVERS
 
 
 def _free_port() -> int:
@@ -535,6 +680,8 @@ class PointResult:
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     # drop: good answers per second and their p99 in 1 s bins of the window (``timeline``).
     timeline: dict[str, list[Any]] = field(default_factory=dict)
+    # --workers N: the processes of every server of the run (None: the single-process comparison).
+    workers: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -683,15 +830,19 @@ class NoCapacity(RuntimeError):
 
 
 def measure_capacity(target: _Target, settings: GoodputSettings, clients: int | None = None) -> float:
-    """Answers per second of a closed loop of ``3 x threads`` clients with generous budgets, best of three.
+    """Answers per second of a closed loop of ``3 x threads x processes`` clients with generous budgets, best of three.
 
-    Three per thread keep every thread busy despite a new connection per
-    request, and stay within every server's line (prazo's queue of 20,
-    HAProxy's 200 ms queue timeout), so nothing is refused. Another tenant
+    Three per thread (of every process) keep every thread busy despite a new
+    connection per request, and stay within every server's line (prazo's
+    queue of 20, HAProxy's 200 ms queue timeout), so nothing is refused; but
+    the SO_REUSEPORT doors' lines are apart, and the kernel's hash may give
+    one of them more clients than its threads and line hold (a refusal costs
+    the figure little: its client sends the next request at once). Another tenant
     of the machine can only lower a run's figure, hence the best of three.
     """
+    clients = clients or 3 * settings.threads * settings.processes
     argv = [
-        "--host", target.host, "--port", str(target.port), "--closed", str(clients or 3 * settings.threads),
+        "--host", target.host, "--port", str(target.port), "--closed", str(clients),
         "--seconds", repr(settings.capacity_seconds), "--budget-ms", repr(settings.capacity_budget_ms),
     ]  # fmt: skip
     best = 0.0
@@ -809,7 +960,7 @@ def run_point(
     finally:
         if phases and target.stats_dir is not None:
             write_slowdown(target.stats_dir, 0, 0, 1.0)
-    return summarize(
+    figures = summarize(
         load,
         _delta(marks.get(seconds), marks.get(0.0)),
         server=server,
@@ -824,6 +975,7 @@ def run_point(
         slow_capacity_per_s=baseline.slow_capacity_per_s,
         phase_stats={ph.name: _delta(marks.get(ph.end_s), marks.get(ph.start_s)) for ph in phases},
     )
+    return replace(figures, workers=s.workers)
 
 
 def run_server_app(
@@ -879,24 +1031,43 @@ def _refusals_of(result: PointResult, status: str) -> int:
     return sum(count for key, count in result.refusals.items() if key.split(" ", 1)[0] == status)
 
 
+# Issue 21's target below capacity (0.9x of the host's): a server that still
+# had room must refuse fewer than this share of the requests.
+REFUSAL_TARGET_PCT = 0.5
+
+
+def refused_pct(result: PointResult) -> float | None:
+    """The share of the point's requests refused (503, 504, 408 answered by the server), in %; None without requests."""
+    return _pct(result.outcomes.get("refused", 0), result.requests)
+
+
+def misses_refusal_target(result: PointResult) -> bool:
+    """Offered less than the capacity, and refused ``REFUSAL_TARGET_PCT`` % or more of the requests."""
+    share = refused_pct(result)
+    return result.offered_x < 1 and share is not None and share >= REFUSAL_TARGET_PCT
+
+
 _SERVER_WIDTH = 23  # "prazo-gunicorn+adaptive"
 TABLE_HEADER = (
     f"{'server':<{_SERVER_WIDTH}} {'work':<6} {'app':<4} {'load':>5} {'offer/s':>8} {'cap/s':>6} {'goodput/s':>9} "
     f"{'good%':>6} {'late':>5} {'late%':>6} {'late(srv)%':>10} {'p99 ms':>7} {'p99x':>5} {'503':>5} {'504':>5} "
-    f"{'408':>4} {'t/o':>5} {'err':>5} {'lag p99':>8} {'gen cpu':>7}"
+    f"{'408':>4} {'ref%':>5} {'t/o':>5} {'err':>5} {'lag p99':>8} {'gen cpu':>7}"
 )
 
 
 def render_row(r: PointResult) -> str:
     """One table line (and one more per class or phase); a point whose load generator fell behind is flagged ``!!``."""
     flag = "" if r.loadgen_kept_schedule else "  !! LOAD GENERATOR FELL BEHIND: point invalid"
+    if misses_refusal_target(r):
+        flag += f"  <- refused >= {REFUSAL_TARGET_PCT:g} % below capacity"
     late = "-" if r.late_runs is None else str(r.late_runs)
     line = (
         f"{r.server:<{_SERVER_WIDTH}} {r.workload:<6} {r.app:<4} {r.offered_x:>4g}x {r.offered_per_s:>8.1f} "
         f"{r.capacity_per_s:>6.1f} {r.goodput_per_s:>9.1f} {_num(r.goodput_pct):>6} {late:>5} "
         f"{_num(r.late_runs_pct):>6} {_num(r.late_server_view_pct):>10} {_num(r.p99_ms):>7} "
         f"{_num(r.p99_ratio):>5} {_refusals_of(r, '503'):>5} {_refusals_of(r, '504'):>5} "
-        f"{_refusals_of(r, '408'):>4} {r.outcomes['timeout']:>5} {r.outcomes['error'] + r.outcomes['status']:>5} "
+        f"{_refusals_of(r, '408'):>4} {_num(refused_pct(r), 2):>5} {r.outcomes['timeout']:>5} "
+        f"{r.outcomes['error'] + r.outcomes['status']:>5} "
         f"{_num(r.loadgen_lag_p99_ms, 2):>6}ms {r.loadgen_cpu_pct:>6.0f}%{flag}"
     )
     return "\n".join([line, *(render_slice(name, figures) for name, figures in r.slices.items())])
@@ -916,8 +1087,15 @@ def render_slice(name: str, f: dict[str, Any]) -> str:
 def render_table(results: Sequence[PointResult], settings: GoodputSettings, labels: dict[str, str]) -> str:
     """The whole report: parameters, one line per point, the servers' names, and the caveats."""
     classes = ", ".join(f"{c.share:.0%} {c.budget_ms:g} ms" for c in MIXED)
+    hosts = (
+        f"{settings.threads} worker threads, prazo queue {settings.max_queue}"
+        if settings.workers is None
+        else f"--workers {settings.workers}: every server {settings.workers} processes of {settings.threads} worker "
+        f"threads ({settings.workers * settings.threads} in all), a host queue of {settings.max_queue} "
+        f"({settings.queue_per_process} per process where each has a line of its own)"
+    )
     lines = [
-        f"prazo bench goodput: {settings.threads} worker threads, prazo queue {settings.max_queue}, client budget "
+        f"prazo bench goodput: {hosts}, client budget "
         f"{settings.budget_ms:g} ms (mixed: {classes}), {settings.seconds:g} s of Poisson arrivals per point "
         f"(drop: {settings.drop_seconds:g} s, the app {DROP_FACTOR:g}x slower in the middle third) after "
         f"{settings.warmup_s:g} s of warm-up, capacity: best of {CAPACITY_RUNS} "
@@ -943,6 +1121,11 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
         "good% is of the closed-loop capacity; a mixed class's of its share of it; drop: the drop third's of the "
         "capacity measured slowed down, the whole window's of the time-weighted mean."
     )
+    lines.append(
+        f"ref% = the requests the server refused (503, 504, 408) as a share of those sent; below capacity (load < 1x) "
+        f"{REFUSAL_TARGET_PCT:g} % or more is flagged: issue 21's target at 0.9x is under {REFUSAL_TARGET_PCT:g} %."
+    )
+    lines.append(_generator_share(results))
     behind = [r for r in results if not r.loadgen_kept_schedule]
     if behind:
         lines.append(
@@ -950,6 +1133,19 @@ def render_table(results: Sequence[PointResult], settings: GoodputSettings, labe
             "point(s): those points measure the generator, not the server."
         )
     return "\n".join(lines)
+
+
+def _generator_share(results: Sequence[PointResult]) -> str:
+    # The generator shares the machine with the servers it measures: say how
+    # much of it, as a share of one core and of the whole host.
+    cpus = os.cpu_count() or 1
+    used = sorted(r.loadgen_cpu_pct for r in results)
+    if not used:
+        return f"load generator: its own process on this {cpus}-CPU host; no point was measured."
+    return (
+        f"load generator: its own process, {used[len(used) // 2]:.0f} % of one core at the median point and "
+        f"{used[-1]:.0f} % at most, i.e. up to {used[-1] / cpus:.0f} % of this {cpus}-CPU host that the servers had too."
+    )
 
 
 # What the dashed line of each workload's goodput panel is: one slice per point.
@@ -1035,13 +1231,19 @@ def plot(results: Sequence[PointResult], path: str, labels: dict[str, str], work
         ratio_axis.set_xlabel("offered load (x capacity measured in the same run)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
-    # One legend under the panels: inside, it would hide the lines at 0 %.
-    handles, names = axes[0][0].get_legend_handles_labels()
-    columns = 1 if len(apps) == 1 else 3
-    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
+    _legend_below(figure, axes, len(apps))
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _legend_below(figure: Any, axes: Any, panels: int) -> None:
+    # One legend under the panels: inside, it would hide the lines at 0 %.
+    # Three columns fit the short labels of one process per server; the
+    # longer --workers labels would run off the figure's edges, so two.
+    handles, names = axes[0][0].get_legend_handles_labels()
+    columns = 1 if panels == 1 else 3 if max(map(len, names), default=0) <= 60 else 2
+    figure.legend(handles, names, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / columns), 1, 1))
 
 
 def _ratio_scale(axis: Any) -> None:
@@ -1108,10 +1310,7 @@ def plot_timelines(results: Sequence[PointResult], path: str, labels: dict[str, 
         ratio_axis.set_xlabel("seconds into the measured window (scheduled time of the request)")
         ratio_axis.set_ylabel("p99 of good answers / unloaded p99 (dashed: 1.5)")
         ratio_axis.grid(True, alpha=0.3, which="both")
-    handles, names = axes[0][0].get_legend_handles_labels()
-    ncol = 1 if len(columns) == 1 else 3
-    figure.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.01 + 0.022 * math.ceil(len(names) / ncol), 1, 1))
+    _legend_below(figure, axes, len(columns))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
@@ -1145,7 +1344,17 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--servers",
         default=None,
-        help=f"comma-separated, of {','.join(SERVERS)} (default: those installed of {default_servers})",
+        help=f"comma-separated, of {','.join(SERVERS)} (default: those installed of {default_servers}); "
+        f"with --workers, of {','.join(WORKER_SERVERS)} (default: those available)",
+    )
+    parser.add_argument(
+        "--workers",
+        nargs="?",
+        const=str(os.cpu_count() or 1),
+        default=None,
+        metavar="N",
+        help="compare multi-process hosts, every server N processes (N omitted: the number of CPUs, "
+        f"{os.cpu_count()} here); absent: the single-process comparison",
     )
     parser.add_argument("--apps", default="cpu,io", help="cpu, io or both (default cpu,io)")
     parser.add_argument(
@@ -1183,10 +1392,12 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
 def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]]:
     """The settings and the notes on servers left out; ValueError for bad options."""
     settings = QUICK if args.quick else GoodputSettings()
+    workers = _workers_from(args.workers)
+    registry = servers_for(workers)
     notes = []
     if args.servers is None:
         servers = []
-        for name, spec in SERVERS.items():
+        for name, spec in registry.items():
             if not spec.default:
                 continue
             why = spec.unavailable()
@@ -1196,11 +1407,12 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
                 notes.append(f"{name} left out: {why}")
     else:
         servers = [name.strip() for name in args.servers.split(",") if name.strip()]
-        unknown = [name for name in servers if name not in SERVERS]
+        unknown = [name for name in servers if name not in registry]
         if unknown or not servers:
-            raise ValueError(f"--servers must name some of {','.join(SERVERS)}, got {args.servers!r}")
+            with_workers = "" if workers is None else " with --workers"
+            raise ValueError(f"--servers must name some of {','.join(registry)}{with_workers}, got {args.servers!r}")
         for name in servers:
-            why = SERVERS[name].unavailable()
+            why = registry[name].unavailable()
             if why is not None:
                 raise ValueError(f"{name}: {why}")
     apps = tuple(name.strip() for name in args.apps.split(",") if name.strip())
@@ -1213,17 +1425,33 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
     workloads = tuple(dict.fromkeys(name.strip() for name in args.workload.split(",") if name.strip()))
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise ValueError(f"--workload must name some of {','.join(WORKLOADS)}, got {args.workload!r}")
+    default_loads = settings.loads
+    if workers is not None:
+        default_loads = WORKER_QUICK_LOADS if args.quick else WORKER_LOADS
     settings = replace(
         settings,
         servers=tuple(servers),
         apps=apps,
-        loads=args.loads or settings.loads,
+        loads=args.loads or default_loads,
+        workers=workers,
         seconds=args.seconds or settings.seconds,
         workloads=workloads,
         drop_seconds=args.drop_seconds or settings.drop_seconds,
         drop_loads=args.drop_loads,
     )
     return settings, notes
+
+
+def _workers_from(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        workers = int(text)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise ValueError(f"--workers must be an integer >= 1 (processes per server), got {text!r}")
+    return workers
 
 
 def _parse_target(text: str) -> tuple[str, int]:
@@ -1258,6 +1486,11 @@ def _report(
             print(f"plot written to {path}", file=sys.stderr)
 
 
+def _label_of(spec: ServerSpec, workers: int | None) -> str:
+    # The worker servers' labels say N; the table's legend and the plot's say how many.
+    return spec.label() if workers is None else f"{spec.label()} [N = {workers}]"
+
+
 def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
     """Run the benchmark as ``args`` (from ``add_bench_goodput_arguments``) say; print the table or JSON."""
     if args.from_json:
@@ -1266,10 +1499,16 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
         except (OSError, ValueError, TypeError) as exc:
             print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
             return 2
-        known = {name: SERVERS[name].label() if name in SERVERS else name for name in (r.server for r in points)}
+        workers = points[0].workers
+        registry = servers_for(workers)
+        known = {
+            name: _label_of(registry[name], workers) if name in registry else name
+            for name in (r.server for r in points)
+        }
         seconds = {r.workload: r.seconds for r in points}
         loaded = replace(
             GoodputSettings(),
+            workers=workers,
             seconds=seconds.get("steady", seconds.get("mixed", GoodputSettings.seconds)),
             drop_seconds=seconds.get("drop", GoodputSettings.drop_seconds),
         )
@@ -1304,10 +1543,11 @@ def run_bench_goodput(args: argparse.Namespace, out: TextIO) -> int:
             running = _Target(target[0], target[1], args.stats_dir)
             results.extend(run_target(running, args.name, args.app, settings, progress))
         else:
+            registry = servers_for(settings.workers)
             for name in settings.servers:
-                labels[name] = SERVERS[name].label()
+                labels[name] = _label_of(registry[name], settings.workers)
                 for app in settings.apps:
-                    results.extend(run_server_app(SERVERS[name], app, settings, progress))
+                    results.extend(run_server_app(registry[name], app, settings, progress))
     except NoCapacity as exc:
         print(f"prazo bench goodput: error: {exc}", file=sys.stderr)
         return 1

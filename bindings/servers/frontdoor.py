@@ -470,12 +470,13 @@ def create_server(
         "reserved": reserved, "critical_header": critical_header,
         "critical_paths": critical_paths,
     }  # fmt: skip
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise TypeError(f"workers must be an int, got {type(workers).__name__}")
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
+        host_workers=None if settings is not None or workers < 1 else workers,
     )  # fmt: skip
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise TypeError(f"workers must be an int, got {type(workers).__name__}")
     if workers != 1 or max_requests is not None:
         if reuse_port:
             raise ValueError("reuse_port is for one front door per process; workers=N shares one port already")

@@ -20,6 +20,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ __all__ = [
 # A worker exits with this when it could not start (its app did not import).
 BOOT_FAILED = 3
 _MESSAGE_BYTES = 1 << 20
+# While it drains, the triage looks this often for the workers' questions (and each
+# question waits at most this long for its answer).
+_DRAIN_POLL_S = 0.02
 
 _current: HostStats | None = None
 
@@ -210,9 +214,35 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
         stats["worker_in_flight"] = engine.worker_loads()
         return stats
 
+    def from_worker(sock: socket.socket, worker: int) -> None:
+        """One message on a worker's stats socket."""
+        message, _ = receive_message(sock)
+        if message is None:  # the worker exited; its channels tell the engine on their own
+            selector.unregister(sock)
+            sock.close()
+            return
+        op = message.get("op")
+        if op == "stats":
+            try:
+                send_message(sock, {"stats": host_stats()})
+            except OSError:
+                pass
+        elif op == "count":
+            counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
+        elif op == "retire":
+            engine.retire_worker(worker)
+
     def drain(timeout: float) -> bool:
         engine.drain()
-        idle = bool(engine.wait_idle(timeout))
+        # The workers' questions are answered while they finish: a request admitted before the
+        # drain may ask for the host's figures (a metrics scrape), and the drain waits for it.
+        end = time.monotonic() + timeout
+        while not (idle := bool(engine.wait_idle(min(max(end - time.monotonic(), 0.0), _DRAIN_POLL_S)))):
+            if time.monotonic() >= end:
+                break
+            for key, _ in selector.select(0):
+                if key.data is not None:
+                    from_worker(key.fileobj, key.data)  # type: ignore[arg-type]
         engine.stop()
         return idle
 
@@ -226,49 +256,35 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
     while True:
         for key, _ in selector.select():
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
-            message, fds = receive_message(sock)
-            if key.data is None:  # the supervisor
-                request: dict[str, Any] = message or {}
-                op = request.get("op")
-                if op == "add":
-                    worker = int(request["worker"])
-                    *channels, stats_fd = fds
-                    for fd in channels:
-                        engine.add_channel(fd, worker)
-                    stats_sock = socket.socket(fileno=stats_fd)
-                    selector.register(stats_sock, selectors.EVENT_READ, worker)
-                    reply: dict[str, Any] = {"ok": True}
-                elif op == "retire":
-                    engine.retire_worker(int(request["worker"]))
-                    reply = {"ok": True}
-                elif op == "stats":
-                    reply = {"stats": host_stats()}
-                elif op == "drain":
-                    idle = drain(float(request.get("timeout", plan.shutdown_timeout)))
-                    answer({"idle": idle})
-                    return 0
-                else:
-                    reply = {"error": f"unknown op {op!r}"}
-                if message is None or not answer(reply):
-                    # The supervisor died: drain on our own (the workers end when their channels close) and leave.
-                    drain(plan.shutdown_timeout)
-                    return 0
+            if key.data is not None:
+                from_worker(sock, key.data)
                 continue
-            worker = key.data
-            if message is None:  # the worker exited; its channels tell the engine on their own
-                selector.unregister(sock)
-                sock.close()
-                continue
-            op = message.get("op")
-            if op == "stats":
-                try:
-                    send_message(sock, {"stats": host_stats()})
-                except OSError:
-                    pass
-            elif op == "count":
-                counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
+            message, fds = receive_message(sock)  # the supervisor
+            request: dict[str, Any] = message or {}
+            op = request.get("op")
+            if op == "add":
+                worker = int(request["worker"])
+                *channels, stats_fd = fds
+                for fd in channels:
+                    engine.add_channel(fd, worker)
+                stats_sock = socket.socket(fileno=stats_fd)
+                selector.register(stats_sock, selectors.EVENT_READ, worker)
+                reply: dict[str, Any] = {"ok": True}
             elif op == "retire":
-                engine.retire_worker(worker)
+                engine.retire_worker(int(request["worker"]))
+                reply = {"ok": True}
+            elif op == "stats":
+                reply = {"stats": host_stats()}
+            elif op == "drain":
+                idle = drain(float(request.get("timeout", plan.shutdown_timeout)))
+                answer({"idle": idle})
+                return 0
+            else:
+                reply = {"error": f"unknown op {op!r}"}
+            if message is None or not answer(reply):
+                # The supervisor died: drain on our own (the workers end when their channels close) and leave.
+                drain(plan.shutdown_timeout)
+                return 0
 
 
 # ------------------------------------------------------------ a worker process

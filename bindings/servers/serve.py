@@ -532,6 +532,8 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         reserved=args.reserved,
         critical_header=args.critical_header,
         critical_paths=args.critical_path,
+        # A front-door host has one line for all its workers: reserved places and the default queue count them all.
+        host_workers=args.workers if args.server == "prazo" else None,
     )
 
 

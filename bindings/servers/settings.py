@@ -223,9 +223,11 @@ class ServerSettings:
     reserved: int = 0
     critical_header: str | None = None
     critical_paths: tuple[str, ...] = ()
+    host_workers: int = 1
 
     def __post_init__(self) -> None:
         checked_count(self.threads, "threads", 1)
+        checked_count(self.host_workers, "host_workers", 1)
         checked_count(self.max_queue, "max_queue", 0)
         timeout = self.header_timeout_ms
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -253,14 +255,16 @@ class ServerSettings:
                 raise ValueError(f"{_label(field)} only applies with order 'adaptive' (--order adaptive)")
         checked_expected_service_ms(self.expected_service_ms, _label("expected_service_ms"))
         checked_choice(self.limit, _label("limit"), LIMITS)
+        # Both count the places behind the line: a front-door host's are all its workers' threads.
+        places = "threads" if self.host_workers == 1 else "threads x workers"
         checked_count(self.min_concurrency, _label("min_concurrency"), 1)
-        if self.min_concurrency > self.threads:
+        if self.min_concurrency > self.places:
             raise ValueError(
-                f"{_label('min_concurrency')} must be <= threads ({self.threads}), got {self.min_concurrency}"
+                f"{_label('min_concurrency')} must be <= {places} ({self.places}), got {self.min_concurrency}"
             )
         checked_count(self.reserved, _label("reserved"), 0)
-        if self.reserved >= self.threads:
-            raise ValueError(f"{_label('reserved')} must be < threads ({self.threads}), got {self.reserved}")
+        if self.reserved >= self.places:
+            raise ValueError(f"{_label('reserved')} must be < {places} ({self.places}), got {self.reserved}")
         if self.critical_header is not None:
             checked_header_name(self.critical_header, _label("critical_header"))
         if not isinstance(self.critical_paths, tuple):
@@ -268,9 +272,14 @@ class ServerSettings:
         checked_paths(self.critical_paths, _label("critical_paths"))
 
     @property
+    def places(self) -> int:
+        """Requests that may run at once behind the one line: ``threads`` times ``host_workers``."""
+        return self.threads * self.host_workers
+
+    @property
     def capacity(self) -> int:
         """Requests the server holds at most: running plus waiting."""
-        return self.threads + self.max_queue
+        return self.places + self.max_queue
 
     def policy(self) -> BudgetPolicy:
         """A fresh ``BudgetPolicy`` (``FrontProxyBudgetPolicy`` when trusting proxies)."""
@@ -338,6 +347,7 @@ def resolve_settings(
     reserved: int | None = None,
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
+    host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.
 
@@ -354,7 +364,8 @@ def resolve_settings(
     ``PRAZO_LIMIT``, ``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``,
     ``PRAZO_CRITICAL_HEADER`` and ``PRAZO_CRITICAL_PATHS`` (comma-separated).
     A malformed variable raises ``ValueError`` naming it. ``max_queue``
-    defaults to four per thread.
+    defaults to four per thread (of every worker, on a front-door host:
+    ``host_workers`` processes of ``threads`` threads behind one line).
 
     >>> resolve_settings(threads=2, environ={"PRAZO_MAX_QUEUE": "5"}).capacity
     7
@@ -365,15 +376,16 @@ def resolve_settings(
         given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
         policies = (order, codel_target_ms, codel_interval_ms, expected_service_ms, limit, min_concurrency, reserved)
         more = (*policies, critical_header, critical_paths, max_upstream_ms, header_timeout_ms, yield_when_full)
-        if any(value is not None for value in (*given, *more)):
+        if any(value is not None for value in (*given, *more, host_workers)):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
     threads = DEFAULT_THREADS if threads is None else checked_count(threads, "threads", 1)
+    host_workers = 1 if host_workers is None else checked_count(host_workers, "host_workers", 1)
     if max_queue is None:
         max_queue = _env_int(env, ENV_MAX_QUEUE, 0)
     if max_queue is None:
-        max_queue = DEFAULT_QUEUE_PER_THREAD * threads
+        max_queue = DEFAULT_QUEUE_PER_THREAD * threads * host_workers
     if default_budget_ms is None:
         default_budget_ms = _env_ms(env, ENV_DEFAULT_BUDGET_MS)
     if max_budget_ms is None:
@@ -444,5 +456,6 @@ def resolve_settings(
         yield_when_full=True if yield_when_full is None else yield_when_full,
         critical_header=critical_header,
         critical_paths=paths,
+        host_workers=host_workers,
         **policies_given,
     )

@@ -96,6 +96,9 @@ NO_VALUE = {
     "critical_paths": "none",
 }
 
+# A setting whose prazo serve flag has another name.
+FLAG_OF = {"host_workers": "workers"}
+
 # Statuses that tell the client to come back later carry Retry-After.
 RETRY_AFTER_REASONS = {
     "queue-full",
@@ -160,7 +163,7 @@ def settings_rows() -> list[list[str]]:
         name = field.name
         # A repeatable flag is singular: --critical-path for critical_paths, --trusted-proxy for trusted_proxies.
         singular = name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
-        action = options.get(name) or options.get(singular)
+        action = options.get(name) or options.get(singular) or options.get(FLAG_OF.get(name, ""))
         env = envs.get(name)
         if (field.default is None or field.default == ()) and name not in NO_VALUE:
             raise ExtensionError(f"ServerSettings.{name} defaults to nothing: say what that means in NO_VALUE")
@@ -206,7 +209,8 @@ def command_only_rows() -> list[list[str]]:
     fields = {field.name for field in dataclasses.fields(settings.ServerSettings)}
     rows = []
     for dest, action in _serve_options().items():
-        if dest in fields or dest + "s" in fields or dest.removesuffix("y") + "ies" in fields or dest == "help":
+        named = dest in fields or dest + "s" in fields or dest.removesuffix("y") + "ies" in fields
+        if named or dest in FLAG_OF.values() or dest == "help":
             continue
         default = "—" if action.default is None else _plain(action.default)
         rows.append([" / ".join(action.option_strings), default, action.help or ""])

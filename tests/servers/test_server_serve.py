@@ -111,6 +111,10 @@ def test_serve_starts_with_codel_variables_meant_for_another_service(
             "--max-requests must be >= 1",
         ),
         (["no-colon", "--server", "prazo", "--workers", "2"], "app must look like MODULE:APP"),
+        (
+            ["_server_harness:app", "--server", "prazo", "--workers", "2", "--threads", "2", "--reserved", "4"],
+            "must be < threads x workers (4), got 4",
+        ),
         (["_server_harness:app", "--trust-request-start", "--trusted-proxy", "nope"], "--trusted-proxy: 'nope'"),
         (["_server_harness:app", "--trust-request-start", "--max-upstream-ms", "-5"], "--max-upstream-ms must be >= 0"),
     ],

@@ -165,3 +165,16 @@ def test_gunicorn_refuses_to_start_with_a_malformed_variable() -> None:
     result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "PRAZO_MAX_QUEUE must be an integer >= 0, got 'lots'" in result.stderr
+
+
+def test_a_front_door_hosts_reserved_places_and_default_queue_count_every_workers_threads() -> None:
+    host = resolve_settings(threads=2, host_workers=3, reserved=5, min_concurrency=6, environ={})
+    assert (host.places, host.max_queue, host.capacity) == (6, 24, 30)
+    with pytest.raises(ValueError, match=r"reserved .*must be < threads x workers \(6\), got 6"):
+        resolve_settings(threads=2, host_workers=3, reserved=6, environ={})
+    with pytest.raises(ValueError, match=r"min_concurrency .*must be <= threads x workers \(6\), got 7"):
+        resolve_settings(threads=2, host_workers=3, min_concurrency=7, environ={})
+    with pytest.raises(ValueError, match=r"reserved .*must be < threads \(2\)"):
+        resolve_settings(threads=2, reserved=2, environ={})
+    with pytest.raises(ValueError, match="host_workers"):
+        resolve_settings(threads=2, host_workers=0, environ={})
