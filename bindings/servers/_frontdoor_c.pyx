@@ -395,13 +395,21 @@ cdef str _date_text = ""
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
-    time_t time(time_t *t)
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    enum:
+        CLOCK_REALTIME
+    int clock_gettime(int clk, timespec *ts)
 
 
 def date_line():
     """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
     global _date_second, _date_text
-    cdef long long now = time(NULL)
+    cdef timespec ts
+    # The clock of time.time() (time(NULL) reads a coarser one, which can lag it across a second).
+    clock_gettime(CLOCK_REALTIME, &ts)
+    cdef long long now = ts.tv_sec
     if now != _date_second:
         from email.utils import formatdate
         _date_text = "Date: " + formatdate(now, usegmt=True)

@@ -124,15 +124,18 @@ _FIELD_VALUES = st.one_of(
 def test_the_compiled_response_fields_are_the_spec_s(status: str, headers: list[tuple[str, str]]) -> None:
     """The app's part of a response head: the same text, Content-Length and close, or the same ValueError."""
     engine = compiled_engine()
-    try:
-        expected: object = head_fields_py(status, headers)
-    except ValueError as exc:
-        expected = ("ValueError", str(exc))
-    try:
-        built: object = engine.response_fields(status, list(headers))
-    except ValueError as exc:
-        built = ("ValueError", str(exc))
-    assert built == expected
+
+    def outcome(fields: Any) -> object:
+        try:
+            return fields(status, list(headers))
+        except ValueError as exc:
+            return ("ValueError", str(exc))
+
+    # The server's Date line is the second's: the compiled call, between two calls of the
+    # spec, gives the text of one of them (the same unless a second began in between).
+    before = outcome(head_fields_py)
+    built = outcome(engine.response_fields)
+    assert built in (before, outcome(head_fields_py))
 
 
 def test_remote_addr_is_the_client_s_dotted_quad() -> None:
