@@ -92,6 +92,7 @@ cdef class AdmissionQueue:
     cdef int64_t _max_queue
     cdef bint _initialised        # __init__ completed and the GC has not cleared it
     cdef bint _use_vegas
+    cdef bint _learns             # a policy learns from service-time samples (Vegas, a learned estimate)
     cdef int64_t _min_concurrency
     cdef int64_t _reserved
     cdef object _on_expired

@@ -136,6 +136,10 @@ _NOT_INITIALISED = ("the AdmissionQueue is not initialised: its __init__ did not
 cdef extern from "prazo_slots.h":
     Py_ssize_t prazo_slot_offset(object descr)
     PyObject *prazo_slot_value(object obj, Py_ssize_t offset)
+    object prazo_reuse_int(PyObject **cache, int64_t value)
+
+# The int acquire() returned last, rewritten for the next when nobody kept it.
+cdef PyObject *_start_int = NULL
 
 cdef type _DeadlineType = _Deadline
 # Where Deadline keeps its `_ns` slot, so the hot path reads it directly.
@@ -302,6 +306,7 @@ cdef class Slot:
         self._held = False
         self.started_ns = 0
 
+    @cython.binding(False)
     def __enter__(self):
         if self._queue is None:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
@@ -312,6 +317,7 @@ cdef class Slot:
         self._held = True
         return self
 
+    @cython.binding(False)
     def __exit__(self, exc_type, exc, tb):
         if self._held:
             self._held = False
@@ -426,6 +432,7 @@ cdef class AdmissionQueue:
         self._on_expired = on_expired
         self._on_dropped = on_dropped
         self._use_vegas = use_vegas
+        self._learns = use_vegas or permille > 0
         self._min_concurrency = floor
         self._reserved = kept
         self._ready_cap = concurrency
@@ -582,7 +589,8 @@ cdef class AdmissionQueue:
         dropped so stay in ``dropped``.
         """
         cdef int outcome = prazo_line_admit(self._line, deadline_ns, now, critical, dropped)
-        _wake_dropped(dropped)
+        if dropped.count:
+            _wake_dropped(dropped)
         return outcome
 
     cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil:
@@ -684,6 +692,7 @@ cdef class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
+    @cython.binding(False)
     def slot(self, deadline=None, *, critical=False, now_ns=None):
         """A context manager holding one slot for the body of a ``with``.
 
@@ -703,6 +712,7 @@ cdef class AdmissionQueue:
             s._fake_now = True
         return s
 
+    @cython.binding(False)
     def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
@@ -719,7 +729,8 @@ cdef class AdmissionQueue:
         the expected service time.
         """
         _check_initialised(self)
-        return self._acquire_class(_deadline_ns(deadline), _clock(now_ns), _critical(critical))
+        return prazo_reuse_int(&_start_int, self._acquire_class(_deadline_ns(deadline), _clock(now_ns),
+                                                                _critical(critical)))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
         """Take a normal slot; returns the monotonic time at which it started."""
@@ -894,6 +905,7 @@ cdef class AdmissionQueue:
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
+    @cython.binding(False)
     def release(self, *, critical=False, started_ns=None, now_ns=None):
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
 
@@ -925,7 +937,8 @@ cdef class AdmissionQueue:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release(critical=True) called with no critical slot taken")
         service_ns = -1
-        if started_ns >= 0:
+        # Only the learned estimate and Vegas use a sample: without them, no clock read.
+        if started_ns >= 0 and self._learns:
             if real_clock:
                 now = prazo_monotonic_ns()
                 real_clock = False
