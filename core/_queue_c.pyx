@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False
+# cython: freethreading_compatible = False, embedsignature.format = clinic
 """The C twin of the admission queue (see ``_queue_py.py`` for the specification).
 
 Same API and same observable outcomes as the Python twin; what differs is how:
