@@ -437,6 +437,7 @@ cdef class AdmissionQueue:
         self._reserved = kept
         self._ready_cap = concurrency
         self._ready_head = self._ready_count = 0
+        self._ready_sleepers = self._ready_owed = 0
         self._ready = ready
         self._c = &line.c
         self._line = line
@@ -578,9 +579,27 @@ cdef class AdmissionQueue:
     # work items that hold a slot until get() takes them.
 
     cdef void _ready_push(self, Entry entry) noexcept nogil:
+        """With the mutex held: hand a work item holding a slot to get().
+
+        A consumer asleep in get() is owed a signal, sent once the mutex is
+        released (_unlock_signalling_ready): signalled under it, a woken
+        consumer on a busy CPU would run only to block on the mutex. Nobody
+        asleep, no signal: the consumer that made the slot free takes the
+        item at its next get().
+        """
         self._ready[(self._ready_head + self._ready_count) % self._ready_cap] = entry
         self._ready_count += 1
-        pthread_cond_signal(&self._ready_cond)
+        if self._ready_owed < self._ready_sleepers:
+            self._ready_owed += 1
+
+    cdef void _unlock_signalling_ready(self) noexcept nogil:
+        """Release the mutex, then wake the consumers _ready_push owes a signal."""
+        cdef Py_ssize_t owed = self._ready_owed
+        self._ready_owed = 0
+        pthread_mutex_unlock(&self._mutex)
+        while owed > 0:
+            pthread_cond_signal(&self._ready_cond)
+            owed -= 1
 
     cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
         """Count an arrival and decide: start now, wait, or refuse (``prazo_line_admit``).
@@ -650,7 +669,7 @@ cdef class AdmissionQueue:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
         self._hand_over(now, expired, &granted)
-        pthread_mutex_unlock(&self._mutex)
+        self._unlock_signalling_ready()
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
             prazo_flag_set(&granted.signalled)
@@ -990,7 +1009,7 @@ cdef class AdmissionQueue:
             self._ready_push(entry)
         elif outcome == PRAZO_ADMIT_WAIT:
             prazo_line_push(self._line, &entry)
-        pthread_mutex_unlock(&self._mutex)
+        self._unlock_signalling_ready()
         if outcome != PRAZO_ADMIT_START and outcome != PRAZO_ADMIT_WAIT:
             Py_DECREF(item)
             self._report(&dropped)
@@ -1072,7 +1091,9 @@ cdef class AdmissionQueue:
             until = end_ns
         pthread_mutex_lock(&self._mutex)
         if self._ready_count == 0 and not (self._line.shutdown and self._line.count == 0):
+            self._ready_sleepers += 1
             prazo_cond_wait_until(&self._ready_cond, &self._mutex, until)
+            self._ready_sleepers -= 1
         pthread_mutex_unlock(&self._mutex)
 
     def get_nowait(self, *, now_ns=None):
