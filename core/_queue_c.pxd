@@ -88,10 +88,13 @@ cdef class AdmissionQueue:
     cdef Py_ssize_t _ready_cap
     cdef Py_ssize_t _ready_head
     cdef Py_ssize_t _ready_count
+    cdef Py_ssize_t _ready_sleepers   # get() callers asleep on _ready_cond
+    cdef Py_ssize_t _ready_owed       # signals _ready_push owes them, sent after unlocking
     cdef int64_t _max_concurrency
     cdef int64_t _max_queue
     cdef bint _initialised        # __init__ completed and the GC has not cleared it
     cdef bint _use_vegas
+    cdef bint _learns             # a policy learns from service-time samples (Vegas, a learned estimate)
     cdef int64_t _min_concurrency
     cdef int64_t _reserved
     cdef object _on_expired
@@ -103,6 +106,7 @@ cdef class AdmissionQueue:
     cdef object __weakref__
 
     cdef void _ready_push(self, Entry entry) noexcept nogil
+    cdef void _unlock_signalling_ready(self) noexcept nogil
     cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil
     cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil
     cdef void _hand_over(self, int64_t now, Expired *expired, Waiter **granted) noexcept nogil

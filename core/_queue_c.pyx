@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False
+# cython: freethreading_compatible = False, embedsignature.format = clinic
 """The C twin of the admission queue (see ``_queue_py.py`` for the specification).
 
 Same API and same observable outcomes as the Python twin; what differs is how:
@@ -136,6 +136,10 @@ _NOT_INITIALISED = ("the AdmissionQueue is not initialised: its __init__ did not
 cdef extern from "prazo_slots.h":
     Py_ssize_t prazo_slot_offset(object descr)
     PyObject *prazo_slot_value(object obj, Py_ssize_t offset)
+    object prazo_reuse_int(PyObject **cache, int64_t value)
+
+# The int acquire() returned last, rewritten for the next when nobody kept it.
+cdef PyObject *_start_int = NULL
 
 cdef type _DeadlineType = _Deadline
 # Where Deadline keeps its `_ns` slot, so the hot path reads it directly.
@@ -302,6 +306,7 @@ cdef class Slot:
         self._held = False
         self.started_ns = 0
 
+    @cython.binding(False)
     def __enter__(self):
         if self._queue is None:
             raise RuntimeError("this Slot was not made by AdmissionQueue.slot()")
@@ -312,6 +317,7 @@ cdef class Slot:
         self._held = True
         return self
 
+    @cython.binding(False)
     def __exit__(self, exc_type, exc, tb):
         if self._held:
             self._held = False
@@ -426,10 +432,12 @@ cdef class AdmissionQueue:
         self._on_expired = on_expired
         self._on_dropped = on_dropped
         self._use_vegas = use_vegas
+        self._learns = use_vegas or permille > 0
         self._min_concurrency = floor
         self._reserved = kept
         self._ready_cap = concurrency
         self._ready_head = self._ready_count = 0
+        self._ready_sleepers = self._ready_owed = 0
         self._ready = ready
         self._c = &line.c
         self._line = line
@@ -571,9 +579,27 @@ cdef class AdmissionQueue:
     # work items that hold a slot until get() takes them.
 
     cdef void _ready_push(self, Entry entry) noexcept nogil:
+        """With the mutex held: hand a work item holding a slot to get().
+
+        A consumer asleep in get() is owed a signal, sent once the mutex is
+        released (_unlock_signalling_ready): signalled under it, a woken
+        consumer on a busy CPU would run only to block on the mutex. Nobody
+        asleep, no signal: the consumer that made the slot free takes the
+        item at its next get().
+        """
         self._ready[(self._ready_head + self._ready_count) % self._ready_cap] = entry
         self._ready_count += 1
-        pthread_cond_signal(&self._ready_cond)
+        if self._ready_owed < self._ready_sleepers:
+            self._ready_owed += 1
+
+    cdef void _unlock_signalling_ready(self) noexcept nogil:
+        """Release the mutex, then wake the consumers _ready_push owes a signal."""
+        cdef Py_ssize_t owed = self._ready_owed
+        self._ready_owed = 0
+        pthread_mutex_unlock(&self._mutex)
+        while owed > 0:
+            pthread_cond_signal(&self._ready_cond)
+            owed -= 1
 
     cdef int _admit(self, int64_t deadline_ns, int64_t now, bint critical, Expired *dropped) noexcept nogil:
         """Count an arrival and decide: start now, wait, or refuse (``prazo_line_admit``).
@@ -582,7 +608,8 @@ cdef class AdmissionQueue:
         dropped so stay in ``dropped``.
         """
         cdef int outcome = prazo_line_admit(self._line, deadline_ns, now, critical, dropped)
-        _wake_dropped(dropped)
+        if dropped.count:
+            _wake_dropped(dropped)
         return outcome
 
     cdef bint _dismiss(self, Entry entry, int state, Expired *expired) noexcept nogil:
@@ -642,7 +669,7 @@ cdef class AdmissionQueue:
         """With the mutex held: hand the slot over, unlock, then wake the waiter granted it."""
         cdef Waiter *granted = NULL
         self._hand_over(now, expired, &granted)
-        pthread_mutex_unlock(&self._mutex)
+        self._unlock_signalling_ready()
         if granted != NULL:
             pthread_cond_signal(&granted.cond)
             prazo_flag_set(&granted.signalled)
@@ -684,6 +711,7 @@ cdef class AdmissionQueue:
 
     # -- gate face -----------------------------------------------------------
 
+    @cython.binding(False)
     def slot(self, deadline=None, *, critical=False, now_ns=None):
         """A context manager holding one slot for the body of a ``with``.
 
@@ -703,6 +731,7 @@ cdef class AdmissionQueue:
             s._fake_now = True
         return s
 
+    @cython.binding(False)
     def acquire(self, deadline=None, *, critical=False, now_ns=None):
         """Take a slot, waiting in line if needed; pair with ``release()``.
 
@@ -719,7 +748,8 @@ cdef class AdmissionQueue:
         the expected service time.
         """
         _check_initialised(self)
-        return self._acquire_class(_deadline_ns(deadline), _clock(now_ns), _critical(critical))
+        return prazo_reuse_int(&_start_int, self._acquire_class(_deadline_ns(deadline), _clock(now_ns),
+                                                                _critical(critical)))
 
     cdef int64_t _acquire(self, int64_t deadline_ns, int64_t now) except? -1:
         """Take a normal slot; returns the monotonic time at which it started."""
@@ -894,6 +924,7 @@ cdef class AdmissionQueue:
         self._leave_line(waiter, &expired)
         return self._report(&expired)
 
+    @cython.binding(False)
     def release(self, *, critical=False, started_ns=None, now_ns=None):
         """Give back a slot taken by ``acquire()``; it goes to the next live waiter.
 
@@ -925,7 +956,8 @@ cdef class AdmissionQueue:
             pthread_mutex_unlock(&self._mutex)
             raise ValueError("release(critical=True) called with no critical slot taken")
         service_ns = -1
-        if started_ns >= 0:
+        # Only the learned estimate and Vegas use a sample: without them, no clock read.
+        if started_ns >= 0 and self._learns:
             if real_clock:
                 now = prazo_monotonic_ns()
                 real_clock = False
@@ -977,7 +1009,7 @@ cdef class AdmissionQueue:
             self._ready_push(entry)
         elif outcome == PRAZO_ADMIT_WAIT:
             prazo_line_push(self._line, &entry)
-        pthread_mutex_unlock(&self._mutex)
+        self._unlock_signalling_ready()
         if outcome != PRAZO_ADMIT_START and outcome != PRAZO_ADMIT_WAIT:
             Py_DECREF(item)
             self._report(&dropped)
@@ -1059,7 +1091,9 @@ cdef class AdmissionQueue:
             until = end_ns
         pthread_mutex_lock(&self._mutex)
         if self._ready_count == 0 and not (self._line.shutdown and self._line.count == 0):
+            self._ready_sleepers += 1
             prazo_cond_wait_until(&self._ready_cond, &self._mutex, until)
+            self._ready_sleepers -= 1
         pthread_mutex_unlock(&self._mutex)
 
     def get_nowait(self, *, now_ns=None):

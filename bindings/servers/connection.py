@@ -69,7 +69,9 @@ class _HeadWatcher:
     interval (see ``_HEAD_FIRST_LOOK_NS``), until its head is complete, its
     peer closes, or ``pending.give_up_ns`` passes. Each outcome goes to the
     ``ConnectionAdmission``. ``stop()`` drops every connection still waiting;
-    ``offer`` returns False once stopped.
+    ``offer`` returns False once stopped. ``pending`` counts the connections
+    waiting here (a head complete at the first look never is), and ``offer``
+    says whether this one does.
     """
 
     def __init__(self, admission: ConnectionAdmission, name: str) -> None:
@@ -81,15 +83,17 @@ class _HeadWatcher:
         self._stopped = False
         self.pending = 0
 
-    def offer(self, pending: _PendingHead) -> bool:
+    def offer(self, pending: _PendingHead) -> bool | None:
+        """None once stopped; else True when the head waits here, False when it was dealt with at once."""
         with self._cond:
             if self._stopped:
-                return False
-            self.pending += 1
-        self._look(pending)
-        return True
+                return None
+        # Not counted as arriving while it is looked at: a complete head is
+        # offered to the queue from here, and what the queue's observer
+        # publishes then must not count it twice.
+        return self._look(pending, counted=False)
 
-    def _look(self, pending: _PendingHead) -> None:
+    def _look(self, pending: _PendingHead, *, counted: bool = True) -> bool:
         try:
             waiting = self._admission._look_at_head(pending)
         except Exception:  # noqa: BLE001 - the watcher serves every other pending head too
@@ -98,8 +102,11 @@ class _HeadWatcher:
             waiting = False
         with self._cond:
             if not waiting:
-                self.pending -= 1
-                return
+                if counted:
+                    self.pending -= 1
+                return False
+            if not counted:
+                self.pending += 1
             now = time.monotonic_ns()
             pending.next_look_ns = min(now + pending.look_ns, pending.give_up_ns)
             pending.look_ns = min(2 * pending.look_ns, _HEAD_MAX_LOOK_NS)
@@ -115,6 +122,8 @@ class _HeadWatcher:
                 self._cond.notify()
         if stopped:
             self._admission._drop(pending)
+            return False
+        return True
 
     def _run(self) -> None:
         while True:
@@ -211,15 +220,21 @@ class ConnectionAdmission:
         """Start the worker threads (idempotent)."""
         self.dispatcher.start()
 
-    def admit(self, item: Any, sock: socket.socket, remote_addr: object, *, buffered: bytes = b"") -> None:
-        """Offer the connection whose next request is arriving; ``buffered``: its bytes the server already read."""
+    def admit(self, item: Any, sock: socket.socket, remote_addr: object, *, buffered: bytes = b"") -> bool:
+        """Offer the connection whose next request is arriving; ``buffered``: its bytes the server already read.
+
+        True when its head is still arriving (it now counts in ``pending_heads``).
+        """
         arrival_ns = time.monotonic_ns()
         if not peekable(sock):
             self._submit(item, None, arrival_ns, remote_addr)
-            return
+            return False
         pending = _PendingHead(item, sock, remote_addr, buffered, arrival_ns, arrival_ns + self._header_timeout_ns)
-        if not self._heads.offer(pending):
+        waiting = self._heads.offer(pending)
+        if waiting is None:
             self._answer_and_close(item, sock, rejection_bytes(ShutDown("the server is shutting down")))
+            return False
+        return waiting
 
     def _look_at_head(self, pending: _PendingHead) -> bool:
         """Admit, answer or drop ``pending`` if its head is complete or will never be; True to keep waiting."""

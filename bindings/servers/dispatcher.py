@@ -25,7 +25,6 @@ embedding in ``prazo.bindings.servers`` puts these in its place:
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -61,11 +60,6 @@ __all__ = ["SERVER_STATS_KEY", "AdmissionDispatcher", "AdmittedApp", "Ticket", "
 # connection admission), so a service configures it under one name.
 _log = logging.getLogger("prazo.servers")
 
-# An idle worker looks at the queue again after this long even when nobody
-# woke it, as a worker blocked in the queue's own get() does (its signal
-# slice): a shutdown made on the queue directly is seen within it.
-_IDLE_RECHECK_S = 0.1
-
 # environ key of a callable returning the server queue's counters, so an app
 # (or its metrics endpoint) can read the state of the queue it sits behind.
 SERVER_STATS_KEY = "prazo.server_stats"
@@ -91,8 +85,6 @@ class Ticket:
         "_app_called",
         "_once",
         "_queue",
-        "_taken_by",
-        "_woken_by_release",
         "arrival_ns",
         "claimed",
         "critical",
@@ -127,8 +119,6 @@ class Ticket:
         # expiry reaper (shared with AdmissionPool) skips claimed entries.
         self.claimed = False
         self._queue: AdmissionQueue | None = None
-        self._taken_by = 0
-        self._woken_by_release: Callable[[], object] | None = None
         self._once = threading.Lock()
         self._app_called = False
 
@@ -137,12 +127,10 @@ class Ticket:
         """Nanoseconds between arrival and the moment a worker took the ticket."""
         return max(self.started_ns - self.arrival_ns, 0) if self.started_ns else 0
 
-    def _start(self, q: AdmissionQueue, wake: Callable[[], object] | None = None) -> None:
+    def _start(self, q: AdmissionQueue) -> None:
         self.claimed = True
         self.started_ns = time.monotonic_ns()
         self._queue = q
-        self._taken_by = threading.get_ident()
-        self._woken_by_release = wake
 
     def claim_app_call(self) -> bool:
         """True the first time the app is about to run for this ticket, False after."""
@@ -162,12 +150,6 @@ class Ticket:
                 self._queue.task_done(critical=True, started_ns=started_ns)
             else:
                 self._queue.task_done(started_ns=started_ns)
-            # The slot may have gone to a waiting ticket. The worker that took
-            # this one looks for it itself once its serve returns; a release
-            # from any other thread must wake an idle worker for it.
-            wake = self._woken_by_release
-            if wake is not None and self._taken_by != threading.get_ident():
-                wake()
 
     def __repr__(self) -> str:
         kind = (" provisional" if self.provisional else "") + (" critical" if self.critical else "")
@@ -217,8 +199,9 @@ class AdmissionDispatcher:
     ticket goes to ``serve(ticket)`` in one of ``threads`` worker threads,
     after which its slot is released (if ``serve`` did not already).
     ``on_change()``, when given, is called after every change of the queue's
-    occupancy (an arrival admitted or refused, a start, a release, an expiry;
-    for a refusal, before its answer is sent), in the thread that made it, so a server can publish the occupancy
+    occupancy (an arrival admitted or refused, a release, an expiry; for a
+    refusal, before its answer is sent; not a start, which moves no figure
+    of ``stats()`` but ``assigned`` and ``started``), in the thread that made it, so a server can publish the occupancy
     elsewhere (``prazo.bindings.servers.occupancy``).
 
     >>> served = []
@@ -260,17 +243,6 @@ class AdmissionDispatcher:
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._started = False
-        # Idle workers sleep on a lock of their own, woken by whoever made a
-        # ticket ready, instead of on the queue's condition: the queue
-        # signals that condition while holding its mutex, so on a busy CPU a
-        # woken worker first blocks on the mutex, then on the GIL (two more
-        # context switches a request). With a fixed limit and no reserved
-        # slots a release grants at most one slot, which the releasing worker
-        # takes itself, so a submit and a release from elsewhere are the only
-        # wakes needed; the other policies keep the queue's blocking get().
-        self._idle: list[threading.Lock] = []
-        self._idle_lock = threading.Lock()
-        self._hand_off = self._queue.limit_policy == "fixed" and self._queue.reserved == 0
 
     @property
     def threads(self) -> int:
@@ -318,8 +290,6 @@ class AdmissionDispatcher:
             self._changed()
             self._refuse(ticket, exc)
             return False
-        if self._hand_off:
-            self._wake_one()
         if self._queue.qsize():
             # It may be waiting: make sure it is refused at its own deadline.
             with self._reaper_cond:
@@ -363,56 +333,24 @@ class AdmissionDispatcher:
         except Exception:  # noqa: BLE001 - one failed answer must not stop the others
             _log.exception("prazo: refusing %r failed", ticket)
 
-    def _wake_one(self) -> None:
-        # Under the lock a worker also takes to look at the queue before it
-        # goes idle: either it sees what was just made ready, or it is here.
-        with self._idle_lock:
-            if self._idle:
-                self._idle.pop().release()
-
-    def _wake_all(self) -> None:
-        with self._idle_lock:
-            while self._idle:
-                self._idle.pop().release()
-
-    def _next_ticket(self, wake: threading.Lock) -> Ticket:
-        """The next ready ticket, sleeping on ``wake`` (held) while there is none; raises ``ShutDown``."""
-        q = self._queue
-        while True:
-            # One look, under the wakers' lock: an empty queue raises, and a
-            # second unlocked look first would raise twice a request.
-            with self._idle_lock:
-                try:
-                    ticket: Ticket = q.get_nowait()
-                    return ticket
-                except queue.Empty:
-                    self._idle.append(wake)
-            if not wake.acquire(timeout=_IDLE_RECHECK_S):
-                with self._idle_lock:
-                    if wake in self._idle:
-                        self._idle.remove(wake)
-                        continue
-                # Woken between the timeout and the lock: take that wake.
-                wake.acquire()
-
     def _work(self) -> None:
         me = threading.get_ident()
         serving = self._serving
         serving[me] = None
-        wake = threading.Lock()
-        wake.acquire()
-        release_wake = self._wake_one if self._hand_off else None
+        # The queue's get() sleeps with the GIL released, and a put() or a
+        # release that makes a ticket ready wakes a sleeper only when one is
+        # asleep, after the queue's mutex is let go (a worker that gives a
+        # slot back takes the next ticket itself, without a wake).
+        get = self._queue.get
         while True:
             try:
-                ticket: Ticket = self._next_ticket(wake) if self._hand_off else self._queue.get()
+                ticket: Ticket = get()
             except ShutDown:
                 # A thread id is reused once its thread ends.
                 del serving[me]
                 return
-            ticket._start(self._queue, release_wake)
+            ticket._start(self._queue)
             serving[me] = ticket
-            if self._on_change is not None:
-                self._changed()
             try:
                 self._serve(ticket)
             except BaseException:  # noqa: BLE001 - see below
@@ -439,7 +377,6 @@ class AdmissionDispatcher:
         """
         for ticket in self._queue.shutdown(cancel_waiting=cancel_waiting):
             self._refuse(ticket, ShutDown("the server is shutting down"))
-        self._wake_all()
         # Tickets already assigned a slot are served by workers only: start
         # them if nobody did, so they drain the queue and exit.
         self.start()

@@ -318,11 +318,12 @@ class AdmissionWorker(ThreadWorker):
         """Offer the request arriving on ``conn`` to the admission queue (never blocks)."""
         buffered = conn.parser.unreader.buf.getvalue() if conn.parser is not None else b""
         peer = conn.client[0] if isinstance(conn.client, tuple) else None
-        self.admission.admit(conn, conn.sock, peer, buffered=buffered)
-        # The queue's own publish ran while the head still counted as
-        # arriving; a head completed in later packets is corrected on the
-        # main loop's next turn (murder_pending), overcounting meanwhile.
-        self._publish()
+        if self.admission.admit(conn, conn.sock, peer, buffered=buffered):
+            # Its head is still arriving: it counts as arriving now. One that
+            # completes in later packets is corrected on the main loop's next
+            # turn (murder_pending), overcounting meanwhile; a complete head
+            # was published by the queue's change.
+            self._publish()
 
     def _serve_ticket(self, ticket: Ticket) -> None:
         conn = ticket.item

@@ -267,6 +267,46 @@ def test_a_blocked_get_wakes_up_for_a_put(impl: QueueClass) -> None:
     assert future.result(JOIN_TIMEOUT_S) == "wake"
 
 
+def test_acquire_returns_its_start_time_and_a_kept_one_never_changes(impl: QueueClass) -> None:
+    # The C twin rewrites the int it returned last when nobody kept it.
+    q = impl(2, 0)
+    start = 2**40
+    kept = q.acquire(now_ns=start)
+    assert kept == start
+    for offset in range(1, 4):
+        assert q.acquire(now_ns=start + offset) == start + offset  # dropped at once: reusable
+        q.release(now_ns=start + offset)
+    assert kept == start and kept + 0 == 2**40
+    times = []
+    for offset in (10, 2**31, 2**61, 7):  # two-digit, three-digit and small ints alike
+        times.append(q.acquire(now_ns=start + offset if offset != 7 else offset))
+        q.release()
+    assert times == [start + 10, start + 2**31, start + 2**61, 7]
+    q.release()
+    real = q.acquire()
+    assert isinstance(real, int) and real > 0
+    q.release()
+
+
+def test_every_blocked_get_gets_an_item_made_ready_by_a_put_or_by_a_release_elsewhere(impl: QueueClass) -> None:
+    # Three consumers asleep in get(): two items take free slots at once, the
+    # third waits in line until this thread (not a consumer) gives a slot
+    # back. Each item reaches exactly one consumer, and no consumer is left
+    # asleep while an item is ready.
+    q = impl(3, 3)
+    q.put("held", Deadline.after(JOIN_TIMEOUT_S))
+    assert q.get_nowait() == "held"
+    consumers = [spawn(q.get) for _ in range(3)]
+    time.sleep(0.05)
+    assert not any(future.done() for future in consumers)
+    for item in ("a", "b", "c"):
+        q.put(item, Deadline.after(JOIN_TIMEOUT_S))
+    assert q.qsize() == 1  # "c" waits for a slot
+    q.task_done()  # from this thread: the slot goes to "c"
+    assert sorted(future.result(JOIN_TIMEOUT_S) for future in consumers) == ["a", "b", "c"]
+    assert_counters(q, queued=0, assigned=0, in_flight=3, started=4, completed=1)
+
+
 def test_expire_overdue_sweeps_dead_waiting_items_only(impl: QueueClass, clock: FakeClock) -> None:
     expired: list[Any] = []
     q = impl(1, 5, on_expired=expired.append)
