@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import h11
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import compiled_engine
 from prazo.bindings.servers.heads import MAX_HEAD_BYTES
@@ -79,7 +79,11 @@ def chunked_bodies(draw: st.DrawFn) -> Part:
         out += size + ext + eol + data
         if data:
             out += draw(st.sampled_from([b"\r\n"] * 6 + [b"\n", b""]))
+    previous = None
     for trailer in draw(st.lists(st.sampled_from([b"X-T: 1", b"Y:", b"GET /x HTTP/1.1", b" folded"]), max_size=2)):
+        if trailer == b" folded" and previous in (b"X-T: 1", b"Y:"):
+            tags.add("obs-fold")  # h11 unfolds it into the field before, as in a head
+        previous = trailer
         eol = draw(st.sampled_from([b"\r\n"] * 4 + [b"\n"]))
         if eol == b"\n":
             tags.add("trailer-bare-lf")
@@ -202,6 +206,11 @@ def front_door_frame(data: bytes) -> tuple[list[tuple[int, bytes, bytes, bytes]]
 
 
 @given(st.lists(requests(), min_size=1, max_size=3), st.integers(0, 100), st.booleans())
+@example(  # a folded trailer line: found by the search, once; h11 unfolds it, the front door refuses the body
+    [Part(b"POST / HTTP/1.1\r\nHost: a.example\r\n" + TE + b"\r\n0\r\nX-T: 1\r\n folded\r\n\r\n", {"obs-fold"})],
+    100,
+    False,
+)
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_the_front_door_frames_requests_as_h11_does(parts: list[Part], cut_percent: int, cut: bool) -> None:
     data = b"".join(part.data for part in parts)
