@@ -6,10 +6,11 @@ void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c)
 {
     if (c->fd >= 0) {
         /* close() takes a descriptor out of epoll only once every copy of its
-         * open file is closed; in a host's triage a worker process may still
-         * hold one (it closes its copy after giving the connection back), and
-         * epoll would go on reporting the freed c. */
-        if (srv->host)
+         * open file is closed, and epoll would go on reporting the freed c:
+         * a host's worker process may still hold a copy, and so may any
+         * process the app forked (multiprocessing's fork start method copies
+         * every descriptor). A worker process's engine has no epoll of its own. */
+        if (!srv->worker_only)
             epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
         pfd_count(&srv->open_connections, -1);
