@@ -1042,7 +1042,10 @@ cdef class Engine:
 
     def wait_idle(self, double timeout_s):
         """Wait up to ``timeout_s`` until nothing runs and nothing waits; True when so."""
-        cdef int64_t until = pfd_now_ns() + <int64_t>(max(timeout_s, 0.0) * 1e9)
+        # NaN waits not at all and a huge or infinite timeout a century, never an undefined cast.
+        if not timeout_s > 0.0:
+            timeout_s = 0.0
+        cdef int64_t until = pfd_now_ns() + <int64_t>(min(timeout_s, 3.0e9) * 1e9)
         cdef int idle
         with nogil:
             idle = pfd_server_wait_idle(self.srv, until)

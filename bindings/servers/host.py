@@ -213,7 +213,11 @@ class FrontDoorHost:
         True when everything admitted had finished in time.
         """
         if timeout is not None:
-            self.shutdown_timeout = max(float(timeout), 0.0)
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+            if not timeout >= 0:
+                raise ValueError(f"timeout must be >= 0, got {timeout!r}")
+            self.shutdown_timeout = float(timeout)
         if not self._started:
             self._close_listener()
             self._stopped.set()

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -504,6 +506,17 @@ def test_max_requests_replaces_workers_without_refusing(hosts: Any) -> None:
 def test_wrong_arguments_raise_naming_the_argument(options: dict[str, Any], error: type[Exception], name: str) -> None:
     with pytest.raises(error, match=name):
         create_server(app, port=0, **options)
+
+
+def test_a_shutdown_timeout_that_is_no_number_of_seconds_is_refused_and_loses_nothing() -> None:
+    host = create_server(app, port=0, workers=2, threads=1)
+    port = host.port
+    for timeout, error in ((math.nan, ValueError), (-1.0, ValueError), ("1", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout"):
+            host.shutdown(timeout)
+    assert host.shutdown(0.0)  # never started: the port is just let go
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # free again
 
 
 # -- a real `prazo serve --server prazo --workers 2` ------------------------------------------
