@@ -99,14 +99,8 @@ static void pfd_io_answer(struct pfd_server *srv, struct pfd_conn *c, int answer
     size_t consumed = c->head_len;
     pfd_conn_reset_for_next(c, consumed);
     if (c->state == PFD_READING)
-        pfd_list_remove(&srv->heads, c);
-    c->state = PFD_READING;
-    c->timer_ns = now + srv->cfg.header_timeout_ns;
-    pfd_list_push(&srv->heads, c);
-    /* A pipelined head already here goes first; armed only while it waits for bytes. */
-    if (c->len && !pfd_io_try_head(srv, c, now, 0))
-        return;
-    pfd_io_rearm(srv, c);
+        pfd_list_remove(&srv->heads, c); /* its head timer starts again */
+    pfd_io_arm_head(srv, c, now);
 }
 
 /* A complete head: decide. Each arrival's offered and its outcome are counted
