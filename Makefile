@@ -71,7 +71,7 @@ bench: build
 # the built extensions and holds each .pyi beside them to what they really define.
 TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
-	prazo.bindings.servers._frontdoor_c
+	prazo.bindings.servers._frontdoor_c prazo.bindings.servers._heads_c
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/ruff format --check core bindings tests bench docs/conf.py docs/_ext
@@ -114,8 +114,8 @@ sanitize: $(STAMP)
 	# The Python modules beside the ASan-built extensions, subpackages (bindings/servers, ...) included.
 	for pkg in core bindings; do (cd $$pkg && find . -name '*.py' -exec cp --parents {} $(CURDIR)/$(ASAN_DIR)/prazo/$$pkg/ \;); done
 	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
-		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p; \
-		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__)"
+		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p, prazo.bindings.servers._heads_c as r; \
+		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p, r)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__, r.__file__)"
 	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, each installed
@@ -199,7 +199,7 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
-		core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
+		bindings/servers/_heads_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every
 # warning fails it (-W; --keep-going reports them all first), broken links between pages

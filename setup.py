@@ -137,6 +137,8 @@ def _extensions():
         Extension("prazo.bindings._wsgi_c", ["bindings/_wsgi_c.pyx"], include_dirs=["core", "bindings"], **options),
         # The compiled per-task path of AdmissionPool (submission and the worker loop).
         Extension("prazo.bindings._pool_c", ["bindings/_pool_c.pyx"], include_dirs=["core"], **options),
+        # The head reader of the socket-level embeddings (gunicorn, cheroot, werkzeug, wsgiref).
+        Extension("prazo.bindings.servers._heads_c", ["bindings/servers/_heads_c.pyx"], **options),
         # The front door (--server prazo): its engine and the vendored, unmodified picohttpparser.
         Extension(
             "prazo.bindings.servers._frontdoor_c",

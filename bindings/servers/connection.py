@@ -22,7 +22,7 @@ from prazo.core import NS_PER_MS, Deadline, ShutDown
 
 from ..wsgi import MiddlewareCounters, WSGIApp
 from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
-from .heads import MAX_HEAD_BYTES, find_head, head_environ, head_method, head_path, peek_bytes, peekable
+from .heads import MAX_HEAD_BYTES, find_head, peekable, request_environ, waiting_bytes
 from .refusals import HEADER_TIMEOUT_ANSWER, LingeringCloser, rejection_bytes
 from .settings import ServerSettings
 from .sockets import hard_close, send_all
@@ -43,7 +43,17 @@ _HEAD_MAX_LOOK_NS = 100_000_000
 class _PendingHead:
     """A connection whose request head is still arriving, and what admitting it will need."""
 
-    __slots__ = ("arrival_ns", "buffered", "give_up_ns", "item", "look_ns", "next_look_ns", "remote_addr", "sock")
+    __slots__ = (
+        "arrival_ns",
+        "buffered",
+        "give_up_ns",
+        "item",
+        "look_ns",
+        "next_look_ns",
+        "remote_addr",
+        "sock",
+        "taken",
+    )
 
     def __init__(
         self, item: Any, sock: socket.socket, remote_addr: object, buffered: bytes, arrival_ns: int, give_up_ns: int
@@ -51,7 +61,9 @@ class _PendingHead:
         self.item = item
         self.sock = sock
         self.remote_addr = remote_addr
+        # What the server had read already, and what this admission took off the socket since.
         self.buffered = buffered
+        self.taken = b""
         self.arrival_ns = arrival_ns
         self.give_up_ns = give_up_ns
         self.look_ns = _HEAD_FIRST_LOOK_NS
@@ -176,6 +188,12 @@ class ConnectionAdmission:
     bookkeeping for every connection closed here (before the socket is closed
     or handed to the closer). ``serve(ticket)`` runs in the dispatcher's
     workers; ``on_change()`` goes to the dispatcher (see ``AdmissionDispatcher``).
+
+    ``take_bytes(item, data)``, for a server whose reader can be handed bytes
+    (gunicorn's ``Unreader``): the head is then read off the socket rather
+    than peeked at, and every byte read is handed over, once, before the
+    connection is offered to the queue. The server reads nothing twice, and
+    a worker finds the head it will parse already there.
     """
 
     def __init__(
@@ -188,7 +206,11 @@ class ConnectionAdmission:
         name: str = "prazo",
         closer: LingeringCloser | None = None,
         on_change: Callable[[], object] | None = None,
+        take_bytes: Callable[[Any, bytes], object] | None = None,
     ) -> None:
+        if take_bytes is not None and not callable(take_bytes):
+            raise TypeError(f"take_bytes must be a callable or None, not {type(take_bytes).__name__}")
+        self._take_bytes = take_bytes
         self.settings = settings
         self.policy = settings.policy()
         self.counters = MiddlewareCounters()
@@ -238,13 +260,19 @@ class ConnectionAdmission:
 
     def _look_at_head(self, pending: _PendingHead) -> bool:
         """Admit, answer or drop ``pending`` if its head is complete or will never be; True to keep waiting."""
-        data = pending.buffered
-        peeked = peek_bytes(pending.sock, MAX_HEAD_BYTES - len(data)) if len(data) < MAX_HEAD_BYTES else None
-        data += peeked or b""
+        take = self._take_bytes is not None
+        data = pending.buffered + pending.taken
+        seen = waiting_bytes(pending.sock, MAX_HEAD_BYTES - len(data), take=take) if len(data) < MAX_HEAD_BYTES else None
+        if seen:
+            data += seen
+            if take:
+                pending.taken += seen
         head = find_head(data)
         if head is not None or len(data) >= MAX_HEAD_BYTES:
+            if take and pending.taken:
+                self._take_bytes(pending.item, pending.taken)  # type: ignore[misc]
             self._submit(pending.item, head, pending.arrival_ns, pending.remote_addr)
-        elif peeked == b"":
+        elif seen == b"":
             self._drop(pending)  # reset, or closed after the server read what it sent
         elif time.monotonic_ns() >= pending.give_up_ns:
             with self._header_timeouts_lock:
@@ -258,13 +286,7 @@ class ConnectionAdmission:
         if head is None:
             ticket = Ticket(item, Deadline.at_ns(arrival_ns + self._provisional_ns), arrival_ns, provisional=True)
         else:
-            environ = head_environ(head, remote_addr)
-            path = head_path(head)
-            if path is not None:
-                environ["PATH_INFO"] = path
-            method = head_method(head)
-            if method is not None:
-                environ["REQUEST_METHOD"] = method
+            environ = request_environ(head, remote_addr)
             ticket = admission_ticket(item, environ, arrival_ns, self.policy, self.counters, self.classifier)
         self.dispatcher.submit(ticket)
 

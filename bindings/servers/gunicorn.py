@@ -65,13 +65,14 @@ from __future__ import annotations
 import errno
 import os
 import selectors
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future
 from functools import partial
 from typing import Any, ClassVar
 
+from gunicorn import http
 from gunicorn.workers.gthread import DEFAULT_WORKER_DATA_TIMEOUT, TConn, ThreadWorker
 
 from .connection import ConnectionAdmission
@@ -172,7 +173,8 @@ class AdmissionWorker(ThreadWorker):
             socket_of=_socket_of,
             on_closed=self._closed_by_prazo,
             name="prazo-gunicorn",
-            on_change=self._publish,
+            on_change=self._queue_changed,
+            take_bytes=self._hand_to_parser,
         )
         # New connections waiting for their first bytes, oldest first.
         self.fresh_conns: deque[TConn] = deque()
@@ -183,6 +185,10 @@ class AdmissionWorker(ThreadWorker):
         self._yielding = False
         self._seen_offered = 0
         self._seen_refused = 0
+        # The row is written by the main loop only, once at the end of a turn
+        # in which the occupancy changed (see _queue_changed).
+        self._publish_due = False
+        self._loop_thread: int | None = None
         # gunicorn builds the worker in the arbiter, just before forking it:
         # the row is claimed there, so two workers never take the same one.
         self.host_row = self._claim_row()
@@ -209,6 +215,8 @@ class AdmissionWorker(ThreadWorker):
         return row
 
     def get_thread_pool(self) -> Any:
+        # init_process runs in the thread that will run the main loop.
+        self._loop_thread = threading.get_ident()
         if self.host_row is not None:
             self.host_row.booted(os.getpid())
         self.admission.start()
@@ -235,8 +243,26 @@ class AdmissionWorker(ThreadWorker):
         stats, arriving = self._occupancy()
         return stats["in_flight"] + stats["queued"] + arriving >= self.settings.capacity
 
+    def _queue_changed(self) -> None:
+        """The queue's ``on_change``: have the row published by the main loop.
+
+        Publishing on every change cost about a tenth of a request (three
+        changes a request, each reading every counter), so changes are
+        coalesced: one made on the main loop (an arrival admitted or refused)
+        is published at the end of that turn (``murder_pending``). A worker
+        thread's change (its slot given back) needs nothing: the thread gives
+        its slot back before it defers ``finish_request`` to the main loop,
+        whose turn publishes it. Any other thread (an expiry, a head completed
+        in the watcher) has the main loop publish at its next turn.
+        """
+        if threading.get_ident() == self._loop_thread:
+            self._publish_due = True
+        elif not self.admission.dispatcher.is_worker_thread():
+            self.method_queue.defer(self._publish)
+
     def _publish(self) -> None:
         """Write this worker's occupancy into its row; count its 503 queue-full, and those a sibling could have served."""
+        self._publish_due = False
         row = self.host_row
         if row is None:
             return
@@ -306,7 +332,7 @@ class AdmissionWorker(ThreadWorker):
         conn.timeout = time.monotonic() + DEFAULT_WORKER_DATA_TIMEOUT + self.cfg.keepalive
         self.fresh_conns.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_fresh_readable, conn))
-        self._publish()
+        self._publish_due = True
 
     def _on_fresh_readable(self, conn: TConn, client: Any) -> None:
         self.poller.unregister(client)
@@ -314,26 +340,42 @@ class AdmissionWorker(ThreadWorker):
         conn.data_ready = True
         self.enqueue_req(conn)
 
+    def _hand_to_parser(self, conn: TConn, data: bytes) -> None:
+        """What the admission read of the next request goes to gunicorn's parser, after what it holds already.
+
+        The worker then parses the head from memory instead of reading the
+        socket again. The parser is the one ``TConn.init`` would make (TLS and
+        HTTP/2, its other cases, are refused at start-up).
+        """
+        if conn.parser is None:
+            conn.parser = http.get_parser(conn.cfg, conn.sock, conn.client)
+        held = conn.parser.unreader.buf
+        held.seek(0, os.SEEK_END)
+        held.write(data)
+
     def enqueue_req(self, conn: TConn) -> None:
         """Offer the request arriving on ``conn`` to the admission queue (never blocks)."""
         buffered = conn.parser.unreader.buf.getvalue() if conn.parser is not None else b""
         peer = conn.client[0] if isinstance(conn.client, tuple) else None
         if self.admission.admit(conn, conn.sock, peer, buffered=buffered):
-            # Its head is still arriving: it counts as arriving now. One that
-            # completes in later packets is corrected on the main loop's next
-            # turn (murder_pending), overcounting meanwhile; a complete head
-            # was published by the queue's change.
-            self._publish()
+            # Its head is still arriving: it counts as arriving now (a head
+            # that completes in the watcher thread is published when it is
+            # offered to the queue); a complete head changed the queue.
+            self._publish_due = True
 
     def _serve_ticket(self, ticket: Ticket) -> None:
         conn = ticket.item
-        done: Future[Any] = Future()
+        keep_alive: Any = False
         try:
-            done.set_result(self.handle(conn))
+            keep_alive = self.handle(conn)
         finally:
-            if not done.done():
-                done.set_result(False)
-            self.method_queue.defer(self.finish_request, conn, done)
+            # Before the main loop hears of it: its turn publishes the freed place (see _queue_changed).
+            ticket.release()
+            self.method_queue.defer(self.finish_request, conn, _Handled(keep_alive))
+
+    def finish_request(self, conn: TConn, fs: Any) -> None:
+        super().finish_request(conn, fs)
+        self._publish_due = True
 
     def _closed_by_prazo(self, conn: TConn) -> None:
         # Any thread may refuse or time out a head; the connection count belongs to the main loop.
@@ -353,7 +395,10 @@ class AdmissionWorker(ThreadWorker):
                 pass
             self.nr_conns -= 1
             conn.close()
-        self._publish()
+            self._publish_due = True
+        # The end of a turn of the main loop: publish what it changed.
+        if self._publish_due:
+            self._publish()
 
     def set_accept_enabled(self, enabled: bool) -> None:
         # gthread's loop asks to accept again on every turn; a yielding
@@ -387,6 +432,25 @@ class AdmissionWorker(ThreadWorker):
 
 def _nothing() -> None:
     pass
+
+
+class _Handled:
+    """What gthread's ``finish_request`` reads of a finished request: its ``handle()`` result.
+
+    gthread hands it a ``concurrent.futures.Future``; one costs a condition and
+    a lock per request, and nothing here waits on it.
+    """
+
+    __slots__ = ("_keep_alive",)
+
+    def __init__(self, keep_alive: Any) -> None:
+        self._keep_alive = keep_alive
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> Any:
+        return self._keep_alive
 
 
 def _with_host_occupancy(
