@@ -262,7 +262,9 @@ class ConnectionAdmission:
         """Admit, answer or drop ``pending`` if its head is complete or will never be; True to keep waiting."""
         take = self._take_bytes is not None
         data = pending.buffered + pending.taken
-        seen = waiting_bytes(pending.sock, MAX_HEAD_BYTES - len(data), take=take) if len(data) < MAX_HEAD_BYTES else None
+        seen = (
+            waiting_bytes(pending.sock, MAX_HEAD_BYTES - len(data), take=take) if len(data) < MAX_HEAD_BYTES else None
+        )
         if seen:
             data += seen
             if take:

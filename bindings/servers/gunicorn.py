@@ -13,10 +13,12 @@ where a connection waits:
 
 - a new connection waits in the main loop's poller for its first bytes, not
   in a worker thread (so a silent client holds no capacity);
-- once a request is arriving, its head is peeked at (not consumed) until it
-  is complete, in prazo's watcher thread (still no worker, no place in line;
+- once a request is arriving, its head is read off the socket until it is
+  complete (on the main loop, then in prazo's watcher thread for a head that
+  arrives in pieces; still no worker, no place in line;
   408 ``header-timeout`` when it is not complete ``PRAZO_HEADER_TIMEOUT_MS``
-  after its first byte), and then gives the deadline; the connection is
+  after its first byte), and then gives the deadline; what was read goes
+  to gunicorn's parser (nothing is read twice), and the connection is
   offered to prazo's admission queue: capacity is exactly ``--threads``
   running plus ``PRAZO_MAX_QUEUE`` waiting;
 - full → 503 written by the main loop at once; the deadline passing while it

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import wait_until
@@ -294,3 +295,41 @@ def test_silent_connections_hold_neither_a_worker_nor_a_place_in_line(kind: str,
     finally:
         for sock in silent:
             sock.close()
+
+
+def _read_answers(reader: Any, count: int) -> list[tuple[int, bytes]]:
+    """``count`` answers (status, body) from one buffered reader of a kept-alive connection, in order."""
+    answers = []
+    for _ in range(count):
+        status = int(reader.readline().split()[1])
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        answers.append((status, reader.read(length)))
+    return answers
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "cheroot"])
+def test_pipelined_requests_and_their_bodies_reach_the_app_whole_and_in_order(
+    kind: str, servers: list[RunningServer]
+) -> None:
+    """What the admission read to find a head (gunicorn: off the socket) is what the app reads, nothing lost or read twice."""
+    server = _start(servers, kind, threads=2, max_queue=4)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello"
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+        )
+        assert _read_answers(reader, 3) == [(200, b"hello"), (200, b"abc"), (200, b"ok")]
+        # A head, then its body, in pieces: the admission waits for the head, the app reads the body.
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Le")
+        time.sleep(0.2)
+        sock.sendall(b"ngth: 10\r\n\r\n01234")
+        time.sleep(0.2)
+        sock.sendall(b"56789GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        assert _read_answers(reader, 2) == [(200, b"0123456789"), (200, b"")]
+        reader.close()

@@ -11,6 +11,8 @@ The app (``app``) is also what the gunicorn subprocess serves
     how many times ``/work`` ran the app, as a decimal body.
 ``/healthz``
     ``ok``: a health check (the policy tests make its path critical).
+``/echo``
+    the request's body, read whole, as the answer's body.
 ``/budget-header``
     what reached the app: ``HTTP_X_REQUEST_BUDGET_MS`` from its environ (or
     ``-``) and the remaining budget, as ``header=V remaining_ms=M``.
@@ -78,6 +80,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
             body = str(_calls).encode()
     elif path == "/healthz":
         body = b"ok"
+    elif path == "/echo":
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     elif path == "/budget-header":
         deadline = environ["prazo.deadline"]
         header = environ.get("HTTP_X_REQUEST_BUDGET_MS", "-")
