@@ -97,9 +97,11 @@ class _HeadWatcher:
 
     def offer(self, pending: _PendingHead) -> bool | None:
         """None once stopped; else True when the head waits here, False when it was dealt with at once."""
-        with self._cond:
-            if self._stopped:
-                return None
+        # Read without the lock: a stop() right after this finds a complete
+        # head refused by the stopped queue, and an incomplete one is dropped
+        # by _look, which checks again under the lock.
+        if self._stopped:
+            return None
         # Not counted as arriving while it is looked at: a complete head is
         # offered to the queue from here, and what the queue's observer
         # publishes then must not count it twice.
@@ -112,10 +114,11 @@ class _HeadWatcher:
             _log.exception("prazo: %s failed on %r", self._name, pending.sock)
             self._admission._drop(pending)
             waiting = False
+        if not waiting and not counted:
+            return False  # dealt with at its first look: it never counted here
         with self._cond:
             if not waiting:
-                if counted:
-                    self.pending -= 1
+                self.pending -= 1
                 return False
             if not counted:
                 self.pending += 1
