@@ -124,7 +124,11 @@ def test_the_compiled_environ_declines_what_needs_python(compiled: Any, head: by
 
 @pytest.mark.parametrize("reader", ["compiled", "python"])
 def test_waiting_bytes_peeks_or_takes_and_never_blocks(compiled: Any, reader: str) -> None:
-    look = heads.waiting_bytes_py if reader == "python" else heads._waiting_bytes_c
+    def compiled_look(sock: socket.socket, limit: int = heads.MAX_HEAD_BYTES, *, take: bool = False) -> bytes | None:
+        result: bytes | None = compiled.recv_nowait(sock.fileno(), limit, not take)
+        return result
+
+    look = heads.waiting_bytes_py if reader == "python" else compiled_look
     server, client = socket.socketpair()
     with server, client:
         server.settimeout(5.0)  # a timeout must not make the look wait
