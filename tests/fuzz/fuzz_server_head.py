@@ -7,6 +7,8 @@ trusting ``X-Request-Start`` from loopback) turns those into a deadline.
 
 Properties, for any input:
 
+* the compiled head reader (when built) finds the same head and gives the
+  same environ as its Python specification (``find_head_py``, ``request_environ_py``);
 * ``find_head`` never raises; it returns None or the bytes up to and including
   the line before the first empty line, which hold no empty line themselves; it
   finds a head whenever the data holds an empty line;
@@ -21,7 +23,7 @@ import re
 
 from prazo.bindings.headers import BudgetPolicy
 from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy
-from prazo.bindings.servers.heads import find_head, head_environ
+from prazo.bindings.servers.heads import find_head, find_head_py, head_environ, request_environ, request_environ_py
 
 from ._common import check_deadline
 
@@ -43,6 +45,9 @@ _POLICIES = (
 
 def test_one_input(data: bytes) -> None:
     head = find_head(data)
+    assert head == find_head_py(data), data
+    if head is not None:
+        assert request_environ(head, _PEER) == request_environ_py(head, _PEER), head
     if head is None:
         rest = _LEADING_EMPTY_LINES.sub(b"", data, count=1)
         assert b"\n\n" not in rest and b"\n\r\n" not in rest, data
