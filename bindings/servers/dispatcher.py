@@ -40,11 +40,13 @@ from prazo.core import (
     ShutDown,
 )
 
+from .. import wsgi as _wsgi
 from ..headers import BudgetPolicy, IncomingBudget
 from ..plumbing.reaper import DeadlineReaper
 from ..policies import CriticalClassifier
 from ..wsgi import (
     BUDGET_SOURCE_KEY,
+    OUTCOME_ADMITTED,
     OUTCOME_REFUSED,
     MiddlewareCounters,
     StartResponse,
@@ -467,6 +469,14 @@ class AdmittedApp:
         # Ticket.queue_wait_ns, inlined (the worker stamped started_ns before serving).
         started_ns = ticket.started_ns
         queue_wait_ns = max(started_ns - ticket.arrival_ns, 0) if started_ns else 0
+        compiled = _wsgi._COMPILED_PATH
+        if compiled is not None and type(environ) is dict and type(deadline) is Deadline:
+            # run_admitted's own compiled branch, called directly: one Python
+            # call (with keywords) fewer on every request.
+            return compiled.call_admitted(  # type: ignore[no-any-return]
+                self.app, environ, start_response, deadline, ticket.release, queue_wait_ns, self._counters, 1,
+                ticket.arrival_ns, OUTCOME_ADMITTED,
+            )  # fmt: skip
         return run_admitted(
             self.app,
             environ,
