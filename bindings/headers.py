@@ -242,6 +242,8 @@ _INCOMING: tuple[_IncomingHeader, ...] = tuple(
 )
 _NO_BUDGET = IncomingBudget(None, 0, None)
 _ENVIRON_KEYS = tuple(header.environ_key for header in _INCOMING)
+# The same three keys one by one, for deadline_for's check without a budget header.
+_ENVIRON_KEY_1, _ENVIRON_KEY_2, _ENVIRON_KEY_3 = _ENVIRON_KEYS
 _LOWER_NAMES = tuple(header.lower_name for header in _INCOMING)
 
 
@@ -394,7 +396,11 @@ class BudgetPolicy:
         """
         if type(arrival_ns) is not int:
             raise TypeError(f"arrival_ns must be an int of monotonic nanoseconds, not {type(arrival_ns).__name__}")
-        incoming = _incoming_budget(environ, _ENVIRON_KEYS)
+        if _ENVIRON_KEY_1 not in environ and _ENVIRON_KEY_2 not in environ and _ENVIRON_KEY_3 not in environ:
+            # _incoming_budget's first step, inlined: no budget header, the common case.
+            incoming = _NO_BUDGET
+        else:
+            incoming = _incoming_budget(environ, _ENVIRON_KEYS)
         if incoming.budget_ms is None:
             budget_ns = self._default_budget_ns
         else:

@@ -58,6 +58,9 @@ __all__ = ["AdmissionChannel", "WaitressDispatcher", "create_server", "serve", "
 
 _log = logging.getLogger("prazo.waitress")
 
+_get_ident = threading.get_ident
+_monotonic_ns = time.monotonic_ns
+
 # How long one turn of the I/O loop may block while shutdown pumps it.
 _PUMP_INTERVAL_S = 0.02
 
@@ -108,6 +111,7 @@ def _request_environ(channel: Any) -> dict[str, str]:
 
     What a ``BudgetPolicy`` and a ``CriticalClassifier`` read, and what the
     span of a refusal says of the request (``instrument(refusal_spans=True)``).
+    ``WaitressDispatcher.add_task`` builds the same dict inline (keep the two alike).
     """
     request = channel.requests[0]
     environ = {"HTTP_" + name: value for name, value in request.headers.items()}
@@ -154,6 +158,9 @@ class WaitressDispatcher:
             name="prazo-waitress",
             queue_options=settings.queue_options(),
         )
+        self._submit = self.dispatcher.submit
+        # The worker threads' ids (what dispatcher.is_worker_thread() looks up).
+        self._worker_idents = self.dispatcher._serving
         self._refused: deque[Any] = deque()
         self._refused_lock = threading.Lock()
         self._answering_scheduled = False
@@ -181,14 +188,22 @@ class WaitressDispatcher:
 
     def add_task(self, channel: Any) -> None:
         """Offer the request at the head of ``channel``; never blocks, never serves inline."""
-        arrival_ns = time.monotonic_ns()
-        if not self.dispatcher.is_worker_thread():
-            self._io_thread = threading.get_ident()
+        arrival_ns = _monotonic_ns()
+        # dispatcher.is_worker_thread() and _request_environ(channel), inlined:
+        # this runs in the I/O thread for every request.
+        ident = _get_ident()
+        if ident not in self._worker_idents:
+            self._io_thread = ident
         self._map = channel.server._map
-        environ = _request_environ(channel)
-        self.dispatcher.submit(
-            admission_ticket(channel, environ, arrival_ns, self.policy, self.counters, self.classifier)
-        )
+        request = channel.requests[0]
+        environ = {"HTTP_" + name: value for name, value in request.headers.items()}
+        environ["PATH_INFO"] = request.path
+        environ["REQUEST_METHOD"] = request.command
+        addr = channel.addr
+        peer = addr[0] if addr else None
+        if isinstance(peer, str):
+            environ["REMOTE_ADDR"] = peer
+        self._submit(admission_ticket(channel, environ, arrival_ns, self.policy, self.counters, self.classifier))
 
     def shutdown(self, cancel_pending: bool = True, timeout: float | None = None) -> bool:
         """Stop admitting; finish every admitted request and flush its answer.

@@ -210,6 +210,46 @@ def test_admitted_app_runs_only_for_the_ticket_the_worker_holds() -> None:
     assert calls[1]["prazo.budget_source"] is None  # no budget header: the default applied
 
 
+class _EnvironSubclass(dict):  # type: ignore[type-arg]
+    """An environ that is not exactly a dict: run_admitted's Python path, never the compiled call."""
+
+
+@pytest.mark.parametrize("environ_type", [dict, _EnvironSubclass], ids=["dict", "dict-subclass"])
+def test_admitted_app_runs_the_app_once_and_releases_the_slot_once_for_any_environ(environ_type: type) -> None:
+    """The same keys, answer and single release whichever way AdmittedApp reaches the app."""
+    seen: list[dict[str, Any]] = []
+    outcomes: list[Any] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(dict(environ))
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    def serve(ticket: Ticket) -> None:
+        status, start_response = _start_response_recorder()
+        body = wrapped(environ_type(HTTP_X_REQUEST_BUDGET_MS="5000"), start_response)
+        outcomes.append((type(body).__name__, b"".join(body), status[0][0]))
+        body.close()  # type: ignore[attr-defined]
+
+    dispatcher = AdmissionDispatcher(2, 2, serve=serve, reject=lambda t, e: None)
+    wrapped = AdmittedApp(app, dispatcher, BudgetPolicy(1000, 5000), MiddlewareCounters())
+    dispatcher.start()
+    arrival = time.monotonic_ns()
+    tickets = [Ticket(f"r{n}", Deadline.after(10), arrival) for n in range(3)]
+    for ticket in tickets:
+        assert dispatcher.submit(ticket)
+    assert dispatcher.shutdown(timeout=JOIN_TIMEOUT_S)
+    assert [outcome[1:] for outcome in outcomes] == [(b"ok", "200 OK")] * 3
+    assert len(seen) == 3
+    for environ in seen:
+        assert isinstance(environ["prazo.deadline"], Deadline)
+        assert environ["prazo.queue_wait_ms"] >= 0
+        assert callable(environ["prazo.server_stats"])
+    # The body gave each slot back; the worker's release afterwards did nothing.
+    stats = dispatcher.stats()
+    assert (stats["in_flight"], stats["started"], stats["completed"]) == (0, 3, 3)
+
+
 def test_admitted_app_answers_504_when_the_parsed_budget_is_already_spent() -> None:
     calls: list[dict] = []
     outcomes: list[Any] = []

@@ -238,6 +238,49 @@ def test_waitress_keeps_the_connection_after_a_refusal(servers: list[RunningServ
     conn.close()
 
 
+def test_waitress_refusal_observer_gets_what_waitress_read_of_the_request(
+    servers: list[RunningServer], tmp_path: Path
+) -> None:
+    """The environ of a refusal, built in waitress's I/O thread: headers, path, method, peer, budget source."""
+    from prazo.bindings.wsgi import BUDGET_SOURCE_KEY, OUTCOME_REFUSED, set_admission_observer
+
+    server = _start(servers, "waitress", threads=1, max_queue=0)
+    holder, gate = _hold(server, tmp_path)
+    refusals: list[tuple[dict[str, str], BaseException | None]] = []
+
+    def observer(
+        environ: dict[str, Any] | None,
+        outcome: str,
+        arrival_ns: int | None,
+        deadline_ns: int,
+        queue_wait_ns: int,
+        refusal: BaseException | None,
+    ) -> None:
+        if outcome == OUTCOME_REFUSED:
+            assert environ is not None
+            refusals.append((dict(environ), refusal))
+
+    previous = set_admission_observer(observer)
+    try:
+        headers = {"X-Request-Budget-Ms": "5000", "X-Custom-Thing": "some value"}
+        refused = request(server.port, "/refused?x=1", headers, method="POST", body=b"payload")
+    finally:
+        set_admission_observer(previous)
+        gate.touch()
+    assert (refused.status, refused.reason) == (503, "queue-full")
+    assert statuses(holder.join()) == {200: 1}
+    assert len(refusals) == 1
+    environ, refusal = refusals[0]
+    assert type(refusal).__name__ == "QueueFull"
+    assert environ["REQUEST_METHOD"] == "POST"
+    assert environ["PATH_INFO"] == "/refused"
+    assert environ["REMOTE_ADDR"] == "127.0.0.1"
+    assert environ["HTTP_X_CUSTOM_THING"] == "some value"
+    assert environ["HTTP_X_REQUEST_BUDGET_MS"] == "5000"
+    assert environ["HTTP_HOST"].startswith("127.0.0.1")
+    assert environ[BUDGET_SOURCE_KEY] == "X-Request-Budget-Ms"
+
+
 def test_waitress_answers_pipelined_requests_refused_one_after_another(
     servers: list[RunningServer], tmp_path: Path
 ) -> None:
