@@ -109,7 +109,8 @@ def test_a_malformed_budget_header_never_500s_and_never_extends_the_deadline(val
     allowed = BudgetPolicy(default_budget_ms=DEFAULT_BUDGET_MS).budget_ms_for(
         budget_from_headers({"X-Request-Budget-Ms": value, "grpc-timeout": value})
     )
-    assert response.get_json()["g_ms"] <= allowed
+    # The view reports whole milliseconds (round); round never takes a smaller number above a larger one.
+    assert response.get_json()["g_ms"] <= round(allowed)
 
 
 def test_no_budget_left_is_504_and_flask_never_runs() -> None:
