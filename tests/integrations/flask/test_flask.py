@@ -17,7 +17,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 from _helpers import examples
 from _required import require
-from _server_harness import Burst, request, statuses
+from _server_harness import CLIENT_TIMEOUT_S, Burst, request, statuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.headers import BudgetPolicy, budget_from_headers
@@ -51,6 +51,17 @@ def make_app(*, with_init: bool = True) -> Any:
     def work() -> Any:
         calls.append("work")
         time.sleep(int(flask.request.args.get("ms", "0")) / 1000)
+        return "done"
+
+    # Held until the test sets the gate (bounded): the requests running or
+    # waiting keep their places, whatever the machine's load.
+    gate = threading.Event()
+    app.config["gate"] = gate
+
+    @app.get("/held")
+    def held() -> Any:
+        calls.append("held")
+        gate.wait(CLIENT_TIMEOUT_S)
         return "done"
 
     @app.get("/raise/<kind>")
@@ -153,9 +164,16 @@ def test_flask_behind_admission_middleware_on_a_real_server(serve_wsgi: Any) -> 
     # The middleware's deadline (its max_budget_ms is 30 s) reaches g, the environ and current_deadline.
     assert 0 < body["g_ms"] <= 20000 and body["g_ms"] == body["environ_ms"]
     # Six at once on two slots and a queue of two: 2 run, 2 wait and run next, 2 are refused at once.
-    outcomes = Burst(port, ["/work?ms=250"] * 6, headers={"X-Request-Budget-Ms": "3000"}).join()
-    assert statuses(outcomes) == {200: 4, 503: 2}
-    assert {o.reason for o in outcomes if o.status == 503} == {"queue-full"}
+    _assert_two_refused_while_four_are_held(app, port)
+
+
+def _assert_two_refused_while_four_are_held(app: Any, port: int) -> None:
+    """Six requests held in the app on two slots and two places: two 503 queue-full first, then four 200s."""
+    burst = Burst(port, ["/held"] * 6, headers={"X-Request-Budget-Ms": "20000"})
+    refused = burst.wait(2)
+    assert [(o.status, o.reason) for o in refused] == [(503, "queue-full")] * 2
+    app.config["gate"].set()
+    assert statuses(burst.join()) == {200: 4, 503: 2}
 
 
 def test_flask_served_by_prazos_waitress_embedding_sees_the_servers_deadline() -> None:
@@ -173,8 +191,7 @@ def test_flask_served_by_prazos_waitress_embedding_sees_the_servers_deadline() -
         # No header: the server's default budget, the same deadline in the environ and as the current one.
         assert 0 < body["environ_ms"] <= 800 and 0 < body["current_ms"] <= 800
         assert body["g_ms"] == body["environ_ms"]
-        outcomes = Burst(port, ["/work?ms=250"] * 6, headers={"X-Request-Budget-Ms": "3000"}).join()
-        assert statuses(outcomes) == {200: 4, 503: 2}
+        _assert_two_refused_while_four_are_held(app, port)
     finally:
         prazo_waitress.shutdown(server, 10.0)
         runner.join(10.0)
