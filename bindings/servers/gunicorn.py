@@ -178,6 +178,7 @@ class AdmissionWorker(ThreadWorker):
             on_change=self._queue_changed,
             take_bytes=self._hand_to_parser,
         )
+        self._line = self.admission.dispatcher.queue
         # New connections waiting for their first bytes, oldest first.
         self.fresh_conns: deque[TConn] = deque()
         # With --reuse-port each worker has its own listening socket and the
@@ -249,16 +250,23 @@ class AdmissionWorker(ThreadWorker):
         """The queue's ``on_change``: have the row published by the main loop.
 
         Publishing on every change cost about a tenth of a request (three
-        changes a request, each reading every counter), so changes are
-        coalesced: one made on the main loop (an arrival admitted or refused)
-        is published at the end of that turn (``murder_pending``). A worker
-        thread's change (its slot given back) needs nothing: the thread gives
-        its slot back before it defers ``finish_request`` to the main loop,
-        whose turn publishes it. Any other thread (an expiry, a head completed
-        in the watcher) has the main loop publish at its next turn.
+        changes a request, each reading every counter), so while the worker
+        has room, changes are coalesced: one made on the main loop (an arrival
+        admitted) is published at the end of that turn (``murder_pending``).
+        Once its line is full, each is published at once, as the change
+        happens: siblings must see a full worker before they count on it,
+        and a refusal is counted (and its siblings' room judged) before its
+        answer goes out. A worker thread's change (its slot given back) needs
+        nothing: the thread gives its slot back before it defers
+        ``finish_request`` to the main loop, whose turn publishes it. Any
+        other thread (an expiry, a head completed in the watcher) has the
+        main loop publish at its next turn.
         """
         if threading.get_ident() == self._loop_thread:
-            self._publish_due = True
+            if self._line.full():
+                self._publish()
+            else:
+                self._publish_due = True
         elif not self.admission.dispatcher.is_worker_thread():
             self.method_queue.defer(self._publish)
 
@@ -334,7 +342,8 @@ class AdmissionWorker(ThreadWorker):
         conn.timeout = time.monotonic() + DEFAULT_WORKER_DATA_TIMEOUT + self.cfg.keepalive
         self.fresh_conns.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_fresh_readable, conn))
-        self._publish_due = True
+        # At once (a new connection, not a request): siblings count it as arriving here.
+        self._publish()
 
     def _on_fresh_readable(self, conn: TConn, client: Any) -> None:
         self.poller.unregister(client)
