@@ -410,7 +410,11 @@ class BudgetPolicy:
             # Clamped so the hook can only shorten the budget, down to "already passed".
             budget_ns -= min(max(0, self.upstream_queue_ns(environ, arrival_ns)), budget_ns)
         # Saturate: a budget of centuries is "no practical deadline", never a 500.
-        return Deadline.at_ns(min(arrival_ns + budget_ns, _INT64_MAX)), incoming
+        # A comparison, not min(): the builtin parses its keywords on every request.
+        deadline_ns = arrival_ns + budget_ns
+        if deadline_ns > _INT64_MAX:
+            return Deadline.at_ns(_INT64_MAX), incoming
+        return Deadline.at_ns(deadline_ns), incoming
 
     def deadline_now(self, environ: Mapping[str, Any]) -> tuple[Deadline, IncomingBudget]:
         """``deadline_for(environ, time.monotonic_ns())``."""

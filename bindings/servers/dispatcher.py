@@ -123,7 +123,10 @@ class Ticket:
         # expiry reaper (shared with AdmissionPool) skips claimed entries.
         self.claimed = False
         self._queue: AdmissionQueue | None = None
-        self._once = threading.Lock()
+        # The release guard: one pop() takes it, exactly once (list.pop is
+        # atomic with or without the GIL). A one-element list costs a fraction
+        # of a threading.Lock and its acquire(), on every request.
+        self._once: list[None] = [None]
         self._app_called = False
 
     @property
@@ -147,14 +150,19 @@ class Ticket:
         ``sample=False`` for a ticket whose app never ran: its near-zero
         "service time" would drag the learned estimate down.
         """
-        # acquire(False): the positional form skips the keyword parsing of acquire(blocking=False).
-        if self._queue is not None and self._once.acquire(False):
-            started_ns = self.started_ns if sample else None
-            # critical= only for a critical ticket: a normal one needs only the plain keywords.
-            if self.critical:
-                self._queue.task_done(critical=True, started_ns=started_ns)
-            else:
-                self._queue.task_done(started_ns=started_ns)
+        queue = self._queue
+        if queue is None:
+            return
+        try:
+            self._once.pop()
+        except IndexError:
+            return  # released already
+        started_ns = self.started_ns if sample else None
+        # critical= only for a critical ticket: a normal one needs only the plain keywords.
+        if self.critical:
+            queue.task_done(critical=True, started_ns=started_ns)
+        else:
+            queue.task_done(started_ns=started_ns)
 
     def __repr__(self) -> str:
         kind = (" provisional" if self.provisional else "") + (" critical" if self.critical else "")
@@ -372,7 +380,7 @@ class AdmissionDispatcher:
                 serving[me] = None
                 # Its body usually gave the slot back already (the guard is then
                 # taken): skip the call that would do nothing.
-                if not ticket._once.locked():
+                if ticket._once:
                     ticket.release()
                 if self._on_change is not None:
                     self._changed()
@@ -468,14 +476,16 @@ class AdmittedApp:
             return send_rejection(start_response, exc)
         # Ticket.queue_wait_ns, inlined (the worker stamped started_ns before serving).
         started_ns = ticket.started_ns
-        queue_wait_ns = max(started_ns - ticket.arrival_ns, 0) if started_ns else 0
+        # A comparison, not max(): the builtin parses keywords on every call.
+        arrival_ns = ticket.arrival_ns
+        queue_wait_ns = (started_ns - arrival_ns if started_ns > arrival_ns else 0) if started_ns else 0
         compiled = _wsgi._COMPILED_PATH
         if compiled is not None and type(environ) is dict and type(deadline) is Deadline:
             # run_admitted's own compiled branch, called directly: one Python
             # call (with keywords) fewer on every request.
             return compiled.call_admitted(  # type: ignore[no-any-return]
                 self.app, environ, start_response, deadline, ticket.release, queue_wait_ns, self._counters, 1,
-                ticket.arrival_ns, OUTCOME_ADMITTED,
+                arrival_ns, OUTCOME_ADMITTED,
             )  # fmt: skip
         return run_admitted(
             self.app,

@@ -158,6 +158,58 @@ def test_ticket_release_gives_the_slot_back_once(recorder: Recorder) -> None:
     assert all(ticket.queue_wait_ns >= 0 for ticket in released)
 
 
+def test_ticket_released_by_many_threads_at_once_gives_its_slot_back_once(recorder: Recorder) -> None:
+    """Real threads race on each ticket's release (the body's, another thread's, the worker's): one wins."""
+    racers, rounds = 6, 40
+    errors: list[BaseException] = []
+
+    def serve(ticket: Ticket) -> None:
+        barrier = threading.Barrier(racers + 1)
+
+        def race() -> None:
+            try:
+                barrier.wait(JOIN_TIMEOUT_S)
+                ticket.release()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=race) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        barrier.wait(JOIN_TIMEOUT_S)
+        ticket.release()
+        for thread in threads:
+            thread.join(JOIN_TIMEOUT_S)
+        # The worker releases once more after serve returns: that one must do nothing either.
+
+    dispatcher = AdmissionDispatcher(1, rounds, serve=serve, reject=recorder.reject)
+    dispatcher.start()
+    for number in range(rounds):
+        assert dispatcher.submit(_ticket(number))
+    assert dispatcher.shutdown(timeout=JOIN_TIMEOUT_S)
+    assert errors == []
+    stats = dispatcher.stats()
+    assert (stats["started"], stats["completed"], stats["in_flight"]) == (rounds, rounds, 0)
+
+
+def test_a_ticket_released_before_it_started_still_releases_once_started() -> None:
+    """release() before a worker took the ticket gives nothing back and leaves the guard untaken."""
+    served: list[Ticket] = []
+
+    def serve(ticket: Ticket) -> None:
+        served.append(ticket)
+
+    dispatcher = AdmissionDispatcher(1, 1, serve=serve, reject=lambda t, e: None)
+    ticket = _ticket("early")
+    ticket.release()  # not started: nothing to give back
+    dispatcher.start()
+    assert dispatcher.submit(ticket)
+    assert dispatcher.shutdown(timeout=JOIN_TIMEOUT_S)
+    assert served == [ticket]
+    stats = dispatcher.stats()
+    assert (stats["started"], stats["completed"], stats["in_flight"]) == (1, 1, 0)
+
+
 def test_the_callbacks_must_be_callable() -> None:
     with pytest.raises(TypeError, match="serve and reject must be callables"):
         AdmissionDispatcher(1, 0, serve=None, reject=print)  # type: ignore[arg-type]
