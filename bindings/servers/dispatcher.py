@@ -428,6 +428,14 @@ class AdmittedApp:
     A provisional ticket first gets its real deadline from the parsed
     request. If the deadline has passed by the time the app would start, the
     answer is 504 and the app does not run. Calling it outside an admitted request raises ``RuntimeError``.
+
+    ``release_at_close=False`` leaves the slot to the dispatcher's worker,
+    which gives it back when ``serve`` returns: for a server whose worker
+    still has the request's own bookkeeping to do once the body is closed
+    (waitress's worker queues the answer, then pops the request and wakes
+    its I/O thread to send it). Given back at the close, the slot lets the
+    next request's worker wake and take the GIL inside that tail, while the
+    I/O thread turns on an answer it may not send yet.
     """
 
     def __init__(
@@ -436,7 +444,12 @@ class AdmittedApp:
         dispatcher: AdmissionDispatcher,
         policy: BudgetPolicy,
         counters: MiddlewareCounters,
+        *,
+        release_at_close: bool = True,
     ) -> None:
+        if not isinstance(release_at_close, bool):
+            raise TypeError(f"release_at_close must be a bool, not {type(release_at_close).__name__}")
+        self._release_at_close = release_at_close
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
         self.app = app
@@ -479,12 +492,14 @@ class AdmittedApp:
         # A comparison, not max(): the builtin parses keywords on every call.
         arrival_ns = ticket.arrival_ns
         queue_wait_ns = (started_ns - arrival_ns if started_ns > arrival_ns else 0) if started_ns else 0
+        # Not at the close: the dispatcher's worker gives it back once serve() returns.
+        release = ticket.release if self._release_at_close else _slot_kept
         compiled = _wsgi._COMPILED_PATH
         if compiled is not None and type(environ) is dict and type(deadline) is Deadline:
             # run_admitted's own compiled branch, called directly: one Python
             # call (with keywords) fewer on every request.
             return compiled.call_admitted(  # type: ignore[no-any-return]
-                self.app, environ, start_response, deadline, ticket.release, queue_wait_ns, self._counters, 1,
+                self.app, environ, start_response, deadline, release, queue_wait_ns, self._counters, 1,
                 arrival_ns, OUTCOME_ADMITTED,
             )  # fmt: skip
         return run_admitted(
@@ -492,8 +507,12 @@ class AdmittedApp:
             environ,
             start_response,
             deadline,
-            ticket.release,
+            release,
             queue_wait_ns,
             counters=self._counters,
             arrival_ns=ticket.arrival_ns,
         )
+
+
+def _slot_kept() -> None:
+    """The release ``run_admitted`` calls at the close when the worker gives the slot back itself."""

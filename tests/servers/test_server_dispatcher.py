@@ -210,6 +210,36 @@ def test_a_ticket_released_before_it_started_still_releases_once_started() -> No
     assert (stats["started"], stats["completed"], stats["in_flight"]) == (1, 1, 0)
 
 
+@pytest.mark.parametrize("release_at_close", [True, False])
+def test_admitted_app_gives_the_slot_back_at_the_close_or_when_serve_returns(release_at_close: bool) -> None:
+    """``release_at_close=False`` keeps the slot through the body's close; the worker gives it back after serve."""
+    seen: list[int] = []
+    dispatcher: AdmissionDispatcher
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    def serve(ticket: Ticket) -> None:
+        body = admitted({"PATH_INFO": "/"}, lambda status, headers, exc_info=None: None)
+        assert b"".join(body) == b"ok"
+        body.close()  # type: ignore[attr-defined]
+        seen.append(dispatcher.stats()["in_flight"])
+
+    dispatcher = AdmissionDispatcher(1, 0, serve=serve, reject=lambda t, e: None)
+    admitted = AdmittedApp(
+        app, dispatcher, BudgetPolicy(1000, 30000), MiddlewareCounters(), release_at_close=release_at_close
+    )
+    dispatcher.start()
+    assert dispatcher.submit(_ticket("one"))
+    assert dispatcher.shutdown(timeout=JOIN_TIMEOUT_S)
+    assert seen == [0 if release_at_close else 1]
+    stats = dispatcher.stats()
+    assert (stats["completed"], stats["in_flight"]) == (1, 0)
+    with pytest.raises(TypeError, match="release_at_close"):
+        AdmittedApp(app, dispatcher, BudgetPolicy(1000, 30000), MiddlewareCounters(), release_at_close=1)  # type: ignore[arg-type]
+
+
 def test_the_callbacks_must_be_callable() -> None:
     with pytest.raises(TypeError, match="serve and reject must be callables"):
         AdmissionDispatcher(1, 0, serve=None, reject=print)  # type: ignore[arg-type]

@@ -300,6 +300,25 @@ def test_waitress_answers_pipelined_requests_refused_one_after_another(
     assert statuses(holder.join()) == {200: 1}
 
 
+def test_waitress_serves_pipelined_requests_on_one_slot_one_after_another(servers: list[RunningServer]) -> None:
+    """A request's slot is held until waitress's worker is done with it, yet the next pipelined request gets it.
+
+    One slot and no waiting place: waitress's worker offers each pipelined
+    request itself, at the end of the one before; that one's slot is given
+    back first, so none is refused.
+    """
+    server = _start(servers, "waitress", threads=1, max_queue=0)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(b"GET /work HTTP/1.1\r\nHost: test\r\n\r\n" * 4 + b"GET /calls HTTP/1.1\r\nHost: test\r\n\r\n")
+        answers = _read_answers(reader, 5)
+        reader.close()
+    assert [status for status, _ in answers] == [200] * 5
+    assert server.stats is not None
+    wait_until(lambda: server.stats()["in_flight"] == 0, "the last slot to be given back")  # type: ignore[misc]
+    assert server.stats()["rejected_full"] == 0
+
+
 def test_waitress_stops_gracefully_on_systemexit_in_run(tmp_path: Path) -> None:
     """``run()`` ending with SystemExit (as Ctrl-C does) drains the queue, turning the I/O loop itself."""
     from _server_harness import app
