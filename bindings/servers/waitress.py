@@ -204,7 +204,7 @@ class WaitressDispatcher:
         # dispatcher.is_worker_thread() and _request_environ(channel), inlined:
         # this runs in the I/O thread for every request.
         ident = _get_ident()
-        serving = self._worker_idents.get(ident, _NOT_A_WORKER)
+        serving: Any = self._worker_idents.get(ident, _NOT_A_WORKER)
         if serving is _NOT_A_WORKER:
             self._io_thread = ident
         elif serving is not None:
