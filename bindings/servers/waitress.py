@@ -162,7 +162,7 @@ class WaitressDispatcher:
             queue_options=settings.queue_options(),
         )
         self._submit = self.dispatcher.submit
-        # The worker threads' ids (what dispatcher.is_worker_thread() looks up).
+        # Each worker thread's id and the ticket it serves (what is_worker_thread() and current_ticket() read).
         self._worker_idents = self.dispatcher._serving
         self._refused: deque[Any] = deque()
         self._refused_lock = threading.Lock()
