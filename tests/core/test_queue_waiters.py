@@ -428,7 +428,9 @@ PENDING_SIGNAL = textwrap.dedent(
     }
     steps = [
         functools.partial(signal.setitimer, signal.ITIMER_REAL, 0.002),
-        functools.partial(sum, range(3 * 10**7)),
+        # Tens of milliseconds of C loop on a fast machine (more on a slow or
+        # loaded one: the timer counts real time), over ten times the 2 ms timer.
+        functools.partial(sum, range(3 * 10**6)),
         calls[sys.argv[2]],
     ]
     signal.signal(signal.SIGALRM, on_alarm)
