@@ -4,19 +4,44 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 import pytest
+from prazo.bench import throughput
 from prazo.bench.throughput import STOCK_OF, THROUGHPUT_SERVERS, bench_throughput, parse_wrk
 
 # Two peers and the embedding measured against it: a short run, never an assertion on speed.
 _SUBSET = "waitress,prazo-waitress"
+_ARGV = ["--servers", _SUBSET, "--rounds", "2", "--duration", "0.5", "--connections", "4", "--loadgen", "prazo"]
 
 
-def test_a_short_run_answers_on_every_server_with_the_fallback_generator() -> None:
+@pytest.fixture(scope="module")
+def short_run() -> dict[str, Any]:
+    """One real run through the command (``--json``), with what ``run_throughput`` was asked and reported."""
+    recorded: dict[str, Any] = {"progress": []}
+    real = throughput.run_throughput
+
+    def recording(settings: Any, progress: Any = None) -> Any:
+        def tee(*call: Any) -> None:
+            recorded["progress"].append(call)
+            if progress is not None:
+                progress(*call)
+
+        recorded["settings"] = settings
+        recorded["results"] = real(settings, tee)
+        return recorded["results"]
+
     out = io.StringIO()
-    argv = ["--servers", _SUBSET, "--rounds", "2", "--duration", "0.5", "--connections", "4", "--loadgen", "prazo"]
-    assert bench_throughput([*argv, "--json"], out) == 0
-    document = json.loads(out.getvalue())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(throughput, "run_throughput", recording)
+        recorded["status"] = bench_throughput([*_ARGV, "--json"], out)
+    recorded["document"] = json.loads(out.getvalue())
+    return recorded
+
+
+def test_a_short_run_answers_on_every_server_with_the_fallback_generator(short_run: dict[str, Any]) -> None:
+    assert short_run["status"] == 0
+    document = short_run["document"]
     assert document["generator"].startswith("prazo.bench.loadgen")
     assert (document["rounds"], document["duration_s"], document["connections"]) == (2, 0.5, 4)
     servers = {entry["server"]: entry for entry in document["servers"]}
@@ -34,16 +59,27 @@ def test_a_short_run_answers_on_every_server_with_the_fallback_generator() -> No
     assert servers["waitress"]["vs_stock"] is None
 
 
-def test_the_table_has_the_ratio_columns(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_has_the_ratio_columns(
+    short_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The table's wiring (no --json: the table, the progress lines) on the real run
+    # above, not a second one: the same options must ask for the same run.
+    def replay(settings: Any, progress: Any = None) -> Any:
+        assert settings == short_run["settings"]
+        for call in short_run["progress"]:
+            progress(*call)
+        return short_run["results"]
+
+    monkeypatch.setattr(throughput, "run_throughput", replay)
     out = io.StringIO()
-    argv = ["--servers", _SUBSET, "--rounds", "1", "--duration", "0.5", "--connections", "2", "--loadgen", "prazo"]
-    assert bench_throughput(argv, out) == 0
+    assert bench_throughput(_ARGV, out) == 0
     header, *rows = out.getvalue().splitlines()[1:]
     assert header.split()[:5] == ["server", "answers/s", "rounds", "vs", "stock"]
     assert "vs fastest" in header
     assert {row.split()[0] for row in rows} == {"waitress", "prazo-waitress"}
-    assert "1 interleaved round(s)" in out.getvalue()
-    assert "round 1 prazo-waitress:" in capsys.readouterr().err
+    assert "2 interleaved round(s)" in out.getvalue()
+    err = capsys.readouterr().err
+    assert "round 1 prazo-waitress:" in err and "round 2 prazo-waitress:" in err
 
 
 def test_unknown_servers_and_bad_options_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,6 +26,9 @@ from prazo.core import NS_PER_MS, REASON_NO_BUDGET_FOR_DOWNSTREAM
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 MARGIN_MS = 20
+# serve_forever looks for a shutdown request every poll_interval (0.5 s by default):
+# a shorter one lets shutdown() return at once instead of waiting out the poll.
+_POLL = {"poll_interval": 0.05}
 # Generous: the machine may be loaded, and nothing here asserts on speed.
 CLIENT_TIMEOUT_S = 10
 
@@ -54,7 +57,7 @@ def serve() -> Iterator[Callable[[Callable[..., Iterable[bytes]]], str]]:
 
     def start(app: Callable[..., Iterable[bytes]]) -> str:
         server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs=_POLL, daemon=True)
         thread.start()
         servers.append((server, thread))
         return f"http://127.0.0.1:{server.server_port}/"

@@ -327,11 +327,17 @@ SIGNAL_STRESS = textwrap.dedent(
             armed = False
             raise Interrupt
 
+    # The threads start together once every one is running: 32 that churn while
+    # the others are still being started made each start wait for the GIL, and
+    # the starts took longer than the run (no signal is armed until they are done).
+    go = threading.Event()
+
     def churn(seed):
         # Deadlines of 0-2 ms: every thread keeps arriving (taking the
         # mutex with the GIL held) and waking from short waits (taking it
         # without the GIL), so an interrupted waiter meets both.
         rng = random.Random(seed)
+        go.wait()
         while not stop.is_set():
             try:
                 with q.slot(Deadline.after_ms(rng.uniform(0, 2))):
@@ -341,6 +347,7 @@ SIGNAL_STRESS = textwrap.dedent(
 
     def hold():
         # Keeps the main thread waiting long enough to be interrupted there.
+        go.wait()
         while not stop.is_set():
             try:
                 with q.slot(long_wait()):
@@ -352,6 +359,7 @@ SIGNAL_STRESS = textwrap.dedent(
     threads.append(threading.Thread(target=hold))
     for thread in threads:
         thread.start()
+    go.set()
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
     interrupted = 0
@@ -428,7 +436,9 @@ PENDING_SIGNAL = textwrap.dedent(
     }
     steps = [
         functools.partial(signal.setitimer, signal.ITIMER_REAL, 0.002),
-        functools.partial(sum, range(3 * 10**7)),
+        # Tens of milliseconds of C loop on a fast machine (more on a slow or
+        # loaded one: the timer counts real time), over ten times the 2 ms timer.
+        functools.partial(sum, range(3 * 10**6)),
         calls[sys.argv[2]],
     ]
     signal.signal(signal.SIGALRM, on_alarm)

@@ -28,6 +28,9 @@ from prazo.bindings.wsgi import AdmissionMiddleware
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 CLIENT_TIMEOUT_S = 10
+# serve_forever looks for a shutdown request every poll_interval (0.5 s by default):
+# a shorter one lets shutdown() return at once instead of waiting out the poll.
+_POLL = {"poll_interval": 0.05}
 WSGIApp = Callable[..., Iterable[bytes]]
 
 
@@ -52,7 +55,7 @@ def serve() -> Iterator[Callable[[WSGIApp], Client]]:
 
     def start(app: WSGIApp) -> Client:
         server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs=_POLL, daemon=True)
         thread.start()
         servers.append((server, thread))
         return Client(f"http://127.0.0.1:{server.server_port}")

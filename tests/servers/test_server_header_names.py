@@ -25,7 +25,9 @@ DEFAULT_BUDGET_MS = 5000
 PIECES_PAUSE_S = 0.3
 
 
-@pytest.fixture(params=SERVER_KINDS)
+# One server per kind for the module: every case is a request of its own on a
+# connection of its own, and none reads the queue's counters.
+@pytest.fixture(scope="module", params=SERVER_KINDS)
 def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     running = start_server(request.param, threads=2, max_queue=4, default_budget_ms=DEFAULT_BUDGET_MS)
     yield running

@@ -29,6 +29,9 @@ flask = require("flask")
 from prazo.bindings.integrations.flask import init_app, rejection_flask_response
 
 DEFAULT_BUDGET_MS = 1000
+# serve_forever looks for a shutdown request every poll_interval (0.5 s by default):
+# a shorter one lets shutdown() return at once instead of waiting out the poll.
+_POLL = {"poll_interval": 0.05}
 
 
 def make_app(*, with_init: bool = True) -> Any:
@@ -91,7 +94,7 @@ def serve_wsgi() -> Iterator[Any]:
             daemon_threads = True
 
         server = make_server("127.0.0.1", 0, app, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs=_POLL, daemon=True).start()
         servers.append(server)
         return int(server.server_address[1])
 

@@ -32,6 +32,9 @@ from prazo.bindings.servers.werkzeug import make_server
 from prazo.core import REASON_NO_BUDGET_FOR_DOWNSTREAM, current_deadline
 
 MARGIN_MS = 20
+# serve_forever looks for a shutdown request every poll_interval (0.5 s by default):
+# a shorter one lets shutdown() return at once instead of waiting out the poll.
+_POLL = {"poll_interval": 0.05}
 CLIENT_TIMEOUT_S = 20
 METHOD = "/prazo.test.Chain/Forward"
 
@@ -54,7 +57,7 @@ def http_server() -> Iterator[Callable[[Callable[..., Iterable[bytes]]], str]]:
     def start(app: Callable[..., Iterable[bytes]]) -> str:
         server = make_server("127.0.0.1", 0, app, threads=4, max_queue=4, default_budget_ms=5000)
         server.shutdown_timeout = 10.0
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs=_POLL, daemon=True)
         thread.start()
         servers.append((server, thread))
         return f"http://127.0.0.1:{server.server_address[1]}/"

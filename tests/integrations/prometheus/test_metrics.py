@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
@@ -39,6 +40,9 @@ from werkzeug.test import Client
 ROOT = Path(__file__).resolve().parents[3]
 ALERTS = ROOT / "examples" / "prometheus" / "alerts.yml"
 MS = 1_000_000
+# serve_forever looks for a shutdown request every poll_interval (0.5 s by default):
+# a shorter one lets shutdown() return at once instead of waiting out the poll.
+_POLL = {"poll_interval": 0.05}
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -516,7 +520,7 @@ def test_server_embeddings_are_read_through_their_queue(registry: CollectorRegis
     werkzeug_server = prazo_werkzeug.make_server("127.0.0.1", 0, app, **limits)
     cheroot_server = prazo_cheroot.create_server(app, ("127.0.0.1", 0), **limits)
     cheroot_server.prepare()
-    runs = [waitress_server.run, werkzeug_server.serve_forever, cheroot_server.serve]
+    runs = [waitress_server.run, partial(werkzeug_server.serve_forever, **_POLL), cheroot_server.serve]
     threads = [threading.Thread(target=run, daemon=True) for run in runs]
     for thread in threads:
         thread.start()
@@ -658,7 +662,7 @@ def served() -> Iterator[Any]:
 
     def serve(app: Any) -> int:
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs=_POLL, daemon=True).start()
         servers.append(server)
         return int(server.server_port)
 
