@@ -293,7 +293,10 @@ class LoopbackServers:
                 """The demo prints its own report; one log line per request would drown it."""
 
         server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, name="prazo-demo-server", daemon=True)
+        # A 50 ms poll (the default is 0.5 s): stop() waits out one poll per server.
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="prazo-demo-server", daemon=True
+        )
         thread.start()
         self._servers.append(server)
         self._threads.append(thread)

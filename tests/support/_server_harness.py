@@ -449,7 +449,8 @@ def start_server(
         extra = {} if kind == "werkzeug" else {"handler_class": QuietHandler}
         server = make_server("127.0.0.1", 0, app, **limits, **extra)
         server.shutdown_timeout = 10.0
-        thread = _in_thread(server.serve_forever, f"{kind}-accept")
+        # A 50 ms poll (the default is 0.5 s): every stop waits out one poll.
+        thread = _in_thread(lambda: server.serve_forever(poll_interval=0.05), f"{kind}-accept")
         return RunningServer(kind, server.server_address[1], server.shutdown, thread, server.stats)
     if kind == "cheroot":
         from prazo.bindings.servers.cheroot import create_server
