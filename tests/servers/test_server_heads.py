@@ -16,6 +16,8 @@ from __future__ import annotations
 import http.client
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -148,27 +150,28 @@ def test_waiting_bytes_peeks_or_takes_and_never_blocks(compiled: Any, reader: st
         compiled.recv_nowait(0, 0)
 
 
-def _admission(served: list[Ticket], taken: list[tuple[Any, bytes]], header_timeout_s: float) -> ConnectionAdmission:
-    def serve(ticket: Ticket) -> None:
-        # What the server holds when its worker starts: every byte the admission read.
-        served.append(ticket)
-
-    return ConnectionAdmission(
+@contextmanager
+def _taking(header_timeout_s: float) -> Iterator[tuple[ConnectionAdmission, list[Ticket], list[tuple[Any, bytes]]]]:
+    """A started admission in the take mode, what it served and what it handed over; closed at the end."""
+    served: list[Ticket] = []
+    taken: list[tuple[Any, bytes]] = []
+    admission = ConnectionAdmission(
         ServerSettings(threads=1, max_queue=1, header_timeout_ms=header_timeout_s * 1000),
-        serve=serve,
+        serve=served.append,
         socket_of=lambda item: item,
         name="test-take",
         take_bytes=lambda item, data: taken.append((item, data)),
     )
+    admission.start()
+    try:
+        yield admission, served, taken
+    finally:
+        assert admission.close(timeout=JOIN_TIMEOUT_S)
 
 
 def test_a_head_taken_off_the_socket_reaches_the_server_whole_before_it_is_served() -> None:
-    served: list[Ticket] = []
-    taken: list[tuple[Any, bytes]] = []
-    admission = _admission(served, taken, JOIN_TIMEOUT_S)
-    admission.start()
     server_side, client = socket.socketpair()
-    try:
+    with server_side, client, _taking(JOIN_TIMEOUT_S) as (admission, served, taken):
         client.sendall(b"POST / HTTP/1.1\r\nContent-Length: 4\r\nX-Request-Budget-Ms: 60")
         assert admission.admit(server_side, server_side, None, buffered=b"")
         time.sleep(0.05)
@@ -183,19 +186,11 @@ def test_a_head_taken_off_the_socket_reaches_the_server_whole_before_it_is_serve
             (server_side, b"POST / HTTP/1.1\r\nContent-Length: 4\r\nX-Request-Budget-Ms: 6000\r\n\r\nbodyGET /next")
         ]
         assert heads.waiting_bytes(server_side) is None
-    finally:
-        assert admission.close(timeout=JOIN_TIMEOUT_S)
-        client.close()
-        server_side.close()
 
 
 def test_a_taken_head_counts_what_the_server_held_already() -> None:
-    served: list[Ticket] = []
-    taken: list[tuple[Any, bytes]] = []
-    admission = _admission(served, taken, JOIN_TIMEOUT_S)
-    admission.start()
     server_side, client = socket.socketpair()
-    try:
+    with server_side, client, _taking(JOIN_TIMEOUT_S) as (admission, served, taken):
         # The server read the request line itself (a pipelined request behind a body, say).
         client.sendall(b"X-Request-Budget-Ms: 700\r\n\r\n")
         wait_until(lambda: heads.waiting_bytes(server_side) is not None, "the bytes to arrive")
@@ -203,20 +198,12 @@ def test_a_taken_head_counts_what_the_server_held_already() -> None:
         wait_until(lambda: served, "the head to be served")
         assert served[0].deadline.ns - served[0].arrival_ns == 700 * 1_000_000
         assert taken == [(server_side, b"X-Request-Budget-Ms: 700\r\n\r\n")]
-    finally:
-        assert admission.close(timeout=JOIN_TIMEOUT_S)
-        client.close()
-        server_side.close()
 
 
 def test_a_taken_head_still_times_out_with_408_and_a_departed_client_is_dropped() -> None:
-    served: list[Ticket] = []
-    taken: list[tuple[Any, bytes]] = []
-    admission = _admission(served, taken, 0.2)
-    admission.start()
     slow_side, slow_client = socket.socketpair()
     gone_side, gone_client = socket.socketpair()
-    try:
+    with slow_side, slow_client, gone_side, gone_client, _taking(0.2) as (admission, served, taken):
         slow_client.settimeout(JOIN_TIMEOUT_S)
         slow_client.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n")
         assert admission.admit(slow_side, slow_side, None)
@@ -230,10 +217,6 @@ def test_a_taken_head_still_times_out_with_408_and_a_departed_client_is_dropped(
         wait_until(lambda: gone_side.fileno() == -1, "the departed client's connection to be closed")
         assert served == [] and taken == []
         assert admission.stats()["pending_heads"] == 0 and admission.stats()["header_timeouts"] == 1
-    finally:
-        assert admission.close(timeout=JOIN_TIMEOUT_S)
-        for sock in (slow_side, slow_client, gone_side, gone_client):
-            sock.close()
 
 
 def test_take_bytes_must_be_callable() -> None:
