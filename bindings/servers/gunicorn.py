@@ -188,8 +188,8 @@ class AdmissionWorker(ThreadWorker):
         self._yielding = False
         self._seen_offered = 0
         self._seen_refused = 0
-        # The row is written by the main loop only, once at the end of a turn
-        # in which the occupancy changed (see _queue_changed).
+        # The row is written by the main loop only: at once while the line is
+        # full, else once at the end of a turn that changed it (see _queue_changed).
         self._publish_due = False
         self._loop_thread: int | None = None
         # gunicorn builds the worker in the arbiter, just before forking it:
