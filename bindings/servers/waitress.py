@@ -47,7 +47,7 @@ from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, MultiSocketServer
 from waitress.server import create_server as _waitress_create_server
-from waitress.task import ErrorTask
+from waitress.task import ErrorTask, WSGITask
 from waitress.utilities import Error
 
 from ..wsgi import MiddlewareCounters, WSGIApp, rejection_response
@@ -82,7 +82,43 @@ class _Refusal(Error):
         return rejection_response(self.exc)
 
 
-class _RefusalTask(ErrorTask):
+# The largest first body chunk that is copied behind the response head to go
+# out in one send: beyond it, the copy would cost more than the send it saves.
+_HEAD_WITH_BODY_MAX = 64 * 1024
+
+
+class _HeadWithFirstChunk:
+    """A waitress task whose response head goes out with the first body chunk, in one send.
+
+    waitress's ``Task.write`` hands the channel the head and then the chunk,
+    and each ``write_soon`` sends at once: two sends, two GIL hand-offs. Here
+    the channel keeps the head (``AdmissionChannel._held_head``) and sends it
+    in front of the chunk; when no chunk follows (a HEAD request, a 204, a
+    body past Content-Length), the head is sent alone.
+    """
+
+    channel: AdmissionChannel
+    wrote_header: bool
+
+    def write(self, data: bytes) -> None:
+        if self.wrote_header or not data or len(data) > _HEAD_WITH_BODY_MAX:
+            super().write(data)  # type: ignore[misc]
+            return
+        channel = self.channel
+        channel._held_head = b""  # the next write_soon (the head) is kept for the one after it
+        try:
+            super().write(data)  # type: ignore[misc]
+        finally:
+            head, channel._held_head = channel._held_head, None
+        if head:
+            channel.write_soon(head)
+
+
+class _AdmissionTask(_HeadWithFirstChunk, WSGITask):
+    """waitress's ``WSGITask``, its head sent with the first chunk."""
+
+
+class _RefusalTask(_HeadWithFirstChunk, ErrorTask):
     """Answers a prazo refusal without closing the connection.
 
     waitress's ``ErrorTask`` always closes, because its errors come from
@@ -111,9 +147,9 @@ class AdmissionChannel(HTTPChannel):
     waitress reports the channel writable during that send too. Each send
     lets go of the GIL, so the I/O thread gets it, finds the channel
     writable, turns its loop, and cannot take the lock. Each such turn costs
-    a ``readable()`` and ``writable()`` call on every connection, and one
-    CPU's worth of work per request goes to it: this embedding turned the loop
-    0.6 times per request against 0.05 without the spin (``bench/RESULTS.md``).
+    a ``readable()`` and a ``writable()`` call on every connection: under
+    load this embedding turned the loop 0.6 times per request, and 0.05
+    times without the spin (``bench/RESULTS.md``).
     So while a worker is inside ``write_soon`` the channel is not writable,
     unless the worker waits for the I/O thread to flush below
     ``outbuf_high_watermark``, or the channel is to close. Output the worker
@@ -122,7 +158,10 @@ class AdmissionChannel(HTTPChannel):
     waitress.
     """
 
+    task_class = _AdmissionTask
     error_task_class = _RefusalTask
+    # The response head waiting for its first body chunk (see _HeadWithFirstChunk); None: none is held.
+    _held_head: bytes | None = None
     # True while a thread is inside write_soon (one worker serves a channel at a time).
     _writing = False
 
@@ -136,6 +175,14 @@ class AdmissionChannel(HTTPChannel):
         return not self._writing or pending > self.adj.outbuf_high_watermark
 
     def write_soon(self, data: bytes) -> int:
+        held = self._held_head
+        if held is not None:
+            # b"": this is the head, kept for the chunk after it; else it is that chunk.
+            if not held:
+                self._held_head = data
+                return len(data)
+            self._held_head = None
+            data = held + data
         self._writing = True
         try:
             return super().write_soon(data)  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""The waitress embedding's write path: the I/O loop skips a channel while its worker sends, and loses nothing.
+"""The waitress embedding's write path: one send per small answer, no loop turns on a sending channel, nothing lost.
 
 ``AdmissionChannel`` reports a channel not writable while a worker is inside
 ``write_soon``, so the I/O thread does not turn its loop on a lock it cannot
@@ -10,6 +10,10 @@ waitress on loopback:
 - a worker waiting inside ``write_soon`` for the I/O thread to flush below
   ``outbuf_high_watermark``: the channel must stay writable for it;
 - a streamed answer whose chunks come with pauses.
+
+The head of an answer goes out with its first body chunk in one send
+(``_HeadWithFirstChunk``); the tests count the sends, and check the answers
+that have no chunk to carry their head.
 
 Every server runs with ``asyncore_loop_timeout=60``: an I/O thread left asleep
 would not wake by itself within the clients' timeouts, so a lost wake-up fails
@@ -39,7 +43,14 @@ MIB = 1024 * 1024
 @contextmanager
 def _serving(app: Callable[..., Any], **waitress_options: Any) -> Iterator[Any]:
     server = create_server(
-        app, host="127.0.0.1", port=0, threads=2, max_queue=2, asyncore_loop_timeout=60, **waitress_options
+        app,
+        host="127.0.0.1",
+        port=0,
+        threads=2,
+        max_queue=2,
+        default_budget_ms=60000,  # a request held in line outlives every test
+        asyncore_loop_timeout=60,
+        **waitress_options,
     )
     thread = threading.Thread(target=server.run, name="waitress-io", daemon=True)
     thread.start()
@@ -187,3 +198,131 @@ def test_a_streamed_answer_arrives_chunk_by_chunk_while_the_app_pauses() -> None
                 assert time.monotonic() - started < WAIT_S
             while not received.endswith(b"0\r\n\r\n"):
                 _read_until(sock, received, len(received) + 1)
+
+
+class _CountingChannel(AdmissionChannel):
+    """An ``AdmissionChannel`` that records the size of every send."""
+
+    sends: list[int]
+
+    def send(self, data: bytes, do_close: bool = True) -> int:
+        sent = super().send(data, do_close=do_close)
+        self.sends.append(sent)
+        return sent  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _counting_sends(app: Callable[..., Any], **limits: Any) -> Iterator[tuple[Any, list[int]]]:
+    sends: list[int] = []
+    channel_class = type("Counting", (_CountingChannel,), {"sends": sends})
+    with _serving(app, **limits) as server:
+        server.channel_class = channel_class
+        yield server, sends
+
+
+def _exchange(port: int, requests: bytes, answers: int, *, bodies: bool = True) -> list[bytes]:
+    """Send ``requests`` on one connection and read ``answers`` responses, each with its Content-Length.
+
+    ``bodies=False``: the answers have none, whatever their length says (answers to HEAD).
+    """
+    responses = []
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(requests)
+        received = bytearray()
+        for _ in range(answers):
+            head = _read_head(sock, received)
+            fields = bytes(received[:head]).lower()
+            length = 0
+            if bodies and b"content-length:" in fields:
+                length = int(fields.split(b"content-length:")[1].split(b"\r\n")[0])
+            _read_until(sock, received, head + length)
+            responses.append(bytes(received[: head + length]))
+            del received[: head + length]
+    return responses
+
+
+def test_the_head_and_a_small_first_chunk_go_out_in_one_send() -> None:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("200 OK", [("Content-Length", "5")])
+        return [b"hello"]
+
+    with _counting_sends(app) as (server, sends):
+        [answer] = _exchange(int(server.effective_port), b"GET / HTTP/1.1\r\nHost: test\r\n\r\n", 1)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nhello")
+        wait_until(lambda: sum(sends) == len(answer), "the answer to be sent")
+        assert sends == [len(answer)]
+
+
+def test_a_first_chunk_too_large_to_copy_goes_out_after_the_head() -> None:
+    body = b"b" * (256 * 1024)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    with _counting_sends(app) as (server, sends):
+        [answer] = _exchange(int(server.effective_port), b"GET / HTTP/1.1\r\nHost: test\r\n\r\n", 1)
+        assert answer.endswith(b"\r\n\r\n" + body)
+        wait_until(lambda: sum(sends) == len(answer), "the answer to be sent")
+        assert sends[0] == len(answer) - len(body), "the head was not sent on its own"
+
+
+def test_answers_without_a_body_chunk_still_send_their_head_and_keep_the_connection() -> None:
+    """HEAD, a 204, a body cut at Content-Length: 0, an empty body: each head goes out alone; keep-alive holds."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ["PATH_INFO"]
+        if path == "/no-content":
+            start_response("204 No Content", [])
+            return [b"ignored"]
+        if path == "/zero":
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b"past the length"]
+        if path == "/empty":
+            start_response("200 OK", [("Content-Length", "0")])
+            return []
+        start_response("200 OK", [("Content-Length", "4")])
+        return [b"body"]
+
+    with _counting_sends(app) as (server, _):
+        port = int(server.effective_port)
+        [head_answer] = _exchange(port, b"HEAD / HTTP/1.1\r\nHost: test\r\n\r\n", 1, bodies=False)
+        assert head_answer.startswith(b"HTTP/1.1 200 OK\r\n") and head_answer.endswith(b"\r\n\r\n")
+        # waitress closes after a 204 without a length, as it does without prazo.
+        [no_content] = _exchange(port, b"GET /no-content HTTP/1.1\r\nHost: test\r\n\r\n", 1)
+        assert no_content.startswith(b"HTTP/1.1 204 No Content\r\n") and no_content.endswith(b"\r\n\r\n")
+        requests = b"".join(b"GET %s HTTP/1.1\r\nHost: test\r\n\r\n" % path for path in (b"/zero", b"/empty", b"/"))
+        answers = _exchange(port, requests, 3)
+        assert [answer.split(b"\r\n", 1)[0] for answer in answers] == [b"HTTP/1.1 200 OK"] * 3
+        assert [answer.partition(b"\r\n\r\n")[2] for answer in answers] == [b"", b"", b"body"]
+
+
+def test_a_refusal_goes_out_in_one_send() -> None:
+    """The 503 written by the I/O thread: head and body together, and the connection stays open."""
+    release = threading.Event()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        release.wait(WAIT_S)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    with _counting_sends(app) as (server, sends):
+        port = int(server.effective_port)
+        holders = [
+            threading.Thread(target=_exchange, args=(port, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n", 1)) for _ in range(4)
+        ]
+        for holder in holders:
+            holder.start()
+        try:
+            # threads=2, max_queue=2: four requests fill the server.
+            wait_until(lambda: server.task_dispatcher.stats()["offered"] == 4, "the four requests to be admitted")
+            assert server.task_dispatcher.stats()["rejected_full"] == 0
+            before = len(sends)
+            refused, again = _exchange(port, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" * 2, 2)
+            assert refused.startswith(b"HTTP/1.1 503") and again.startswith(b"HTTP/1.1 503")
+            wait_until(lambda: len(sends) >= before + 2, "both refusals to be sent")
+            assert sends[before:] == [len(refused), len(again)]
+        finally:
+            release.set()
+            for holder in holders:
+                holder.join(WAIT_S)
