@@ -19,26 +19,37 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The three audiences of docs/design.md's "Layout"; subpackages live in their folders.
-PACKAGES = [
-    "prazo.core",
-    "prazo.bindings",
-    "prazo.bindings.clients",
-    "prazo.bindings.dependency",
-    "prazo.bindings.integrations",
-    "prazo.bindings.integrations.grpc",
-    "prazo.bindings.plumbing",
-    "prazo.bindings.servers",
-    "prazo.bench",
-]
+# The three audiences of docs/design.md's "Layout", each folder mapped into the prazo namespace.
 PACKAGE_DIR = {"prazo.core": "core", "prazo.bindings": "bindings", "prazo.bench": "bench"}
+# What a package carries beside its modules: the type information (PEP 561 marker and stubs)
+# and the Cython declarations with the headers they name, so another extension can cimport
+# the C twin. Plots, recorded runs and notes stay in the repository and the sdist.
+PACKAGE_DATA = ["py.typed", "*.pyi", "*.pxd", "*.h"]
 BANNER = "!" * 72
 PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 # The front door's engine, one file per concern; pfd.h is its interface.
 FRONTDOOR = "bindings/servers/_frontdoor"
 FRONTDOOR_SOURCES = [
-    f"{FRONTDOOR}/pfd_{name}.c" for name in ("head", "chunked", "conn", "line", "io", "server", "worker", "host", "channel")
+    f"{FRONTDOOR}/pfd_{name}.c"
+    for name in ("head", "chunked", "conn", "line", "io", "server", "worker", "host", "channel")
 ]
+
+
+def _packages():
+    """Every folder below a mapped root that holds a Python module (.py, or .pyx built into one).
+
+    Derived from the tree, never listed by hand, so a new subpackage ships by existing.
+    A folder of C sources or data alone (the engine's _frontdoor/, the vendored parser,
+    bench/results/) is not a package and stays out of the wheel.
+    """
+    packages = []
+    for package, root in PACKAGE_DIR.items():
+        for folder, subfolders, files in os.walk(root):
+            subfolders[:] = sorted(name for name in subfolders if name != "__pycache__")
+            if any(name.endswith((".py", ".pyx")) for name in files):
+                relative = os.path.relpath(folder, root)
+                packages.append(package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}")
+    return packages
 
 
 def _load_arguments():
@@ -165,15 +176,15 @@ def _extensions():
         raise
 
 
+PACKAGES = _packages()
+
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={
-        "prazo.core": ["py.typed", "*.pyi", "*.pxd", "*.h"],
-        "prazo.bindings": ["py.typed", "*.pyi"],
-        "prazo.bindings.servers": ["*.pyi"],
-        "prazo.bench": ["py.typed", "RESULTS.md", "*.png"],
-    },
+    package_data=dict.fromkeys(PACKAGES, PACKAGE_DATA),
+    # Only what package_data names goes into the wheel: MANIFEST.in fills the sdist
+    # (tests, docs, the .pyx and C sources, the results), not the installed package.
+    include_package_data=False,
     ext_modules=_extensions(),
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,
