@@ -121,7 +121,28 @@ def _third_party(name: str) -> bool:
     return name not in sys.stdlib_module_names and name not in {"prazo", "examples", "__future__", *EXAMPLE_MODULES}
 
 
-DISTRIBUTIONS = metadata.packages_distributions()
+def _providers() -> dict[str, set[str]]:
+    """Each importable top-level name with the distributions that install it.
+
+    importlib.metadata.packages_distributions() reads only top_level.txt on Python 3.10,
+    which the wheels of flit or hatchling (flask, werkzeug, httpx) do not have; what a
+    distribution installs is in its RECORD on every version.
+    """
+    providers: dict[str, set[str]] = {}
+    for distribution in metadata.distributions():
+        names = set((distribution.read_text("top_level.txt") or "").split())
+        for path in distribution.files or []:
+            top = path.parts[0]
+            if len(path.parts) > 1 and top.isidentifier():
+                names.add(top)  # a package's folder
+            elif len(path.parts) == 1 and path.suffix in (".py", ".so"):
+                names.add(top.split(".", 1)[0])  # a module of its own (an extension's name ends at its first dot)
+        for name in names:
+            providers.setdefault(name, set()).add(canonicalize_name(distribution.metadata["Name"]))
+    return providers
+
+
+PROVIDERS = _providers()
 BASELINE = named_extras(ROOT / README_INSTALL)
 
 
@@ -140,7 +161,7 @@ def test_the_extras_a_page_names_install_what_its_examples_import(page: Path):
     for name, where in sorted(page_imports(page).items()):
         if not _third_party(name):
             continue
-        providers = {canonicalize_name(d) for d in DISTRIBUTIONS.get(name, [])}
+        providers = PROVIDERS.get(name, set())
         if not providers:
             gaps.append(f"{where} imports {name}, which no installed distribution provides")
         elif not providers & brought:
