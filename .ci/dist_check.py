@@ -268,10 +268,14 @@ def import_every_module(python: Path, source: Path, cwd: Path) -> None:
 
 
 def suite_copy(out: Path, name: str, python: Path) -> Path:
-    """The tests, docs, README and examples in a directory of their own, `.venv` being ``python``'s."""
+    """The tests, docs, README and examples in a directory of their own, `.venv` being ``python``'s.
+
+    Copied from the exported tree the artifacts were built from, not from the working tree,
+    which may have changed since (the suites of a run all test one snapshot).
+    """
     where = out / f"tests-{name}"
     for part in SUITE_FILES:
-        source, target = REPO / part, where / part
+        source, target = out / "source" / part, where / part
         if source.is_dir():
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.py[cod]"))
         else:

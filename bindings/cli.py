@@ -57,14 +57,15 @@ def _version() -> str:
 
 
 def _add_serve(commands: Commands) -> None:
-    from prazo.bindings.servers.serve import add_serve_arguments, run_serve
+    from prazo.bindings.servers.serve import SERVERS, add_serve_arguments, run_serve
 
+    # From SERVERS itself, so a server added there is never missing here.
+    names = [f"{name} (prazo's own front door)" if name == "prazo" else name for name in SERVERS]
     serve = commands.add_parser(
         "serve",
         help="serve a WSGI app with admission at the server's own queue",
-        description="Serve MODULE:APP on waitress, gunicorn, werkzeug, wsgiref or cheroot with prazo's "
-        "bounded queue and deadlines at the server's own queue (PRAZO_MAX_QUEUE, PRAZO_DEFAULT_BUDGET_MS and "
-        "PRAZO_MAX_BUDGET_MS are honoured; flags win).",
+        description=f"Serve MODULE:APP on {', '.join(names[:-1])} or {names[-1]} with prazo's bounded queue "
+        "and deadlines at the server's own queue (the PRAZO_* variables named below are honoured; flags win).",
     )
     add_serve_arguments(serve)
     serve.set_defaults(handler=run_serve)

@@ -50,6 +50,7 @@ from prazo.core import NS_PER_MS, Deadline
 __all__ = [
     "BUDGET_ENVIRON_KEY",
     "BUDGET_HEADER",
+    "DEFAULT_BUDGET_MS",
     "ENVOY_TIMEOUT_ENVIRON_KEY",
     "ENVOY_TIMEOUT_HEADER",
     "GRPC_TIMEOUT_ENVIRON_KEY",
@@ -60,6 +61,7 @@ __all__ = [
     "IncomingBudget",
     "budget_from_environ",
     "budget_from_headers",
+    "budget_limits",
     "checked_ms",
     "environ_key",
     "format_budget_ms",
@@ -330,6 +332,39 @@ def checked_ms(value: object, name: str, *, positive: bool = False, allow_negati
     if abs(ms) > MAX_WIRE_MS:
         raise ValueError(f"{name} must be at most {MAX_WIRE_MS} ms, got {value!r}")
     return ms
+
+
+# The budget of a request that says none, where a server or middleware is not told another.
+DEFAULT_BUDGET_MS = 1000.0
+
+
+def budget_limits(
+    default_budget_ms: float | None,
+    max_budget_ms: float,
+    names: tuple[str, str] = ("default_budget_ms", "max_budget_ms"),
+) -> tuple[float, float]:
+    """The default and the maximum budget of a server or middleware, checked (``checked_ms``, > 0).
+
+    A default not given (None) is ``DEFAULT_BUDGET_MS``, or the maximum when
+    that is lower. A default given above the maximum raises ``ValueError``
+    naming both (``names``): every budget is capped at the maximum, so that
+    default could never be granted and one of the two is a mistake.
+
+    >>> budget_limits(None, 300)
+    (300.0, 300.0)
+    >>> budget_limits(100, 10)
+    Traceback (most recent call last):
+    ...
+    ValueError: default_budget_ms must be <= max_budget_ms, got 100 > 10
+    """
+    default_name, max_name = names
+    max_ms = checked_ms(max_budget_ms, max_name, positive=True)
+    if default_budget_ms is None:
+        return min(DEFAULT_BUDGET_MS, max_ms), max_ms
+    default_ms = checked_ms(default_budget_ms, default_name, positive=True)
+    if default_ms > max_ms:
+        raise ValueError(f"{default_name} must be <= {max_name}, got {default_ms:g} > {max_ms:g}")
+    return default_ms, max_ms
 
 
 class BudgetPolicy:

@@ -75,7 +75,7 @@ from functools import partial
 from types import GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from prazo.bindings.headers import REASON_HEADER_NAME, BudgetPolicy, IncomingBudget
+from prazo.bindings.headers import REASON_HEADER_NAME, BudgetPolicy, IncomingBudget, budget_limits
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
@@ -656,6 +656,8 @@ class AdmissionMiddleware:
 
     - the deadline is ``arrival + min(incoming budget or default_budget_ms,
       max_budget_ms)`` (invalid budget headers are ignored and counted);
+      ``default_budget_ms`` not given is 1000, or ``max_budget_ms`` when that
+      is lower, and one given above ``max_budget_ms`` is a ``ValueError``;
     - at most ``max_concurrency`` requests run the app; up to ``max_queue``
       more wait (``order="fifo"`` or ``"lifo"``); beyond that the answer is
       an immediate 503 ``queue-full`` with ``Retry-After: retry_after_s``;
@@ -718,7 +720,7 @@ class AdmissionMiddleware:
         *,
         max_concurrency: int,
         max_queue: int,
-        default_budget_ms: float = 1000,
+        default_budget_ms: float | None = None,
         max_budget_ms: float = 30000,
         bypass: Iterable[str] = (),
         order: str = "fifo",
@@ -740,7 +742,7 @@ class AdmissionMiddleware:
         self._request_duration = LatencyHistogram() if record_latency else None
         self._queue_wait = LatencyHistogram() if record_latency else None
         self._app = app
-        self._policy = BudgetPolicy(default_budget_ms, max_budget_ms)
+        self._policy = BudgetPolicy(*budget_limits(default_budget_ms, max_budget_ms))
         self._queue = self.queue_class(
             max_concurrency,
             max_queue,

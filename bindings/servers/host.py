@@ -65,7 +65,8 @@ from .frontdoor import (
     resolved_policies,
 )
 from .host_children import (
-    BOOT_FAILED,
+    BOOT_ERROR,
+    READY,
     HostStats,
     Plan,
     current_host,
@@ -97,6 +98,7 @@ class _Worker:
     pidfd: int
     ready_fd: int
     ready: bool = False
+    boot_error: str | None = None  # why it could not start, as it told on its ready pipe
     retiring: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -394,13 +396,19 @@ class FrontDoorHost:
 
     def _on_ready(self, worker: _Worker) -> None:
         try:
-            data = os.read(worker.ready_fd, 16)
+            data = os.read(worker.ready_fd, 1)  # READY or BOOT_ERROR, one byte each
+            if data == BOOT_ERROR:
+                # The report follows, written at once; the worker's exit closes the pipe after it.
+                while chunk := os.read(worker.ready_fd, 65536):
+                    data += chunk
         except OSError:
             data = b""
         self._selector.unregister(worker.ready_fd)
         os.close(worker.ready_fd)
         worker.ready_fd = -1
-        worker.ready = bool(data)
+        worker.ready = data == READY
+        if data.startswith(BOOT_ERROR):
+            worker.boot_error = data[len(BOOT_ERROR) :].decode("utf-8", "replace")
 
     def _forget(self, worker: _Worker, *, reaped: bool = False) -> int:
         """Reap an exited worker and drop its watches; its exit status."""
@@ -420,12 +428,19 @@ class FrontDoorHost:
         return os.waitstatus_to_exitcode(status) if status else 0
 
     def _on_exit(self, worker: _Worker) -> None:
+        if worker.ready_fd >= 0:
+            self._on_ready(worker)  # what it wrote before exiting (its boot error) may not have been read yet
         was_ready = worker.ready
         code = self._forget(worker)
         if self._stopping or worker.retiring or self._failure is not None:
             return  # a reload retired it (its successor serves already), or the host is going down
-        if not was_ready and code == BOOT_FAILED:
-            self._failure = f"worker {worker.id} failed to start (exit status {code}); see its error above"
+        if not was_ready:
+            # A worker that never served would be replaced by one failing the same way, forever
+            # (an app that calls sys.exit() or crashes the interpreter at import): the host stops.
+            if worker.boot_error is not None:
+                self._failure = f"worker {worker.id} failed to start: {worker.boot_error}"
+            else:
+                self._failure = f"worker {worker.id} exited with status {code} before it served; see its error above"
             self._command(b"t")
             return
         if self._slot_taken(worker.slot):

@@ -31,7 +31,9 @@ from .frontdoor import base_environ, compiled_engine
 from .frontdoor_worker import RequestRunner
 
 __all__ = [
+    "BOOT_ERROR",
     "BOOT_FAILED",
+    "READY",
     "HostStats",
     "Plan",
     "current_host",
@@ -45,6 +47,13 @@ __all__ = [
 
 # A worker exits with this when it could not start (its app did not import).
 BOOT_FAILED = 3
+# What a worker writes on its ready pipe: READY once it serves, or BOOT_ERROR
+# and then why it could not start. The supervisor reports that once for the
+# host, rather than every worker printing the same traceback.
+READY = b"r"
+BOOT_ERROR = b"e"
+# Under a pipe's capacity (64 KiB on Linux): the report never waits for the supervisor to read it.
+_MAX_REPORT_BYTES = 60000
 _MESSAGE_BYTES = 1 << 20
 # While it drains, the triage looks this often for the workers' questions (and each
 # question waits at most this long for its answer).
@@ -290,6 +299,18 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
 # ------------------------------------------------------------ a worker process
 
 
+def _boot_failure(exc: BaseException) -> str:
+    """Why a worker could not load its app, as ``prazo serve`` says it in one process.
+
+    ``load_app``'s own errors (cannot import, no such attribute, not callable)
+    say everything in one line; when the app's own code raised at import, its
+    traceback is where to look.
+    """
+    if isinstance(exc, (TypeError, ValueError)):
+        return str(exc)
+    return "".join(traceback.format_exception(exc)).rstrip()
+
+
 def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
     global _current
     *channel_socks, stats_sock = ends
@@ -302,8 +323,9 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
         assert plan.app_spec is not None
         try:
             app = load_app(plan.app_spec)
-        except Exception:  # noqa: BLE001 - the supervisor reports a worker that cannot start
-            traceback.print_exc()
+        except BaseException as exc:  # noqa: BLE001 - a SystemExit at import too: it must not look like a crash
+            report = _boot_failure(exc).encode("utf-8", "replace")
+            os.write(ready_fd, BOOT_ERROR + report[-_MAX_REPORT_BYTES:])
             return BOOT_FAILED
     engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
     runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
@@ -339,7 +361,7 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
         )
         thread.start()
         threads.append(thread)
-    os.write(ready_fd, b"r")
+    os.write(ready_fd, READY)
     os.close(ready_fd)
     for thread in threads:
         thread.join()

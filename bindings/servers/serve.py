@@ -41,17 +41,20 @@ options on a (sub)parser and ``run_serve(args, out)`` runs them;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
+import re
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any, TextIO
 
+from ..headers import checked_ms
 from ..policies import (
     EXPECTED_SERVICE_QUANTILES,
     LIMITS,
@@ -64,6 +67,7 @@ from ..policies import (
 from ..proxy_headers import checked_max_upstream_ms, trusted_networks
 from ..wsgi import WSGIApp
 from .settings import (
+    DEFAULT_QUEUE_PER_THREAD,
     ENV_CODEL_INTERVAL_MS,
     ENV_CODEL_TARGET_MS,
     ENV_CRITICAL_HEADER,
@@ -82,6 +86,8 @@ from .settings import (
     ENV_TRUSTED_PROXIES,
     ENV_YIELD_WHEN_FULL,
     ServerSettings,
+    checked_count,
+    checked_header_timeout_ms,
     resolve_settings,
 )
 
@@ -100,14 +106,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="worker threads (default 4)")
     parser.add_argument(
-        "--max-queue", type=int, default=None, metavar="M", help=f"requests waiting for a thread (${ENV_MAX_QUEUE})"
+        "--max-queue",
+        type=int,
+        default=None,
+        metavar="M",
+        help=f"requests waiting for a thread (${ENV_MAX_QUEUE}, default {DEFAULT_QUEUE_PER_THREAD} x threads: "
+        f"per worker with gunicorn, x workers in the prazo host's one line)",
     )
     parser.add_argument(
         "--default-budget-ms",
         type=float,
         default=None,
         metavar="B",
-        help=f"budget of a request without a budget header (${ENV_DEFAULT_BUDGET_MS}, default 1000)",
+        help=f"budget of a request without a budget header, at most --max-budget-ms "
+        f"(${ENV_DEFAULT_BUDGET_MS}, default 1000, or --max-budget-ms when lower)",
     )
     parser.add_argument(
         "--max-budget-ms",
@@ -317,10 +329,60 @@ def _in_background(action: Callable[[], object]) -> Callable[[], None]:
     return lambda: threading.Thread(target=action, name="prazo-serve-stop", daemon=True).start()
 
 
+class _CannotListen(Exception):
+    """The address of ``--host``/``--port`` cannot be listened on: reported in one line, exit status 2."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: OSError) -> str:
+    """What the system said, without the servers' wrapping: ``address already in use``."""
+    if isinstance(exc, socket.gaierror) or exc.errno is None:
+        text = exc.strerror or str(exc)
+        # cheroot folds the system's error into a message of its own:
+        # "No socket could be created -- (('127.0.0.1', 8000): [Errno 98] Address already in use)".
+        folded = re.search(r"\[Errno (\d+)\]", text)
+        if folded is not None:
+            text = os.strerror(int(folded.group(1)))
+    else:
+        # Not exc.strerror: socket.create_server appends "(while attempting to bind on address ...)".
+        text = os.strerror(exc.errno)
+    return text[:1].lower() + text[1:]
+
+
+@contextlib.contextmanager
+def _listening(args: argparse.Namespace) -> Iterator[None]:
+    """Around the step that binds the port: the system's refusal (in use, not allowed) becomes one line.
+
+    Only that step: an OSError once the server runs is no fault of the address.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise _CannotListen(f"cannot listen on {_address(args.host, args.port)}: {_reason(exc)}") from None
+
+
+def _checked_host(host: str, port: int) -> None:
+    """``--host`` must name an address of this machine's: resolved here, before any server takes it.
+
+    Each server reports a bad one its own way (waitress as "Invalid host/port
+    specified." deep in a traceback), so it is looked up once, the way they do.
+    """
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise _CannotListen(f"cannot listen on {_address(host, port)}: {_reason(exc)}") from None
+    except UnicodeError as exc:  # a name the IDNA codec refuses (a label over 63 characters, ...)
+        raise _CannotListen(f"cannot listen on {_address(host, port)}: {exc}") from None
+
+
 def _serve_waitress(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     from .waitress import create_server
 
-    server = create_server(app, host=args.host, port=args.port, settings=settings)
+    with _listening(args):
+        server = create_server(app, host=args.host, port=args.port, settings=settings)
     server.task_dispatcher.shutdown_timeout = args.shutdown_timeout
     print(_startup_line(args, settings, server.effective_port), file=out, flush=True)
     # waitress's run() ends on SystemExit/KeyboardInterrupt by draining its
@@ -335,7 +397,8 @@ def _serve_socketserver(app: WSGIApp, args: argparse.Namespace, settings: Server
         from .werkzeug import make_server
     else:
         from .wsgiref import make_server  # type: ignore[assignment]
-    server = make_server(args.host, args.port, app, settings=settings)
+    with _listening(args):
+        server = make_server(args.host, args.port, app, settings=settings)
     server.shutdown_timeout = args.shutdown_timeout
     print(_startup_line(args, settings, server.server_address[1]), file=out, flush=True)
     _on_sigterm(_in_background(server.shutdown))
@@ -352,7 +415,8 @@ def _serve_cheroot(app: WSGIApp, args: argparse.Namespace, settings: ServerSetti
     from .cheroot import create_server
 
     server = create_server(app, (args.host, args.port), shutdown_timeout=args.shutdown_timeout, settings=settings)
-    server.prepare()
+    with _listening(args):
+        server.prepare()
     print(_startup_line(args, settings, server.bind_addr[1]), file=out, flush=True)
     stopped = threading.Event()
 
@@ -372,9 +436,10 @@ def _serve_cheroot(app: WSGIApp, args: argparse.Namespace, settings: ServerSetti
 def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     from .frontdoor import create_server
 
-    server = create_server(
-        app, host=args.host, port=args.port, settings=settings, shutdown_timeout=args.shutdown_timeout
-    )
+    with _listening(args):
+        server = create_server(
+            app, host=args.host, port=args.port, settings=settings, shutdown_timeout=args.shutdown_timeout
+        )
     print(_startup_line(args, settings, server.port), file=out, flush=True)
     _on_sigterm(_in_background(lambda: server.shutdown(args.shutdown_timeout)))
     server.serve_forever()
@@ -386,18 +451,18 @@ def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, ou
     from .host import FrontDoorHost
 
     app = load_app(args.app) if args.preload else None
-    host = FrontDoorHost(
-        app, app_spec=None if args.preload else args.app, host=args.host, port=args.port, settings=settings,
-        workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
-    )  # fmt: skip
+    with _listening(args):
+        host = FrontDoorHost(
+            app, app_spec=None if args.preload else args.app, host=args.host, port=args.port, settings=settings,
+            workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
+        )  # fmt: skip
     line = _startup_line(args, settings, host.port)
     line += f" host: {args.workers * settings.threads} running places, one line"
     try:
         # Printed once every worker serves; SIGTERM and Ctrl-C drain the host, SIGHUP reloads the workers.
         host.serve_forever(serving=lambda: print(line, file=out, flush=True))
-    except RuntimeError as exc:
-        print(f"prazo serve: error: {exc}", file=sys.stderr)
-        return 1
+    except RuntimeError as exc:  # a worker could not start (its app did not import): the host stopped
+        return _error(exc, 1)
     return 0
 
 
@@ -410,7 +475,8 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
     # Bound here, so the startup line names the real port (also with --port 0);
     # gunicorn takes the listening socket over as fd://N.
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    listener = socket.create_server((args.host, args.port), family=family, backlog=2048)
+    with _listening(args):
+        listener = socket.create_server((args.host, args.port), family=family, backlog=2048)
     listener.set_inheritable(True)
     port = listener.getsockname()[1]
     # gunicorn owns the descriptor from here on and closes it itself: a socket
@@ -478,6 +544,17 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    # The limits ServerSettings checks too, but under their field names: on the
+    # command line an error names the flag, as every other one here does.
+    if args.threads is not None:
+        checked_count(args.threads, "--threads", 1)
+    if args.max_queue is not None:
+        checked_count(args.max_queue, "--max-queue", 0)
+    for flag, value in (("--default-budget-ms", args.default_budget_ms), ("--max-budget-ms", args.max_budget_ms)):
+        if value is not None:
+            checked_ms(value, flag, positive=True)
+    if args.header_timeout_ms is not None:
+        checked_header_timeout_ms(args.header_timeout_ms, "--header-timeout-ms")
     if args.workers != 1 and args.server not in ("gunicorn", "prazo"):
         raise ValueError("--workers is for --server gunicorn or prazo only (the other servers run one process)")
     if args.preload and (args.server != "prazo" or args.workers == 1):
@@ -512,8 +589,9 @@ def _check(args: argparse.Namespace) -> ServerSettings:
     if args.critical_path is not None:
         checked_paths(args.critical_path, "--critical-path")
     # What depends on other options (--reserved < --threads, CoDel only with
-    # --order adaptive) is checked by ServerSettings, whose errors name the flags too.
-    return resolve_settings(
+    # --order adaptive, --default-budget-ms <= --max-budget-ms) is checked by
+    # ServerSettings, whose errors name the flags too.
+    settings = resolve_settings(
         threads=args.threads,
         max_queue=args.max_queue,
         default_budget_ms=args.default_budget_ms,
@@ -535,6 +613,14 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         # A front-door host has one line for all its workers: reserved places and the default queue count them all.
         host_workers=args.workers if args.server == "prazo" else None,
     )
+    # Last: a name lookup may take a while, and a typo in a flag is found without one.
+    _checked_host(args.host, args.port)
+    return settings
+
+
+def _error(exc: Exception, status: int) -> int:
+    print(f"prazo serve: error: {exc}", file=sys.stderr)
+    return status
 
 
 def run_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -546,10 +632,13 @@ def run_serve(args: argparse.Namespace, out: TextIO) -> int:
             split_app_spec(args.app)
             return _serve_frontdoor_host(args, settings, out)
         app = load_app(args.app)
-    except (TypeError, ValueError) as exc:
-        print(f"prazo serve: error: {exc}", file=sys.stderr)
-        return 2
-    return _RUNNERS[args.server](app, args, settings, out)
+    except (TypeError, ValueError, _CannotListen) as exc:
+        return _error(exc, 2)
+    # Outside the first try: a ValueError raised while serving is no bad option.
+    try:
+        return _RUNNERS[args.server](app, args, settings, out)
+    except _CannotListen as exc:
+        return _error(exc, 2)
 
 
 def main_serve(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 from prazo.core import IMPLEMENTATION
 from prazo.core.arguments import checked_count, env_flag
 
-from ..headers import BudgetPolicy
+from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
 from ..policies import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
@@ -70,6 +70,7 @@ __all__ = [
     "POLICY_FLAGS",
     "ServerSettings",
     "checked_count",
+    "checked_header_timeout_ms",
     "resolve_settings",
 ]
 
@@ -111,7 +112,6 @@ DEFAULT_THREADS = 4
 # typical service time well under the default 1 s budget, the last in line
 # still starts in time, and a burst of four times the workers is absorbed.
 DEFAULT_QUEUE_PER_THREAD = 4
-DEFAULT_BUDGET_MS = 1000.0
 DEFAULT_MAX_BUDGET_MS = 30000.0
 # nginx's client_header_timeout is 60 s; a head from a healthy client takes
 # one round trip, and every second a slow one is allowed is a connection a
@@ -170,9 +170,26 @@ def _env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+# The other fields whose errors name their flag and variable: those checked against another field.
+_LABELLED = {
+    **POLICY_FLAGS,
+    "default_budget_ms": ("--default-budget-ms", ENV_DEFAULT_BUDGET_MS),
+    "max_budget_ms": ("--max-budget-ms", ENV_MAX_BUDGET_MS),
+}
+
+
 def _label(field: str) -> str:
-    flag, env = POLICY_FLAGS[field]
+    flag, env = _LABELLED[field]
     return f"{field} ({flag}, ${env})"
+
+
+def checked_header_timeout_ms(value: object, name: str = "header_timeout_ms") -> float:
+    """A header timeout: a finite number of milliseconds > 0; ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {value!r}")
+    return float(value)
 
 
 def _env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str | None:
@@ -229,11 +246,7 @@ class ServerSettings:
         checked_count(self.threads, "threads", 1)
         checked_count(self.host_workers, "host_workers", 1)
         checked_count(self.max_queue, "max_queue", 0)
-        timeout = self.header_timeout_ms
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"header_timeout_ms must be a number, not {type(timeout).__name__}")
-        if not 0 < timeout < math.inf:
-            raise ValueError(f"header_timeout_ms must be a finite number of milliseconds > 0, got {timeout!r}")
+        checked_header_timeout_ms(self.header_timeout_ms)
         if not isinstance(self.trust_request_start, bool):
             raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
         if not isinstance(self.yield_when_full, bool):
@@ -241,6 +254,10 @@ class ServerSettings:
         # Building the policy validates the budgets; the front-proxy options are
         # checked even while trust is off, so a bad value fails at start-up.
         self.policy()
+        # The policy would cap such a default silently: whichever way the two came in, name both.
+        budget_limits(
+            self.default_budget_ms, self.max_budget_ms, (_label("default_budget_ms"), _label("max_budget_ms"))
+        )
         checked_max_upstream_ms(self.max_upstream_ms)
         trusted_networks(self.trusted_proxies)
         self._check_policies()
@@ -363,7 +380,9 @@ def resolve_settings(
     ``PRAZO_EXPECTED_SERVICE_MS`` (ms or ``p50``/``p90``/``p95``/``p99``),
     ``PRAZO_LIMIT``, ``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``,
     ``PRAZO_CRITICAL_HEADER`` and ``PRAZO_CRITICAL_PATHS`` (comma-separated).
-    A malformed variable raises ``ValueError`` naming it. ``max_queue``
+    A malformed variable raises ``ValueError`` naming it. A default budget
+    given nowhere is 1000 ms, or the maximum budget when that is lower; one
+    above the maximum raises ``ValueError`` naming both. ``max_queue``
     defaults to four per thread (of every worker, on a front-door host:
     ``host_workers`` processes of ``threads`` threads behind one line).
 
@@ -390,6 +409,9 @@ def resolve_settings(
         default_budget_ms = _env_ms(env, ENV_DEFAULT_BUDGET_MS)
     if max_budget_ms is None:
         max_budget_ms = _env_ms(env, ENV_MAX_BUDGET_MS)
+    if default_budget_ms is None and max_budget_ms is not None:
+        # Only a maximum given: the default comes down to it (what the policy would grant anyway).
+        default_budget_ms, _ = budget_limits(None, max_budget_ms)
     if trust_request_start is None:
         trust_request_start = env_flag(env, ENV_TRUST_REQUEST_START)
     if max_upstream_ms is None:

@@ -20,6 +20,7 @@ a lingering close, so a client still uploading its body reads the 503.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
@@ -31,8 +32,27 @@ from .wsgiref import AdmissionServerMixin
 __all__ = ["AdmissionWSGIServer", "make_server"]
 
 
+class _NotListening(Exception):
+    """Carries the OSError of binding or listening past werkzeug's handler of it (which prints it and exits)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _carrying_os_error(step: Callable[[], None]) -> None:
+    try:
+        step()
+    except OSError as exc:
+        raise _NotListening(exc) from None
+
+
 class AdmissionWSGIServer(AdmissionServerMixin, BaseWSGIServer):
     """werkzeug's ``BaseWSGIServer`` with fixed workers behind prazo's queue.
+
+    An address it cannot listen on (a port in use, ...) raises the
+    ``OSError``, as ``wsgiref``'s server does, where werkzeug's own prints it
+    and calls ``sys.exit(1)``: a library call must not end the process.
 
     >>> server = make_server("127.0.0.1", 0, lambda e, s: [], threads=2, max_queue=6)
     >>> server.settings.capacity, server.multithread
@@ -55,7 +75,16 @@ class AdmissionWSGIServer(AdmissionServerMixin, BaseWSGIServer):
         fd: int | None = None,
     ) -> None:
         self._init_admission(settings, "prazo-werkzeug")
-        super().__init__(host, port, self.admission.wrap(app), handler, passthrough_errors, ssl_context, fd)
+        try:
+            super().__init__(host, port, self.admission.wrap(app), handler, passthrough_errors, ssl_context, fd)
+        except _NotListening as failed:
+            raise failed.error from None
+
+    def server_bind(self) -> None:
+        _carrying_os_error(super().server_bind)
+
+    def server_activate(self) -> None:
+        _carrying_os_error(super().server_activate)
 
 
 def make_server(

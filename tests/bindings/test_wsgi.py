@@ -769,6 +769,20 @@ def test_constructor_validation(kwargs, error, argument):
         AdmissionMiddleware(Probe(), **options)
 
 
+def test_a_default_budget_above_the_maximum_is_refused_naming_both():
+    """Issue 33: accepted before, though no request could ever get that default (the maximum caps it)."""
+    with pytest.raises(ValueError, match=r"default_budget_ms must be <= max_budget_ms, got 100 > 10"):
+        AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0, default_budget_ms=100, max_budget_ms=10)
+    with pytest.raises(ValueError, match=r"default_budget_ms must be <= max_budget_ms, got 40000 > 30000"):
+        AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0, default_budget_ms=40000)
+
+
+def test_a_maximum_alone_below_the_default_budget_brings_the_default_down():
+    middleware = AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0, max_budget_ms=300)
+    assert (middleware.policy.default_budget_ms, middleware.policy.max_budget_ms) == (300, 300)
+    assert AdmissionMiddleware(Probe(), max_concurrency=1, max_queue=0).policy.default_budget_ms == 1000
+
+
 def test_app_must_be_callable():
     with pytest.raises(TypeError, match="app"):
         AdmissionMiddleware("not an app", max_concurrency=1, max_queue=0)

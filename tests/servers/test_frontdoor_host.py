@@ -717,4 +717,31 @@ def test_a_worker_whose_app_import_fails_stops_prazo_serve_with_the_error(serve:
     stderr = "".join(served.stderr)
     assert code != 0, stderr
     assert "boom at import" in stderr and "failed to start" in stderr, stderr
+    assert stderr.count("Traceback") == 1, stderr  # the supervisor's report, not one per worker
+    assert served.left_behind() == []
+
+
+def test_an_app_that_cannot_be_imported_is_one_line_not_a_traceback_per_worker(serve: Any, tmp_path: Path) -> None:
+    """Issue 33: each worker printed its chained traceback (43 lines for two); now the host says it once."""
+    (tmp_path / "missing_dependency_app.py").write_text("import no_such_module_for_prazo_tests\napp = None\n")
+    served = serve("--threads", "2", app_spec="missing_dependency_app:app", path=(tmp_path,))
+    code = served.wait()
+    stderr = "".join(served.stderr)
+    assert stderr.splitlines() == [
+        "prazo serve: error: worker 0 failed to start: cannot import 'missing_dependency_app': "
+        "No module named 'no_such_module_for_prazo_tests'"
+    ], stderr
+    assert code == 1
+    assert served.left_behind() == []
+
+
+def test_an_app_that_exits_at_import_stops_the_host_instead_of_respawning_forever(serve: Any, tmp_path: Path) -> None:
+    """A SystemExit at import used to look like a crash: each worker was replaced, and failed again, forever."""
+    (tmp_path / "exiting_app.py").write_text("import sys\nsys.exit(5)\n")
+    served = serve("--threads", "2", app_spec="exiting_app:app", path=(tmp_path,))
+    code = served.wait()  # the failure before the fix: it never exits
+    stderr = "".join(served.stderr)
+    assert code == 1, stderr
+    assert "failed to start" in stderr and "SystemExit: 5" in stderr, stderr
+    assert stderr.count("Traceback") == 1, stderr
     assert served.left_behind() == []

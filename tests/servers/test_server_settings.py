@@ -178,3 +178,38 @@ def test_a_front_door_hosts_reserved_places_and_default_queue_count_every_worker
         resolve_settings(threads=2, reserved=2, environ={})
     with pytest.raises(ValueError, match="host_workers"):
         resolve_settings(threads=2, host_workers=0, environ={})
+
+
+BOTH_BUDGETS = (
+    r"default_budget_ms \(--default-budget-ms, \$PRAZO_DEFAULT_BUDGET_MS\) must be <= max_budget_ms \(--max-budget-ms"
+)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"default_budget_ms": 100, "max_budget_ms": 10},
+        {"environ": {"PRAZO_DEFAULT_BUDGET_MS": "100", "PRAZO_MAX_BUDGET_MS": "10"}},
+        {"default_budget_ms": 100, "environ": {"PRAZO_MAX_BUDGET_MS": "10"}},
+        {"default_budget_ms": 50000, "environ": {}},  # above the default maximum (30000)
+    ],
+)
+def test_a_default_budget_above_the_maximum_is_refused_naming_both(how: dict) -> None:
+    """Issue 33: accepted before, and every request then got the maximum instead."""
+    with pytest.raises(ValueError, match=BOTH_BUDGETS):
+        resolve_settings(**{"environ": {}, **how})
+    with pytest.raises(ValueError, match=BOTH_BUDGETS):
+        ServerSettings(threads=1, max_queue=0, default_budget_ms=100, max_budget_ms=10)
+
+
+def test_a_maximum_alone_below_the_default_budget_brings_the_default_down() -> None:
+    settings = resolve_settings(max_budget_ms=300, environ={})
+    assert (settings.default_budget_ms, settings.max_budget_ms) == (300, 300)
+    assert resolve_settings(environ={"PRAZO_MAX_BUDGET_MS": "5000"}).default_budget_ms == 1000
+
+
+def test_create_server_refuses_a_default_budget_above_the_maximum() -> None:
+    from prazo.bindings.servers.waitress import create_server
+
+    with pytest.raises(ValueError, match=BOTH_BUDGETS):
+        create_server(lambda environ, start_response: [], port=0, default_budget_ms=100, max_budget_ms=10)

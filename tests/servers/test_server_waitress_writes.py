@@ -49,6 +49,7 @@ def _serving(app: Callable[..., Any], **waitress_options: Any) -> Iterator[Any]:
         threads=2,
         max_queue=2,
         default_budget_ms=60000,  # a request held in line outlives every test
+        max_budget_ms=60000,
         asyncore_loop_timeout=60,
         **waitress_options,
     )
