@@ -368,8 +368,11 @@ class FrontDoorServer:
 
     def serve_forever(self) -> None:
         """Serve until ``shutdown()``; Ctrl-C (``KeyboardInterrupt``) shuts down gracefully."""
-        self.start()
         try:
+            # Inside the try: a worker serves as soon as it starts, and a
+            # KeyboardInterrupt its app raises reaches this thread as a Ctrl-C,
+            # possibly before start() has returned.
+            self.start()
             while not self._stopped.wait(0.5):
                 pass
         except KeyboardInterrupt:

@@ -12,6 +12,7 @@ does every wait on the client without the GIL.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import re
 import time
@@ -352,6 +353,17 @@ class RequestRunner:
     up after their deadline (answered 504 ``expired-in-queue``), ``app_errors``
     the app's exceptions (answered 500): plain ints, each written by the
     worker threads under the GIL.
+
+    Whatever the app (its call, its body, its ``close()``) raises ends that
+    request only, never the worker thread: the thread gave its place back to
+    the engine, so a thread that ended would leave the place to no one and,
+    with one thread, every later request would wait forever. That holds for a
+    ``BaseException`` that is no ``Exception`` (``sys.exit()`` or argparse's
+    ``error()`` in a view) too: an app error like any other. A
+    ``KeyboardInterrupt`` keeps its meaning besides: the first one is passed
+    on to the main thread as a Ctrl-C (``serve_forever()`` then stops
+    gracefully; a host's worker ignores Ctrl-C, so there it is an app error
+    only).
     """
 
     def __init__(self, app: WSGIApp, base_environ: dict[str, Any], draining: Callable[[], bool]) -> None:
@@ -360,6 +372,9 @@ class RequestRunner:
         self._draining = draining
         self.expired_at_start = 0
         self.app_errors = 0
+        # Claimed by list.pop(), atomic: one Ctrl-C starts the graceful stop; a
+        # second one, from another thread's app, would cut that stop short.
+        self._interrupt = [_thread.interrupt_main]
 
     def work(self, next_connection: Callable[[], Any]) -> None:
         """Serve the connections ``next_connection()`` gives until it gives None (the engine stopped)."""
@@ -372,6 +387,8 @@ class RequestRunner:
                 keep = self.serve(conn)
             except Exception:  # noqa: BLE001 - the client went away, or a bug: the connection closes, the worker lives
                 _log.debug("front door: connection dropped", exc_info=True)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit & co. from the body's close(): the worker lives
+                self._app_error(exc, "the response's close() raised")
             finally:
                 conn.finish(keep)
 
@@ -410,17 +427,17 @@ class RequestRunner:
                 conn.queue_wait_ns,
                 arrival_ns=conn.arrival_ns,
             )
-        except Exception:  # noqa: BLE001 - any app error is a 500, as in every WSGI server
-            self._answer_error(conn, response, "the app raised")
+        except BaseException as exc:  # noqa: BLE001 - any app error is a 500, as in every WSGI server; SystemExit too
+            self._answer_error(conn, response, "the app raised", exc)
             return False
         try:
             self._write_body(response, result)
         except OSError as exc:
             if isinstance(exc, RequestBodyError):
-                self._answer_error(conn, response, "the response body raised")
+                self._answer_error(conn, response, "the response body raised", exc)
             return False
-        except Exception:  # noqa: BLE001 - the body raised: 500 if nothing was sent, else the connection closes
-            self._answer_error(conn, response, "the response body raised")
+        except BaseException as exc:  # noqa: BLE001 - the body raised: 500 if nothing was sent, else the connection closes
+            self._answer_error(conn, response, "the response body raised", exc)
             return False
         finally:
             close = getattr(result, "close", None)
@@ -429,18 +446,37 @@ class RequestRunner:
         # The app is done: what it left of the body goes now (it has arrived, or keep_alive is False already).
         return response.keep_alive and bool(conn.discard_body())
 
-    def _answer_error(self, conn: Any, response: _Response, what: str) -> None:
-        """The app (or its body) raised: answer if no response began; the connection then closes.
+    def _app_error(self, exc: BaseException, what: str) -> None:
+        """Count and log (with its traceback) what the app raised; pass a ``KeyboardInterrupt`` on as a Ctrl-C."""
+        self.app_errors += 1
+        _log.exception("front door: %s", what)
+        self._pass_on_interrupt(exc)
+
+    def _pass_on_interrupt(self, exc: BaseException) -> None:
+        """The first ``KeyboardInterrupt`` the app raised goes to the main thread, as a Ctrl-C would."""
+        if not isinstance(exc, KeyboardInterrupt):
+            return
+        try:
+            interrupt_main = self._interrupt.pop()
+        except IndexError:
+            return
+        # Raised on in a worker thread it would only end the thread; the main
+        # thread is where Ctrl-C means "stop" (serve_forever). Where SIGINT is
+        # ignored (a host's worker: the supervisor decides) this does nothing.
+        interrupt_main()
+
+    def _answer_error(self, conn: Any, response: _Response, what: str, exc: BaseException) -> None:
+        """The app (or its body) raised ``exc``: answer if no response began; the connection then closes.
 
         After a failed request body the client is answered 408 or 400, whatever
         the app made of the failure: the request was at fault, not the app.
         """
         failure = conn.body_failure
         if failure is None:
-            self.app_errors += 1
-            _log.exception("front door: %s", what)
+            self._app_error(exc, what)
         else:
             _log.debug("front door: %s after the request body failed (%s)", what, failure, exc_info=True)
+            self._pass_on_interrupt(exc)
         if not response.sent_headers:
             if failure is None:
                 conn.write(_INTERNAL_ERROR)
