@@ -31,6 +31,9 @@ exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["colon_fence"]
 # GitHub's slugs for every heading down to ####, so a page's links to a section keep working.
 myst_heading_anchors = 4
+# No typographic quotes or dashes: the pages name flags (--threads) and headers that a
+# reader copies, and docutils' smartquotes would print "--" as an en dash, no flag at all.
+smartquotes = False
 html_theme = "furo"
 html_title = "prazo"
 # The docstrings are written for readers of the source: members in source order, signatures from the code.

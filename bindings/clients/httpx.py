@@ -16,7 +16,7 @@ from ..outgoing import (
     replace_budget_headers,
     validate_margin_ms,
 )
-from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, response_failure
+from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, response_failure, returned_failure
 
 __all__ = ["IDEMPOTENT_EXTENSION", "DeadlineTransport"]
 
@@ -117,7 +117,7 @@ class DeadlineTransport(httpx.BaseTransport):
 
         def judge(response: httpx.Response) -> Failure | None:
             if response.status_code != 503:
-                return None
+                return returned_failure(response.status_code, response.headers)
             try:
                 response.read()
             finally:

@@ -22,7 +22,15 @@ from ..outgoing import (
     replace_budget_headers,
     validate_margin_ms,
 )
-from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, replayable_body, response_failure
+from ..retries import (
+    Failure,
+    RetryPolicy,
+    connection_failure,
+    idempotent_request,
+    replayable_body,
+    response_failure,
+    returned_failure,
+)
 from .urllib3 import capped_urllib3_timeout
 
 __all__ = ["DeadlineSession"]
@@ -128,7 +136,7 @@ class DeadlineSession(requests.Session):
         def judge(response: requests.Response) -> Failure | None:
             # Outside a deadline a 503 comes back as a response, not an exception.
             if response.status_code != 503:
-                return None
+                return returned_failure(response.status_code, response.headers)
             _ = response.content
             return response_failure(DownstreamOverloadedResponse(response, url), retryable_reasons=retryable_reasons)
 

@@ -24,7 +24,15 @@ from ..outgoing import (
     replace_budget_headers,
     validate_margin_ms,
 )
-from ..retries import Failure, RetryPolicy, connection_failure, idempotent_request, replayable_body, response_failure
+from ..retries import (
+    Failure,
+    RetryPolicy,
+    connection_failure,
+    idempotent_request,
+    replayable_body,
+    response_failure,
+    returned_failure,
+)
 
 __all__ = ["DeadlinePoolManager", "capped_urllib3_timeout"]
 
@@ -143,7 +151,7 @@ class DeadlinePoolManager(PoolManager):
 
         def judge(response: BaseHTTPResponse) -> Failure | None:
             if response.status != 503:
-                return None
+                return returned_failure(response.status, response.headers)
             response.read()
             response.release_conn()
             return response_failure(DownstreamOverloadedResponse(response, url), retryable_reasons=retryable_reasons)

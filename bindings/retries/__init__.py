@@ -10,7 +10,7 @@ adapters (``prazo.bindings.clients``), the gRPC client interceptor and
 """
 
 from .budget import RetryBudget, RetryBudgets
-from .failures import Failure, connection_failure, overloaded_failure, response_failure
+from .failures import Failure, connection_failure, overloaded_failure, response_failure, returned_failure
 from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy, idempotent_request, replayable_body
 from .retry_after import retry_after_seconds
 
@@ -28,4 +28,5 @@ __all__ = [
     "replayable_body",
     "response_failure",
     "retry_after_seconds",
+    "returned_failure",
 ]

@@ -44,6 +44,7 @@ __all__ = [
     "connection_failure",
     "overloaded_failure",
     "response_failure",
+    "returned_failure",
 ]
 
 KINDS = ("overloaded", "refused", "reset", "deadline", "other")
@@ -109,6 +110,18 @@ def connection_failure(exc: BaseException) -> Failure | None:
     ):
         return Failure("reset")
     return None
+
+
+def returned_failure(status: int, headers: Any) -> Failure | None:
+    """The ``Failure`` of a response an adapter returns as it is (not a 503): a 504 is ``"deadline"``; else None.
+
+    Without it a returned 504 would look like a success to the policy: its time
+    taken for a successful attempt's, and no rule's refusal counted in
+    ``not_retried`` (rule 1 is "never a 504").
+    """
+    if status != 504:
+        return None
+    return Failure("deadline", None, _header(headers, REASON_HEADER))
 
 
 def response_failure(exc: BaseException, *, retryable_reasons: frozenset[str]) -> Failure | None:

@@ -12,6 +12,7 @@ shrink), and the jitter through a seeded ``random.Random``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -164,14 +165,17 @@ def test_a_503_then_a_200_is_retried_outside_a_deadline_too(adapter: str, server
     assert status == 200 and server.count == 3
 
 
-def test_a_504_is_never_retried(adapter: str, server: LoopbackServer) -> None:
+@pytest.mark.parametrize("under_a_deadline", [True, False], ids=["deadline", "no-deadline"])
+def test_a_504_is_never_retried(adapter: str, server: LoopbackServer, under_a_deadline: bool) -> None:
     retry = policy()
     client = client_for(adapter, retry)
-    with deadline_scope(Deadline.after(5.0)):
+    with deadline_scope(Deadline.after(5.0)) if under_a_deadline else contextlib.nullcontext():
         status, _ = client.call("GET", server.url("/late?status=504"))
     client.close()
     assert status == 504 and server.count == 1
+    # The refusal is counted under rule 1's name, and the 504 is no successful attempt.
     assert retry.stats()["retries"] == 0
+    assert retry.stats()["not_retried"] == {"not-retryable": 1}
 
 
 def test_a_503_that_did_work_is_not_retried(adapter: str, server: LoopbackServer) -> None:

@@ -36,8 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
         with self.server.lock:
             seen = self.server.seen[self.path] = self.server.seen.get(self.path, 0) + 1
-        # The first instance is down for /report; otherwise each path's first request is refused.
-        refuse = not self.server.second if self.path.startswith("/report") else seen == 1
+        # What the guide says of both instances: each path's first request is refused.
+        refuse = seen == 1
         body = b"{}"
         self.send_response(503 if refuse else 200)
         if refuse:
@@ -53,20 +53,18 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def _start(second: bool) -> ThreadingHTTPServer:
+def _start() -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     server.lock = threading.Lock()  # type: ignore[attr-defined]
     server.seen = {}  # type: ignore[attr-defined]
-    # The first instance refuses every /report (the "several instances" recipe).
-    server.second = second  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
 @pytest.fixture
 def addresses() -> Iterator[dict[str, str]]:
-    servers = [_start(second=False), _start(second=True)]
+    servers = [_start(), _start()]
     yield {name: f"http://127.0.0.1:{server.server_address[1]}" for name, server in zip(NAMES, servers)}
     for server in servers:
         server.shutdown()
@@ -80,7 +78,7 @@ EXPECTED = [
     ["200", "200"],  # httpx
     ["200", "200"],  # urllib3
     ["200"],  # urllib
-    ["200"],  # several instances
+    ["200", "2"],  # several instances: each refuses its first /report
     ["200", "2"],  # Dependency: each instance refuses its first /recs/42
     [],  # gRPC: builds the channel
 ]
