@@ -35,6 +35,9 @@ myst_heading_anchors = 4
 # reader copies, and docutils' smartquotes would print "--" as an en dash, no flag at all.
 smartquotes = False
 html_theme = "furo"
+# docs/_static/prazo.css: the reference tables' cells wrap their literals (see its comment).
+html_static_path = ["_static"]
+html_css_files = ["prazo.css"]
 html_title = "prazo"
 # The docstrings are written for readers of the source: members in source order, signatures from the code.
 autodoc_member_order = "bysource"
