@@ -470,6 +470,37 @@ def test_a_request_reading_the_hosts_figures_during_a_drain_is_answered_and_the_
     assert seen.get("offered") == 1 and seen.get("in_flight") == 1, seen
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "host"])
+def test_a_request_pipelined_behind_a_running_one_during_a_drain_is_answered_shutting_down(
+    workers: int, tmp_path: Path
+) -> None:
+    # Issue 33, defect 6: keep-alive was decided when the first request started, and the
+    # connection handed back during the drain was closed without a look at the next request
+    # already read: the client got neither `Connection: close` nor the documented 503.
+    server = create_server(
+        app, port=0, workers=workers, threads=1, max_queue=4, default_budget_ms=TEST_DEFAULT_BUDGET_MS
+    )
+    server.start()
+    mark, gate = tmp_path / "mark", tmp_path / "gate"
+    drained: list[bool] = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as client:
+        client.sendall(
+            f"GET /work?gate={gate}&mark={mark} HTTP/1.1\r\nHost: t\r\n\r\nGET /pid HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+        )
+        wait_until(mark.exists, "the first request running", WAIT_S)
+        stopping = threading.Thread(target=lambda: drained.append(server.shutdown(15.0)), daemon=True)
+        stopping.start()
+        wait_until(lambda: connection_refused(server.port), "the port to close", WAIT_S)
+        gate.touch()
+        received = b""
+        while chunk := client.recv(65536):  # until the server closes (the timeout fails the test)
+            received += chunk
+    stopping.join(WAIT_S)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"503"], received  # a body ends without a newline
+    assert b"X-Prazo-Reason: shutting-down" in received.split(b"HTTP/1.1 503", 1)[1], received
+    assert drained == [True]
+
+
 def test_max_requests_replaces_workers_without_refusing(hosts: Any) -> None:
     host = hosts(workers=2, threads=1, max_queue=0, max_requests=3)
     served_by: dict[int, int] = {}

@@ -361,10 +361,27 @@ static void pfd_io_take_returned(struct pfd_server *srv, int64_t now)
 }
 
 /* A connection back from a worker (in this process or another), in no list:
- * its next head (verdict 1), a polite close (0) or the end (-1). */
+ * its next head (verdict 1), a polite close (0) or the end (-1).
+ *
+ * While the server drains, a kept-alive connection with bytes of its next
+ * request already here (pipelined behind the one that ran) reads that head like
+ * any other head of the drain, answered 503 shutting-down (pfd_io_admit); one
+ * with nothing of a next request is done, as an idle connection is when the
+ * drain starts. Once it stops, such a request is answered 503 shutting-down at
+ * once: the drain ends when the place of the request before it comes back, which
+ * may be just before its connection does. Its client is told, never left with a
+ * connection closed under a request it sent. */
 void pfd_io_returned(struct pfd_server *srv, struct pfd_conn *c, int verdict, int64_t now)
 {
-    if (verdict == 1 && !srv->draining && !srv->stopping) {
+    if (verdict == 1 && c->len > 0 && srv->stopping) {
+        pthread_mutex_lock(&srv->mutex);
+        prazo_add(&srv->line->c.offered, 1);
+        pfd_count(&srv->shutting_down, 1);
+        pthread_mutex_unlock(&srv->mutex);
+        pfd_send_all_nb(c->fd, srv->cfg.answer[PFD_A_SHUTTING_DOWN][0], srv->cfg.answer_len[PFD_A_SHUTTING_DOWN][0]);
+        c->state = PFD_CLOSED;
+        pfd_conn_free(srv, c);
+    } else if (verdict == 1 && !srv->stopping && (!srv->draining || c->len > 0)) {
         pfd_io_arm_head(srv, c, now);
     } else if (verdict == 0 && !srv->stopping) {
         c->state = PFD_RUNNING; /* in no list yet: pfd_io_linger adds it to lingering */
