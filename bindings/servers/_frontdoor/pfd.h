@@ -377,6 +377,7 @@ void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s);
 struct pfd_server *pfd_server_new_host(const struct pfd_config *cfg, const int *listen_fds, int n_listen);
 int pfd_server_add_channel(struct pfd_server *srv, int fd, int worker);
 void pfd_server_retire_worker(struct pfd_server *srv, int worker);
+void pfd_server_worker_gone(struct pfd_server *srv, int worker);
 int pfd_server_worker_loads(struct pfd_server *srv, int *workers, int64_t *in_flight, int max);
 
 /* pfd_channel.c: a worker process's side of its channels */
