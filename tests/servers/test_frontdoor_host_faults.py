@@ -1,17 +1,20 @@
 """The front-door host (``--workers N``) when a worker process fails under the engine (issue 33).
 
 Real processes on loopback, real clients, as ``test_frontdoor_host.py``: a
-worker whose app forked a child and is then SIGKILLed. Each test asserts that
-every client gets an answer or a closed connection (a hang would show as the
-client's timeout, far above anything a healthy run takes), that the places
-come back and that the host serves on with as many threads as before.
+worker whose app forked a child and is then SIGKILLed, and a worker that has
+no free descriptor for a moment. Each test asserts that every client gets an
+answer or a closed connection (a hang would show as the client's timeout, far
+above anything a healthy run takes), that the places come back and that the
+host serves on with as many threads as before.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,14 +50,41 @@ def _wait_for_path(path: str) -> None:
         time.sleep(0.002)
 
 
+def _hold_no_free_descriptor(exhaust: str, exhausted: str, free: str, freed: str) -> None:
+    """Once ``exhaust`` exists: leave this process no free descriptor until ``free`` exists.
+
+    The soft RLIMIT_NOFILE comes down to just above the descriptors open now
+    and the gap is filled, so a descriptor passed to this process is dropped
+    (MSG_CTRUNC). Directories mark the states: mkdir takes no descriptor.
+    """
+    _wait_for_path(exhaust)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        os.mkdir(exhausted)
+        _wait_for_path(free)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    os.mkdir(freed)
+
+
 def fault_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-    """``_host_app``'s app, plus ``/fork``.
+    """``_host_app``'s app, plus ``/fork`` and ``/arm-exhaust``.
 
     ``/fork`` forks a child that sleeps, holding every descriptor the worker
     had (its channels, the sockets of the clients it serves), as a
     ``multiprocessing`` job with the fork start method does; it writes the
     child's pid to ``mark`` when given, then waits for ``gate`` when given,
     and answers the child's pid.
+    ``/arm-exhaust`` starts ``_hold_no_free_descriptor`` in a thread of this worker.
     """
     path = environ.get("PATH_INFO", "")
     if path == "/fork":
@@ -68,6 +98,11 @@ def fault_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> li
         if "gate" in q:
             _wait_for_path(q["gate"])
         body = str(child).encode()
+    elif path == "/arm-exhaust":
+        q = _query(environ)
+        args = (q["exhaust"], q["exhausted"], q["free"], q["freed"])
+        threading.Thread(target=_hold_no_free_descriptor, args=args, daemon=True).start()
+        body = str(os.getpid()).encode()
     else:
         return host_app(environ, start_response)
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
@@ -166,3 +201,40 @@ def test_a_dead_worker_whose_app_forked_ends_its_clients_and_gives_back_its_plac
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_worker_with_no_free_descriptor_closes_the_hand_off_and_keeps_its_threads(hosts: Any, tmp_path: Path) -> None:
+    host = hosts(threads=2)
+    (worker,) = host.worker_pids()
+    marks = {name: tmp_path / name for name in ("exhaust", "exhausted", "free", "freed")}
+    query = "&".join(f"{name}={path}" for name, path in marks.items())
+    # Read to the end of the connection: the triage ends it only once the worker has
+    # closed its copy, so the worker holds no client socket when its descriptors run out.
+    armed, _ = to_the_end(raw_get(host.port, f"/arm-exhaust?{query}"))
+    assert armed.startswith(b"HTTP/1.1 200 ") and armed.endswith(str(worker).encode()), armed
+    marks["exhaust"].touch()
+    wait_until(marks["exhausted"].exists, "the worker out of descriptors", WAIT_S)
+    # More than the worker's threads: each thread gets a connection it cannot receive, and more after it.
+    clients = [raw_get(host.port, "/pid") for _ in range(4)]
+    ends = [to_the_end(client) for client in clients]
+    assert all(took < ENDED_WITHIN_S for _, took in ends), ends
+    # Closed unanswered (the hand-off failed), or answered should a descriptor have come free.
+    closed = sum(received == b"" for received, _ in ends)
+    assert closed + sum(received.startswith(b"HTTP/1.1 200 ") for received, _ in ends) == 4, ends
+    assert closed >= 1, ends  # the test did take the worker's descriptors away
+    stats = idle(host)
+    assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats  # no thread ended
+    assert (stats["worker_lost"], stats["started"], stats["completed"]) == (closed, 5, 5), stats
+    marks["free"].touch()
+    wait_until(marks["freed"].exists, "the worker's descriptors free again", WAIT_S)
+    # The same worker serves on with both its threads: two requests run there at once.
+    gate = tmp_path / "gate"
+    held = Burst(host.port, [f"/host-stats?gate={gate}&mark={tmp_path / f'running-{n}'}" for n in range(2)])
+    wait_until(lambda: all((tmp_path / f"running-{n}").exists() for n in range(2)), "two requests running", WAIT_S)
+    gate.touch()
+    assert statuses(held.join()) == {200: 2}
+    assert host.worker_pids() == [worker] and host.replaced == 0
+    stats = idle(host)
+    assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats
+    assert (stats["worker_lost"], stats["started"], stats["completed"]) == (closed, 7, 7), stats
+    assert_conservation(stats)

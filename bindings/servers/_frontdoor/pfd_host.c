@@ -283,6 +283,8 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
         }
         if (m.kind != PFD_MSG_RELEASE && m.kind != PFD_MSG_DONE && m.kind != PFD_MSG_FINISH)
             return -1;
+        if (m.verdict == PFD_UNDELIVERED && m.kind != PFD_MSG_FINISH)
+            return -1; /* only a connection whose place is still held can fail to arrive */
         /* The token names one of this channel's connections, or the worker is broken:
          * it is looked up, never trusted as a pointer. */
         struct pfd_conn **at = &r->conns;
@@ -293,6 +295,8 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
             return -1;
         if (!c->released)
             r->asking = 1; /* the place came back: the thread asks for the next connection */
+        if (m.verdict == PFD_UNDELIVERED && !c->released)
+            pfd_count(&srv->worker_lost, 1); /* admitted, never run: its one outcome is this loss */
         pfd_host_release(srv, r, c);
         if (m.kind == PFD_MSG_RELEASE)
             continue;
