@@ -110,7 +110,8 @@ SPECS: dict[str, MetricSpec] = {
     "prazo_host_worker_lost": (
         COUNTER,
         _Q,
-        "Requests lost with the worker process running them (it died; their connections were closed).",
+        "Requests lost with the worker process running them (it died, or had no free descriptor to take one; "
+        "their connections were closed).",
     ),
     "prazo_host_worker_in_flight": (GAUGE, (*_Q, "worker"), "Requests running in each worker process now."),
     # Opt-in (record_latency=True) on a middleware or a pool.

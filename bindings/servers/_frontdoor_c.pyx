@@ -176,6 +176,7 @@ cdef extern from "pfd.h" nogil:
     pfd_server *pfd_server_new_host(const pfd_config *cfg, const int *listen_fds, int n_listen)
     int pfd_server_add_channel(pfd_server *srv, int fd, int worker)
     void pfd_server_retire_worker(pfd_server *srv, int worker)
+    void pfd_server_worker_gone(pfd_server *srv, int worker)
     int pfd_server_worker_loads(pfd_server *srv, int *workers, int64_t *in_flight, int max)
     pfd_server *pfd_server_new_worker(const pfd_config *cfg)
     pfd_conn *pfd_channel_next(pfd_server *srv, pfd_channel *ch)
@@ -1003,6 +1004,16 @@ cdef class Engine:
         """(triage) Each thread of worker process ``worker`` gets STOP when it next asks for a connection."""
         self._require("triage")
         pfd_server_retire_worker(self.srv, worker)
+
+    def worker_gone(self, int worker):
+        """(triage) Worker process ``worker`` has exited: its channels are dropped as at their end-of-file.
+
+        Its running requests count in ``worker_lost``, their places come back and their clients'
+        connections are shut down; its idle threads take nothing more. The supervisor tells this for
+        every death it sees, because a process the worker forked may keep the channels from ending.
+        """
+        self._require("triage")
+        pfd_server_worker_gone(self.srv, worker)
 
     def worker_loads(self):
         """(triage) ``{worker: requests running there}`` for every worker process with a live channel."""

@@ -34,10 +34,11 @@ replaced), as gunicorn's option does.
 
 The supervisor talks to the triage over a control socket (JSON messages,
 descriptors by ``SCM_RIGHTS``): ``add`` (a worker's channels), ``retire``,
-``stats``, ``drain``. Each worker has a stats socket to the triage as well, so
-``environ["prazo.server_stats"]()`` and ``current_host().stats()`` in a worker
-are the host's figures, and ``prometheus.register(host=current_host())``
-exports the whole host from any worker in one scrape.
+``gone`` (a worker exited), ``stats``, ``drain``. Each worker has a stats
+socket to the triage as well, so ``environ["prazo.server_stats"]()`` and
+``current_host().stats()`` in a worker are the host's figures, and
+``prometheus.register(host=current_host())`` exports the whole host from any
+worker in one scrape.
 """
 
 from __future__ import annotations
@@ -425,6 +426,10 @@ class FrontDoorHost:
         worker.pidfd = worker.ready_fd = -1
         with self._state_lock:
             self._workers.pop(worker.pid, None)
+        # The triage cannot count on its channels' end-of-file: a process the app forked
+        # (multiprocessing's fork start method) holds copies of them and of the running
+        # connections. Without this, the dead worker's threads would go on counting as free.
+        self._request({"op": "gone", "worker": worker.id})
         return os.waitstatus_to_exitcode(status) if status else 0
 
     def _on_exit(self, worker: _Worker) -> None:

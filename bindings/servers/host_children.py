@@ -2,7 +2,7 @@
 
 ``triage_main`` is the triage process: the engine in its triage role, and a
 loop on the supervisor's control socket (``add`` a worker's channels,
-``retire``, ``stats``, ``drain``) and on each worker's stats socket.
+``retire``, ``gone`` (a worker exited), ``stats``, ``drain``) and on each worker's stats socket.
 ``worker_main`` is a worker process: the app, the engine in its worker role
 and one thread per channel running ``RequestRunner.work``. Messages are one
 JSON object per ``SOCK_SEQPACKET`` datagram, descriptors passed by
@@ -226,7 +226,7 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
     def from_worker(sock: socket.socket, worker: int) -> None:
         """One message on a worker's stats socket."""
         message, _ = receive_message(sock)
-        if message is None:  # the worker exited; its channels tell the engine on their own
+        if message is None:  # the worker exited; the supervisor tells the engine ("gone")
             selector.unregister(sock)
             sock.close()
             return
@@ -281,6 +281,9 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
                 reply: dict[str, Any] = {"ok": True}
             elif op == "retire":
                 engine.retire_worker(int(request["worker"]))
+                reply = {"ok": True}
+            elif op == "gone":
+                engine.worker_gone(int(request["worker"]))
                 reply = {"ok": True}
             elif op == "stats":
                 reply = {"stats": host_stats()}

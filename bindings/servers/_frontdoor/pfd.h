@@ -190,7 +190,7 @@ enum pfd_msg_kind {
 
 struct pfd_msg {
     uint32_t kind;  /* enum pfd_msg_kind */
-    int32_t verdict; /* DONE/FINISH: 1 next head, 0 polite close, -1 close now */
+    int32_t verdict; /* DONE/FINISH: 1 next head, 0 polite close, -1 close now, PFD_UNDELIVERED */
     uint64_t token;  /* the triage's name of the connection, echoed back by the worker */
     int64_t deadline_ns, arrival_ns, started_ns, upstream_ns, last_read_ns;
     int32_t critical, budget_source, budget_invalid, arrival_from_kernel;
@@ -198,6 +198,12 @@ struct pfd_msg {
     uint32_t peer_len, len;
     struct sockaddr_storage peer;
 };
+
+/* FINISH's verdict for a DISPATCH whose connection never reached the app (its
+ * descriptor was dropped by the kernel for want of a free one in the worker,
+ * or the worker had no memory for it): the triage closes it and counts it in
+ * worker_lost, and the thread takes the next one. */
+#define PFD_UNDELIVERED (-2)
 
 /* A worker process's end of one channel (one per worker thread). */
 struct pfd_channel {
@@ -377,6 +383,7 @@ void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s);
 struct pfd_server *pfd_server_new_host(const struct pfd_config *cfg, const int *listen_fds, int n_listen);
 int pfd_server_add_channel(struct pfd_server *srv, int fd, int worker);
 void pfd_server_retire_worker(struct pfd_server *srv, int worker);
+void pfd_server_worker_gone(struct pfd_server *srv, int worker);
 int pfd_server_worker_loads(struct pfd_server *srv, int *workers, int64_t *in_flight, int max);
 
 /* pfd_channel.c: a worker process's side of its channels */

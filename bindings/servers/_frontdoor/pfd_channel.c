@@ -44,6 +44,15 @@ static void pfd_channel_close_passed(struct msghdr *msg)
     }
 }
 
+/* A DISPATCH whose connection cannot run here goes back as undelivered: the
+ * triage closes it and frees its place, and takes this thread as asking again
+ * (so the caller waits for the next DISPATCH without a HELLO). */
+static void pfd_channel_undelivered(struct pfd_channel *ch, uint64_t token)
+{
+    struct pfd_msg back = {.kind = PFD_MSG_FINISH, .verdict = PFD_UNDELIVERED, .token = token};
+    (void)pfd_channel_send(ch, &back, NULL, 0);
+}
+
 /* The connection a DISPATCH brings, or NULL when its bytes are no head (then it is already given back, closed). */
 static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_channel *ch, const struct pfd_msg *m,
                                          const char *bytes, int fd)
@@ -83,9 +92,8 @@ static struct pfd_conn *pfd_channel_conn(struct pfd_server *srv, struct pfd_chan
         free(buf);
         close(fd);
     }
-    /* The triage parsed these very bytes: this cannot happen short of memory. Close it, and ask again. */
-    struct pfd_msg back = {.kind = PFD_MSG_FINISH, .verdict = -1, .token = m->token};
-    (void)pfd_channel_send(ch, &back, NULL, 0);
+    /* The triage parsed these very bytes: this cannot happen short of memory. */
+    pfd_channel_undelivered(ch, m->token);
     return NULL;
 }
 
@@ -134,8 +142,16 @@ struct pfd_conn *pfd_channel_next(struct pfd_server *srv, struct pfd_channel *ch
                 memcpy(&fd, CMSG_DATA(cm), sizeof fd);
             }
         memcpy(&m, ch->scratch, (size_t)n < sizeof m ? (size_t)n : sizeof m);
-        int whole = (size_t)n >= sizeof m && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && m.len == (size_t)n - sizeof m;
-        if (!whole || m.kind != PFD_MSG_DISPATCH || fds != 1) {
+        int whole = (size_t)n >= sizeof m && !(msg.msg_flags & MSG_TRUNC) && m.len == (size_t)n - sizeof m;
+        if (whole && m.kind == PFD_MSG_DISPATCH && fds == 0 && (msg.msg_flags & MSG_CTRUNC)) {
+            /* The kernel dropped the descriptor: this process had no free one
+             * (EMFILE) for the moment. The channel is sound, and ending the
+             * thread would lose a place for good (or, when something still
+             * holds this channel open, leave the client waiting). */
+            pfd_channel_undelivered(ch, m.token);
+            continue;
+        }
+        if (!whole || (msg.msg_flags & MSG_CTRUNC) || m.kind != PFD_MSG_DISPATCH || fds != 1) {
             pfd_channel_close_passed(&msg);
             return NULL; /* STOP, or a broken channel: the thread ends either way */
         }

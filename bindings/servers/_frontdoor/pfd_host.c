@@ -18,6 +18,11 @@
  * robust process-shared mutex that a dying worker can leave taken. Here a
  * worker that dies only closes its channels: its unfinished requests are
  * counted (worker_lost) and closed, and the line never was in its memory.
+ * A channel's end-of-file is not enough to learn of a death, though: a
+ * process the app forked holds copies of the channels (and of the running
+ * connections), so the supervisor, which watches each worker's pid, tells
+ * the triage too (pfd_server_worker_gone), and a dropped connection is shut
+ * down, not only closed, so that no copy keeps its client waiting.
  *
  * The triage prefers, among the free threads, one of the worker process with
  * the fewest requests running: a CPU-bound app then runs on every core before
@@ -39,6 +44,7 @@ struct pfd_remote {
     int asking;          /* the thread waits for a connection */
     int stopped;         /* STOP went: nothing is sent to it again */
     atomic_int retiring; /* set by pfd_server_retire_worker: STOP at its next ask */
+    atomic_int gone;     /* set by pfd_server_worker_gone: dropped at the I/O thread's next turn */
     struct pfd_conn *conns; /* handed to it and not yet DONE, through c->next */
     struct pfd_remote *next;
 };
@@ -79,19 +85,28 @@ int pfd_server_add_channel(struct pfd_server *srv, int fd, int worker)
     return 0;
 }
 
-/* Worker process `worker` is to stop: each of its threads gets STOP when it next asks. */
-void pfd_server_retire_worker(struct pfd_server *srv, int worker)
+/* Mark every channel of worker process `worker`, added or still incoming,
+ * retiring or gone, and wake the I/O thread to act on it. */
+static void pfd_host_mark_worker(struct pfd_server *srv, int worker, int gone)
 {
     pthread_mutex_lock(&srv->mutex);
-    for (struct pfd_remote *r = srv->remotes; r; r = r->next)
-        if (r->worker_id == worker)
-            atomic_store(&r->retiring, 1);
-    for (struct pfd_remote *r = srv->incoming; r; r = r->next)
-        if (r->worker_id == worker)
-            atomic_store(&r->retiring, 1);
+    struct pfd_remote *lists[2] = {srv->remotes, srv->incoming};
+    for (int i = 0; i < 2; i++)
+        for (struct pfd_remote *r = lists[i]; r; r = r->next)
+            if (r->worker_id == worker)
+                atomic_store(gone ? &r->gone : &r->retiring, 1);
     pthread_mutex_unlock(&srv->mutex);
     pfd_wake(srv);
 }
+
+/* Worker process `worker` is to stop: each of its threads gets STOP when it next asks. */
+void pfd_server_retire_worker(struct pfd_server *srv, int worker) { pfd_host_mark_worker(srv, worker, 0); }
+
+/* Worker process `worker` has exited (its supervisor saw it): its channels go
+ * as at their end-of-file, which never comes while a process it forked holds
+ * copies of them. Until then its idle threads would count as free, and its
+ * running requests would hold their places and leave their clients waiting. */
+void pfd_server_worker_gone(struct pfd_server *srv, int worker) { pfd_host_mark_worker(srv, worker, 1); }
 
 /* Each worker process with a live channel and the requests running there; at most `max`. */
 int pfd_server_worker_loads(struct pfd_server *srv, int *workers, int64_t *in_flight, int max)
@@ -180,8 +195,10 @@ static void pfd_host_drop(struct pfd_server *srv, struct pfd_remote *r)
             pfd_count(&srv->worker_lost, 1);
             pfd_host_release(srv, r, c);
         }
-        /* The dead worker's copy of the descriptor is closed by the kernel:
-         * closing this one ends the connection, so the client never hangs. */
+        /* The dead worker's copy of the descriptor is closed by the kernel, but
+         * a process it forked may hold another: only shutdown() ends the
+         * connection for every copy, so the client never hangs. */
+        shutdown(c->fd, SHUT_RDWR);
         c->state = PFD_CLOSED;
         pfd_conn_free(srv, c);
     }
@@ -266,6 +283,8 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
         }
         if (m.kind != PFD_MSG_RELEASE && m.kind != PFD_MSG_DONE && m.kind != PFD_MSG_FINISH)
             return -1;
+        if (m.verdict == PFD_UNDELIVERED && m.kind != PFD_MSG_FINISH)
+            return -1; /* only a connection whose place is still held can fail to arrive */
         /* The token names one of this channel's connections, or the worker is broken:
          * it is looked up, never trusted as a pointer. */
         struct pfd_conn **at = &r->conns;
@@ -276,6 +295,8 @@ static int pfd_host_read(struct pfd_server *srv, struct pfd_remote *r, int64_t n
             return -1;
         if (!c->released)
             r->asking = 1; /* the place came back: the thread asks for the next connection */
+        if (m.verdict == PFD_UNDELIVERED && !c->released)
+            pfd_count(&srv->worker_lost, 1); /* admitted, never run: its one outcome is this loss */
         pfd_host_release(srv, r, c);
         if (m.kind == PFD_MSG_RELEASE)
             continue;
@@ -320,6 +341,15 @@ void pfd_host_dispatch(struct pfd_server *srv, int64_t now)
 {
     if (!srv->host)
         return;
+    for (struct pfd_remote *r = srv->remotes, *next; r; r = next) {
+        next = r->next;
+        if (!atomic_load(&r->gone))
+            continue;
+        /* What the thread said before its process died counts (a connection it
+         * gave back is not lost), as when its end-of-file follows its messages. */
+        (void)pfd_host_read(srv, r, now);
+        pfd_host_drop(srv, r);
+    }
     for (struct pfd_remote *r = srv->remotes; r; r = r->next)
         if (r->asking && !r->stopped && atomic_load(&r->retiring))
             pfd_host_stop_thread(r);

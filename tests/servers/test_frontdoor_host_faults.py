@@ -1,0 +1,240 @@
+"""The front-door host (``--workers N``) when a worker process fails under the engine (issue 33).
+
+Real processes on loopback, real clients, as ``test_frontdoor_host.py``: a
+worker whose app forked a child and is then SIGKILLed, and a worker that has
+no free descriptor for a moment. Each test asserts that every client gets an
+answer or a closed connection (a hang would show as the client's timeout, far
+above anything a healthy run takes), that the places come back and that the
+host serves on with as many threads as before.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+from _helpers import assert_conservation, wait_until
+from _host_app import app as host_app
+from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request, statuses
+from prazo.bindings.servers.host import FrontDoorHost
+from prazo.bindings.servers.settings import resolve_settings
+
+# slow: real time; compiled: its subject is the engine's C (triage and channels), so `make sanitize` runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+
+WAIT_S = 30.0
+# A client waits this long before it calls its request hung; a closed connection must come well before.
+HANG_S = 20.0
+ENDED_WITHIN_S = HANG_S / 2
+# How long a child the app forks lives on its own: past the end of the test, which kills it.
+CHILD_LIFE_S = 120.0
+
+
+def _query(environ: dict[str, Any]) -> dict[str, str]:
+    return {key: values[0] for key, values in parse_qs(environ.get("QUERY_STRING", "")).items()}
+
+
+def _wait_for_path(path: str) -> None:
+    """Poll for ``path`` (os.path.exists takes no descriptor: it works while a worker has none free)."""
+    end = time.monotonic() + WAIT_S
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.002)
+
+
+def _hold_no_free_descriptor(exhaust: str, exhausted: str, free: str, freed: str) -> None:
+    """Once ``exhaust`` exists: leave this process no free descriptor until ``free`` exists.
+
+    The soft RLIMIT_NOFILE comes down to just above the descriptors open now
+    and the gap is filled, so a descriptor passed to this process is dropped
+    (MSG_CTRUNC). Directories mark the states: mkdir takes no descriptor.
+    """
+    _wait_for_path(exhaust)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        os.mkdir(exhausted)
+        _wait_for_path(free)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    os.mkdir(freed)
+
+
+def fault_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """``_host_app``'s app, plus ``/fork`` and ``/arm-exhaust``.
+
+    ``/fork`` forks a child that sleeps, holding every descriptor the worker
+    had (its channels, the sockets of the clients it serves), as a
+    ``multiprocessing`` job with the fork start method does; it writes the
+    child's pid to ``mark`` when given, then waits for ``gate`` when given,
+    and answers the child's pid.
+    ``/arm-exhaust`` starts ``_hold_no_free_descriptor`` in a thread of this worker.
+    """
+    path = environ.get("PATH_INFO", "")
+    if path == "/fork":
+        q = _query(environ)
+        child = os.fork()
+        if child == 0:
+            time.sleep(CHILD_LIFE_S)
+            os._exit(0)
+        if "mark" in q:
+            Path(q["mark"]).write_text(str(child))
+        if "gate" in q:
+            _wait_for_path(q["gate"])
+        body = str(child).encode()
+    elif path == "/arm-exhaust":
+        q = _query(environ)
+        args = (q["exhaust"], q["exhausted"], q["free"], q["freed"])
+        threading.Thread(target=_hold_no_free_descriptor, args=args, daemon=True).start()
+        body = str(os.getpid()).encode()
+    else:
+        return host_app(environ, start_response)
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+@pytest.fixture
+def hosts() -> Iterator[Callable[..., FrontDoorHost]]:
+    """``hosts(threads)``: a started host of one worker serving ``fault_app``; all shut down after.
+
+    One worker process (which ``create_server(workers=1)`` would make a
+    one-process front door): every request, and every copy a forked child
+    holds, is on the worker the test breaks.
+    """
+    started: list[FrontDoorHost] = []
+
+    def start(threads: int) -> FrontDoorHost:
+        settings = resolve_settings(
+            threads=threads, max_queue=20, default_budget_ms=TEST_DEFAULT_BUDGET_MS, host_workers=1
+        )
+        host = FrontDoorHost(fault_app, host="127.0.0.1", port=0, settings=settings, workers=1, shutdown_timeout=10.0)
+        host.start()
+        started.append(host)
+        return host
+
+    yield start
+    for host in started:
+        host.shutdown(5.0)
+
+
+def idle(host: FrontDoorHost) -> dict[str, Any]:
+    """Wait until nothing runs or waits in the host; its stats then."""
+    wait_until(
+        lambda: (lambda s: s["in_flight"] + s["queued"] + s["assigned"] == 0)(host.stats()), "the host idle", WAIT_S
+    )
+    return host.stats()
+
+
+def raw_get(port: int, target: str) -> socket.socket:
+    """A connection that has sent one request for ``target`` (its response is the caller's to read)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=HANG_S)
+    sock.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode())
+    return sock
+
+
+def to_the_end(sock: socket.socket) -> tuple[bytes, float]:
+    """What the server sent until it ended the connection, and how long that took. A hang fails here."""
+    start = time.monotonic()
+    with sock:
+        try:
+            received = read_to_eof(sock)
+        except TimeoutError:
+            raise AssertionError(f"the client hung: no end of its connection within {HANG_S} s") from None
+    return received, time.monotonic() - start
+
+
+def test_a_dead_worker_whose_app_forked_ends_its_clients_and_gives_back_its_places(hosts: Any, tmp_path: Path) -> None:
+    host = hosts(threads=2)
+    children: list[int] = []
+    try:
+        forked = request(host.port, "/fork")
+        assert forked.status == 200, forked
+        children.append(int(forked.body))
+        (victim,) = host.worker_pids()
+        # The request the worker runs when it dies forks too: that child holds its client's socket.
+        gate, mark = tmp_path / "gate", tmp_path / "mark"
+        running = raw_get(host.port, f"/fork?gate={gate}&mark={mark}")
+        wait_until(lambda: mark.exists() and mark.read_text() != "", "the request running", WAIT_S)
+        children.append(int(mark.read_text()))
+        os.kill(victim, signal.SIGKILL)
+        # Its client sees its connection end: the forked children's copies do not keep it open.
+        received, took = to_the_end(running)
+        assert received == b"" and took < ENDED_WITHIN_S, (received, took)
+        wait_until(lambda: host.worker_pids() not in ([], [victim]), "a worker in place of the killed one", WAIT_S)
+        (newcomer,) = host.worker_pids()
+        # More at once than the newcomer's two threads: the dead worker's idle thread,
+        # had it still counted as free, would be handed one of them.
+        later = Burst(host.port, ["/pid?ms=20"] * 12)
+        later.wait(12, HANG_S)
+        later_errors = list(later.errors)
+        assert later_errors == [], later_errors
+        assert {int(outcome.body) for outcome in later.join()} == {newcomer}
+        assert statuses(later.outcomes) == {200: 12}
+        stats = idle(host)
+        assert (stats["worker_lost"], stats["started"], stats["completed"]) == (1, 14, 14), stats
+        assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats
+        assert_conservation(stats)
+        # The drain finds nothing held by the dead worker: it ends at once, not at its timeout.
+        gate.touch()
+        start = time.monotonic()
+        assert host.shutdown(10.0) is True
+        assert time.monotonic() - start < 5.0
+    finally:
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_worker_with_no_free_descriptor_closes_the_hand_off_and_keeps_its_threads(hosts: Any, tmp_path: Path) -> None:
+    host = hosts(threads=2)
+    (worker,) = host.worker_pids()
+    marks = {name: tmp_path / name for name in ("exhaust", "exhausted", "free", "freed")}
+    query = "&".join(f"{name}={path}" for name, path in marks.items())
+    # Read to the end of the connection: the triage ends it only once the worker has
+    # closed its copy, so the worker holds no client socket when its descriptors run out.
+    armed, _ = to_the_end(raw_get(host.port, f"/arm-exhaust?{query}"))
+    assert armed.startswith(b"HTTP/1.1 200 ") and armed.endswith(str(worker).encode()), armed
+    marks["exhaust"].touch()
+    wait_until(marks["exhausted"].exists, "the worker out of descriptors", WAIT_S)
+    # More than the worker's threads: each thread gets a connection it cannot receive, and more after it.
+    clients = [raw_get(host.port, "/pid") for _ in range(4)]
+    ends = [to_the_end(client) for client in clients]
+    assert all(took < ENDED_WITHIN_S for _, took in ends), ends
+    # Closed unanswered (the hand-off failed), or answered should a descriptor have come free.
+    closed = sum(received == b"" for received, _ in ends)
+    assert closed + sum(received.startswith(b"HTTP/1.1 200 ") for received, _ in ends) == 4, ends
+    assert closed >= 1, ends  # the test did take the worker's descriptors away
+    stats = idle(host)
+    assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats  # no thread ended
+    assert (stats["worker_lost"], stats["started"], stats["completed"]) == (closed, 5, 5), stats
+    marks["free"].touch()
+    wait_until(marks["freed"].exists, "the worker's descriptors free again", WAIT_S)
+    # The same worker serves on with both its threads: two requests run there at once.
+    gate = tmp_path / "gate"
+    held = Burst(host.port, [f"/host-stats?gate={gate}&mark={tmp_path / f'running-{n}'}" for n in range(2)])
+    wait_until(lambda: all((tmp_path / f"running-{n}").exists() for n in range(2)), "two requests running", WAIT_S)
+    gate.touch()
+    assert statuses(held.join()) == {200: 2}
+    assert host.worker_pids() == [worker] and host.replaced == 0
+    stats = idle(host)
+    assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats
+    assert (stats["worker_lost"], stats["started"], stats["completed"]) == (closed, 7, 7), stats
+    assert_conservation(stats)
