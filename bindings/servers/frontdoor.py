@@ -439,6 +439,7 @@ def create_server(
     reuse_port: bool = False,
     workers: int = 1,
     max_requests: int | None = None,
+    max_requests_jitter: int = 0,
     order: str | None = None,
     codel_target_ms: float | None = None,
     codel_interval_ms: float | None = None,
@@ -465,7 +466,8 @@ def create_server(
     instead: one triage process and N worker processes of ``threads`` threads
     each, one line for the host (``max_queue`` places) and ``N x threads``
     running places; the same ``serve_forever()``/``shutdown()``/``stats()``.
-    ``max_requests`` (hosts only) retires a worker after that many requests.
+    ``max_requests`` (hosts only) retires a worker after that many requests,
+    plus a random number of at most ``max_requests_jitter``.
     """
     policies = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
@@ -480,7 +482,7 @@ def create_server(
         header_timeout_ms=header_timeout_ms, settings=settings,
         host_workers=None if settings is not None or workers < 1 else workers,
     )  # fmt: skip
-    if workers != 1 or max_requests is not None:
+    if workers != 1 or max_requests is not None or max_requests_jitter != 0:
         if reuse_port:
             raise ValueError("reuse_port is for one front door per process; workers=N shares one port already")
         from .host import FrontDoorHost
@@ -489,6 +491,7 @@ def create_server(
             app, host=host, port=port, settings=settings, workers=workers, backlog=backlog,
             io_timeout_ms=io_timeout_ms, write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
             shutdown_timeout=shutdown_timeout, policies=policies, max_requests=max_requests,
+            max_requests_jitter=max_requests_jitter,
         )  # fmt: skip
     return FrontDoorServer(
         app,

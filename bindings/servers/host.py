@@ -29,8 +29,17 @@ dead ones into every forked worker, and because a reload can then pick up new
 code. A worker that dies (SIGKILL, a segfault, ``os._exit``) is replaced at
 once; its unfinished requests are counted in ``worker_lost`` and their
 connections closed (never left hanging). ``max_requests`` retires a worker
-after that many requests (its threads finish what they have, then it is
-replaced), as gunicorn's option does.
+after that many requests, as gunicorn's option does, plus a random number of
+at most ``max_requests_jitter`` (so that the workers, which the triage keeps
+equally busy, do not all reach it together). A retirement is a reload of one
+worker: its successor starts, and only once that one serves does the old one
+stop taking connections and finish what it runs; one at a time.
+
+A worker start can fail without the app being at fault: the triage, at its
+descriptor limit, may not receive the new worker's channels. That start is
+tried again later (with a growing pause), and the host serves on with the
+workers it has; a worker being replaced (a reload, ``max_requests``) serves
+on until its successor does.
 
 The supervisor talks to the triage over a control socket (JSON messages,
 descriptors by ``SCM_RIGHTS``): ``add`` (a worker's channels), ``retire``,
@@ -44,8 +53,10 @@ worker in one scrape.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
+import random
 import selectors
 import signal
 import socket
@@ -68,6 +79,7 @@ from .frontdoor import (
 from .host_children import (
     BOOT_ERROR,
     READY,
+    RETIRE,
     HostStats,
     Plan,
     current_host,
@@ -89,6 +101,11 @@ _log = logging.getLogger("prazo.servers.host")
 BOOT_TIMEOUT_S = 60.0
 # How long a stopped child may take to exit before it is killed.
 _EXIT_GRACE_S = 5.0
+# After a worker start failed (the triage could not take its descriptors), the pause
+# before the next try; it doubles on every failure up to the maximum, so a triage
+# short of descriptors is not asked every few milliseconds.
+_RETRY_FIRST_S = 0.25
+_RETRY_MAX_S = 8.0
 
 
 @dataclass
@@ -97,10 +114,11 @@ class _Worker:
     id: int
     pid: int
     pidfd: int
-    ready_fd: int
+    ready_fd: int  # its pipe to the supervisor: READY, BOOT_ERROR, RETIRE
     ready: bool = False
     boot_error: str | None = None  # why it could not start, as it told on its ready pipe
     retiring: bool = False
+    served_out: bool = False  # it served its max_requests and waits for its successor
     started: float = field(default_factory=time.monotonic)
 
 
@@ -130,6 +148,7 @@ class FrontDoorHost:
         shutdown_timeout: float = 5.0,
         policies: dict[str, Any] | None = None,
         max_requests: int | None = None,
+        max_requests_jitter: int = 0,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise TypeError(f"workers must be an int, got {type(workers).__name__}")
@@ -139,6 +158,12 @@ class FrontDoorHost:
             raise TypeError(f"max_requests must be an int or None, got {type(max_requests).__name__}")
         if max_requests is not None and max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+        if isinstance(max_requests_jitter, bool) or not isinstance(max_requests_jitter, int):
+            raise TypeError(f"max_requests_jitter must be an int, got {type(max_requests_jitter).__name__}")
+        if max_requests_jitter < 0:
+            raise ValueError(f"max_requests_jitter must be >= 0, got {max_requests_jitter}")
+        if max_requests_jitter and max_requests is None:
+            raise ValueError("max_requests_jitter spreads max_requests: give max_requests too")
         if (app is None) == (app_spec is None):
             raise TypeError("give the app or its MODULE:APP spec (app_spec), not both")
         if not shutdown_timeout >= 0:
@@ -156,7 +181,8 @@ class FrontDoorHost:
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._plan = Plan(
             app=app, app_spec=app_spec, host=host, port=self.server_address[1], threads=settings.threads,
-            workers=workers, max_requests=max_requests, shutdown_timeout=shutdown_timeout,
+            workers=workers, max_requests=max_requests, max_requests_jitter=max_requests_jitter,
+            shutdown_timeout=shutdown_timeout,
             triage_engine=triage_engine, worker_engine=dict(triage_engine), max_concurrency=total,
             max_queue=settings.max_queue, reserved=self.policies["reserved"],
         )  # fmt: skip
@@ -180,6 +206,12 @@ class FrontDoorHost:
         self._thread: threading.Thread | None = None
         self._failure: str | None = None
         self.replaced = 0  # workers replaced after dying or retiring on max_requests
+        self.failed_starts = 0  # worker starts the triage could not take (no descriptor free), tried again later
+        # Live workers to replace, one at a time, each serving until its successor does (a reload, max_requests).
+        self._replacements: collections.deque[_Worker] = collections.deque()
+        self._vacant: set[int] = set()  # slots whose worker died and whose new one could not start yet
+        self._retry_at = 0.0  # no worker start before this (monotonic): the last one failed
+        self._retry_pause = _RETRY_FIRST_S
 
     @property
     def port(self) -> int:
@@ -288,7 +320,11 @@ class FrontDoorHost:
         self._triage_pid = pid
         self._triage_pidfd = self._watch(pid, "triage")
         for slot in range(self.workers):
-            self._spawn(slot)
+            try:
+                self._spawn(slot)
+            except RuntimeError as exc:
+                self._failure = f"worker {slot} could not start: {exc}"
+                break
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         while not all(w.ready for w in self._workers.values()):
             if self._failure is not None or time.monotonic() > deadline:
@@ -318,25 +354,41 @@ class FrontDoorHost:
         return pidfd
 
     def _spawn(self, slot: int) -> _Worker:
-        """A new worker for ``slot``: its channels go to the triage, then it is forked."""
+        """A new worker for ``slot``: its channels go to the triage, then it is forked.
+
+        ``RuntimeError`` when the channels could not be made or the triage did not take
+        them (it is gone, or it answered an error): nothing is forked then.
+        """
         with self._state_lock:
             worker_id = self._next_id
             self._next_id += 1
-        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(self._plan.threads + 1)]
+        pairs: list[tuple[socket.socket, socket.socket]] = []
+        try:
+            for _ in range(self._plan.threads + 1):
+                pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+            ready_r, ready_w = os.pipe()
+        except OSError as exc:  # the supervisor is short of descriptors too: a start that fails alone, the same
+            for ends in pairs:
+                for end in ends:
+                    end.close()
+            raise RuntimeError(f"the supervisor cannot open a new worker's channels: {exc}") from exc
         reply = self._request({"op": "add", "worker": worker_id}, [triage_end.fileno() for triage_end, _ in pairs])
         for triage_end, _ in pairs:
             triage_end.close()  # the triage has its own copies now
-        if reply is None:
+        if reply is None or "error" in reply:
             for _, worker_end in pairs:
                 worker_end.close()
-            raise RuntimeError("the triage is gone")
-        ready_r, ready_w = os.pipe()
+            os.close(ready_r)
+            os.close(ready_w)
+            raise RuntimeError("the triage is gone" if reply is None else str(reply["error"]))
         worker_ends = [worker_end for _, worker_end in pairs]
         inherited = [*self._supervisor_fds(), ready_r]
+        plan = self._plan
+        limit = None if plan.max_requests is None else plan.max_requests + random.randint(0, plan.max_requests_jitter)
         pid = os.fork()
         if pid == 0:
             run_child(
-                lambda: worker_main(self._plan, worker_id, worker_ends, ready_w),
+                lambda: worker_main(plan, worker_id, worker_ends, ready_w, limit),
                 inherited,
                 keep=[end.fileno() for end in worker_ends],
             )
@@ -377,7 +429,7 @@ class FrontDoorHost:
             elif what == "triage":
                 self._reap_triage()
             elif isinstance(what, tuple):
-                self._on_ready(what[1])
+                self._on_pipe(what[1])
             else:
                 self._on_exit(what)
         self._poll_exits()
@@ -395,19 +447,29 @@ class FrontDoorHost:
             self._triage_pid = 0
             self._triage_gone()
 
-    def _on_ready(self, worker: _Worker) -> None:
+    def _on_pipe(self, worker: _Worker) -> None:
+        """What ``worker`` wrote on its pipe (one byte each: READY, RETIRE, BOOT_ERROR and its report), or its end."""
         try:
-            data = os.read(worker.ready_fd, 1)  # READY or BOOT_ERROR, one byte each
+            data = os.read(worker.ready_fd, 1)
             if data == BOOT_ERROR:
                 # The report follows, written at once; the worker's exit closes the pipe after it.
-                while chunk := os.read(worker.ready_fd, 65536):
-                    data += chunk
+                with contextlib.suppress(BlockingIOError):
+                    while chunk := os.read(worker.ready_fd, 65536):
+                        data += chunk
         except OSError:
             data = b""
+        if data == READY:
+            worker.ready = True
+            self._retry_pause = _RETRY_FIRST_S  # a start went through: the triage has descriptors again
+            return
+        if data == RETIRE:
+            worker.served_out = True
+            if not worker.retiring and all(queued is not worker for queued in self._replacements):
+                self._replacements.append(worker)
+            return
         self._selector.unregister(worker.ready_fd)
         os.close(worker.ready_fd)
         worker.ready_fd = -1
-        worker.ready = data == READY
         if data.startswith(BOOT_ERROR):
             worker.boot_error = data[len(BOOT_ERROR) :].decode("utf-8", "replace")
 
@@ -434,7 +496,11 @@ class FrontDoorHost:
 
     def _on_exit(self, worker: _Worker) -> None:
         if worker.ready_fd >= 0:
-            self._on_ready(worker)  # what it wrote before exiting (its boot error) may not have been read yet
+            # What it wrote before exiting (its boot error) may not have been read yet. A process
+            # the app forked may hold the pipe's other end: read what is there, never wait for its end.
+            os.set_blocking(worker.ready_fd, False)
+        while worker.ready_fd >= 0:
+            self._on_pipe(worker)
         was_ready = worker.ready
         code = self._forget(worker)
         if self._stopping or worker.retiring or self._failure is not None:
@@ -454,11 +520,9 @@ class FrontDoorHost:
             _log.warning(
                 "prazo host: worker %d (pid %d) exited with status %s; replacing it", worker.id, worker.pid, code
             )
-        self.replaced += 1  # died, or retired itself after max_requests
-        try:
-            self._spawn(worker.slot)
-        except RuntimeError as exc:  # the triage is gone too: its own exit stops the host
-            _log.error("prazo host: cannot replace worker %d: %s", worker.id, exc)
+        self.replaced += 1  # it died
+        self._vacant.add(worker.slot)
+        self._start_vacant()
 
     def _slot_taken(self, slot: int) -> bool:
         """Whether a live worker that is not retiring serves ``slot``: each slot has at most one."""
@@ -485,7 +549,7 @@ class FrontDoorHost:
     def _supervise(self) -> None:
         try:
             while True:
-                self._pump(1.0)
+                self._pump(self._pump_timeout())
                 while self._commands:
                     command = self._commands.popleft()
                     if command == b"t":
@@ -493,22 +557,79 @@ class FrontDoorHost:
                         return
                     if command == b"h":
                         self._rolling_reload()
+                self._start_vacant()
+                self._replace_next()
         finally:
             self._stopped.set()
 
+    def _pump_timeout(self) -> float:
+        """How long the loop may wait for events: a start to try again (after its pause) wakes it."""
+        if not (self._vacant or self._replacements):
+            return 1.0
+        return min(1.0, max(self._retry_at - time.monotonic(), 0.0))
+
+    def _start_failed(self, slot: int, exc: RuntimeError, replacing: _Worker | None = None) -> None:
+        """A worker start the triage refused: try again after a pause that grows with every failure."""
+        self.failed_starts += 1
+        pause = self._retry_pause
+        self._retry_at = time.monotonic() + pause
+        self._retry_pause = min(pause * 2, _RETRY_MAX_S)
+        instead = "" if replacing is None else f" to replace worker {replacing.id} (pid {replacing.pid}, serving on)"
+        _log.error(
+            "prazo host: cannot start a worker for slot %d%s: %s; trying again in %.2f s", slot, instead, exc, pause
+        )
+
+    def _start_vacant(self) -> None:
+        """A worker for each slot left without one (its worker died and no new one could start yet)."""
+        for slot in sorted(self._vacant):
+            if self._stopping or self._failure is not None or time.monotonic() < self._retry_at:
+                return
+            self._vacant.discard(slot)
+            if self._slot_taken(slot):
+                continue
+            try:
+                self._spawn(slot)
+            except RuntimeError as exc:  # the triage is short of descriptors, or gone (its exit stops the host)
+                self._vacant.add(slot)
+                self._start_failed(slot, exc)
+
     def _rolling_reload(self) -> None:
+        """Every worker serving now is replaced, one at a time (``_replace_next``, as ``max_requests`` does)."""
         with self._state_lock:
-            old = sorted(self._workers.values(), key=lambda w: w.slot)
+            old = sorted((w for w in self._workers.values() if not w.retiring), key=lambda w: w.slot)
         for worker in old:
-            if self._stopping or worker.pid not in self._workers or worker.retiring:
-                continue  # died meanwhile: its replacement runs the new code already
-            fresh = self._spawn(worker.slot)
+            if all(queued is not worker for queued in self._replacements):
+                self._replacements.append(worker)
+
+    def _replace_next(self) -> None:
+        """Replace the workers waiting for it, one at a time: each successor serves before its predecessor retires."""
+        while self._replacements and not self._stopping and self._failure is None and b"t" not in self._commands:
+            if time.monotonic() < self._retry_at:
+                return  # the last start failed: _pump_timeout wakes the loop for the next try
+            worker = self._replacements[0]
+            if worker.pid not in self._workers or worker.retiring:
+                self._replacements.popleft()  # died meanwhile: its replacement runs the new code already
+                continue
+            try:
+                fresh = self._spawn(worker.slot)
+            except RuntimeError as exc:  # it stays first in line, serving until a successor can start
+                self._start_failed(worker.slot, exc, worker)
+                return
+            self._replacements.popleft()
             self._wait(partial(_serving_or_gone, fresh, self._workers), BOOT_TIMEOUT_S)
             if not fresh.ready:
-                _log.error("prazo host: reload stopped: a new worker did not start serving")
+                _log.error("prazo host: replacing workers stopped: a new worker did not start serving")
+                self._replacements.clear()
                 return
+            if worker.served_out:
+                self.replaced += 1  # before it leaves worker_pids(): whoever sees it gone sees it counted
             worker.retiring = True
             self._request({"op": "retire", "worker": worker.id})
+            why = "served its max_requests" if worker.served_out else "reloaded"
+            _log.warning(
+                "prazo host: worker %d (pid %d) %s; worker %d (pid %d) serves in its place",
+                worker.id, worker.pid, why, fresh.id, fresh.pid,
+            )  # fmt: skip
             gone = partial(_gone, worker, self._workers)
             exited = self._wait(gone, self.shutdown_timeout + _EXIT_GRACE_S)
             if b"t" in self._commands:

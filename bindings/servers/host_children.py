@@ -3,6 +3,9 @@
 ``triage_main`` is the triage process: the engine in its triage role, and a
 loop on the supervisor's control socket (``add`` a worker's channels,
 ``retire``, ``gone`` (a worker exited), ``stats``, ``drain``) and on each worker's stats socket.
+A worker tells the supervisor on its pipe when it serves (``READY``), why it
+could not start (``BOOT_ERROR``) and when it served its ``max_requests``
+(``RETIRE``: the supervisor replaces it as a reload does).
 ``worker_main`` is a worker process: the app, the engine in its worker role
 and one thread per channel running ``RequestRunner.work``. Messages are one
 JSON object per ``SOCK_SEQPACKET`` datagram, descriptors passed by
@@ -34,6 +37,7 @@ __all__ = [
     "BOOT_ERROR",
     "BOOT_FAILED",
     "READY",
+    "RETIRE",
     "HostStats",
     "Plan",
     "current_host",
@@ -47,11 +51,15 @@ __all__ = [
 
 # A worker exits with this when it could not start (its app did not import).
 BOOT_FAILED = 3
-# What a worker writes on its ready pipe: READY once it serves, or BOOT_ERROR
+# What a worker writes on its pipe to the supervisor: READY once it serves, or BOOT_ERROR
 # and then why it could not start. The supervisor reports that once for the
-# host, rather than every worker printing the same traceback.
+# host, rather than every worker printing the same traceback. RETIRE (after READY)
+# once it served its max_requests: it serves on until its successor does, since a
+# worker that stopped first would leave its places empty for the whole of the
+# successor's app import, and every worker reaches the limit at about the same time.
 READY = b"r"
 BOOT_ERROR = b"e"
+RETIRE = b"m"
 # Under a pipe's capacity (64 KiB on Linux): the report never waits for the supervisor to read it.
 _MAX_REPORT_BYTES = 60000
 _MESSAGE_BYTES = 1 << 20
@@ -125,14 +133,6 @@ class HostStats:
             except OSError:
                 pass
 
-    def retire(self) -> None:
-        """Ask the triage to stop giving this worker connections (its threads end after what they have)."""
-        with self._lock:
-            try:
-                send_message(self._sock, {"op": "retire"})
-            except OSError:
-                pass
-
 
 def host_stats_of(raw: dict[str, Any]) -> dict[str, Any]:
     stats = dict(raw)
@@ -151,6 +151,7 @@ class Plan:
     threads: int
     workers: int
     max_requests: int | None
+    max_requests_jitter: int
     shutdown_timeout: float
     triage_engine: dict[str, Any]
     worker_engine: dict[str, Any]
@@ -238,8 +239,6 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
                 pass
         elif op == "count":
             counts[worker] = {k: int(v) for k, v in message.items() if k != "op"}
-        elif op == "retire":
-            engine.retire_worker(worker)
 
     def drain(timeout: float) -> bool:
         engine.drain()
@@ -254,6 +253,30 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
                     from_worker(key.fileobj, key.data)  # type: ignore[arg-type]
         engine.stop()
         return idle
+
+    failed_adds = [0]
+
+    def add_worker(worker: int, fds: list[int]) -> dict[str, Any]:
+        """A new worker's channels and stats socket, or an error when they did not all arrive."""
+        expected = plan.threads + 1
+        if len(fds) != expected:
+            # The kernel drops what a process at its descriptor limit cannot take (slow heads
+            # can hold every descriptor until their timeout). A worker with a thread missing
+            # would never be whole: what came is closed, and the supervisor tries again later.
+            for fd in fds:
+                os.close(fd)
+            failed_adds[0] += 1
+            why = (
+                f"the triage (pid {os.getpid()}) did not receive worker {worker}'s descriptors "
+                f"({len(fds)} of {expected} arrived; at its descriptor limit?)"
+            )
+            print(f"prazo host: {why}; {failed_adds[0]} worker start(s) failed so far", file=sys.stderr, flush=True)
+            return {"error": why}
+        *channels, stats_fd = fds
+        for fd in channels:
+            engine.add_channel(fd, worker)
+        selector.register(socket.socket(fileno=stats_fd), selectors.EVENT_READ, worker)
+        return {"ok": True}
 
     def answer(reply: dict[str, Any]) -> bool:
         try:
@@ -272,13 +295,7 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
             request: dict[str, Any] = message or {}
             op = request.get("op")
             if op == "add":
-                worker = int(request["worker"])
-                *channels, stats_fd = fds
-                for fd in channels:
-                    engine.add_channel(fd, worker)
-                stats_sock = socket.socket(fileno=stats_fd)
-                selector.register(stats_sock, selectors.EVENT_READ, worker)
-                reply: dict[str, Any] = {"ok": True}
+                reply: dict[str, Any] = add_worker(int(request["worker"]), fds)
             elif op == "retire":
                 engine.retire_worker(int(request["worker"]))
                 reply = {"ok": True}
@@ -314,7 +331,8 @@ def _boot_failure(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()
 
 
-def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd: int) -> int:
+def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd: int, max_requests: int | None) -> int:
+    """Worker ``worker_id``: its threads serve what ``ends`` bring; ``max_requests`` is its own limit (jitter added)."""
     global _current
     *channel_socks, stats_sock = ends
     host = HostStats(stats_sock, worker_id)
@@ -345,12 +363,15 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
             if changed:
                 host.report(**counts)
             conn = channel.next_connection()
-            if conn is not None and plan.max_requests is not None:
+            if conn is not None and max_requests is not None:
                 with lock:
                     served[0] += 1
-                    last = served[0] == plan.max_requests
+                    last = served[0] == max_requests
                 if last:
-                    host.retire()
+                    try:
+                        os.write(ready_fd, RETIRE)  # and serve on: retired once its successor serves
+                    except OSError:
+                        pass  # the supervisor is gone: the triage drains, and the channels' end ends this worker
             return conn
 
         return next_connection
@@ -365,7 +386,6 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
         thread.start()
         threads.append(thread)
     os.write(ready_fd, READY)
-    os.close(ready_fd)
     for thread in threads:
         thread.join()
     return 0

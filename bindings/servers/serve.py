@@ -29,8 +29,9 @@ waits for the GIL; Linux). ``--server prazo --workers N`` runs a host: one
 triage process and N worker processes of ``--threads`` threads each, with one
 admission line for the host (``prazo.bindings.servers.host``); ``--preload``
 imports the app once before forking (default: each worker imports it), and
-``--max-requests N`` replaces a worker after N requests. SIGHUP reloads its
-workers one at a time.
+``--max-requests N`` replaces a worker after N requests (plus a random number
+of at most ``--max-requests-jitter J``). SIGHUP reloads its workers one at a
+time.
 
 For the ``prazo`` command line: ``add_serve_arguments(parser)`` declares the
 options on a (sub)parser and ``run_serve(args, out)`` runs them;
@@ -156,6 +157,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="prazo --workers: replace a worker after it served N requests (default: never)",
+    )
+    parser.add_argument(
+        "--max-requests-jitter",
+        type=int,
+        default=None,
+        metavar="J",
+        help="prazo --workers: add a random 0..J to each worker's --max-requests, so they are not replaced together",
     )
     parser.add_argument(
         "--no-yield-when-full",
@@ -455,6 +463,7 @@ def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, ou
         host = FrontDoorHost(
             app, app_spec=None if args.preload else args.app, host=args.host, port=args.port, settings=settings,
             workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
+            max_requests_jitter=args.max_requests_jitter or 0,
         )  # fmt: skip
     line = _startup_line(args, settings, host.port)
     line += f" host: {args.workers * settings.threads} running places, one line"
@@ -563,6 +572,10 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError("--max-requests is for --server prazo --workers N only")
     if args.max_requests is not None and args.max_requests < 1:
         raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
+    if args.max_requests_jitter is not None and args.max_requests is None:
+        raise ValueError("--max-requests-jitter spreads --max-requests: give --max-requests too")
+    if args.max_requests_jitter is not None and args.max_requests_jitter < 0:
+        raise ValueError(f"--max-requests-jitter must be >= 0, got {args.max_requests_jitter}")
     if args.yield_when_full is False and args.server != "gunicorn":
         raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:

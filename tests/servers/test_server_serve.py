@@ -116,6 +116,24 @@ def test_serve_starts_with_codel_variables_meant_for_another_service(
             ["_server_harness:app", "--server", "prazo", "--workers", "2", "--max-requests", "0"],
             "--max-requests must be >= 1",
         ),
+        (
+            ["_server_harness:app", "--server", "prazo", "--workers", "2", "--max-requests-jitter", "5"],
+            "--max-requests-jitter spreads --max-requests: give --max-requests too",
+        ),
+        (
+            [
+                "_server_harness:app",
+                "--server",
+                "prazo",
+                "--workers",
+                "2",
+                "--max-requests",
+                "5",
+                "--max-requests-jitter",
+                "-1",
+            ],
+            "--max-requests-jitter must be >= 0",
+        ),
         (["no-colon", "--server", "prazo", "--workers", "2"], "app must look like MODULE:APP"),
         (
             ["_server_harness:app", "--server", "prazo", "--workers", "2", "--threads", "2", "--reserved", "4"],
