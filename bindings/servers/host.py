@@ -92,9 +92,11 @@ from .host_children import (
 )
 from .settings import ServerSettings
 
-__all__ = ["FrontDoorHost", "HostStats", "current_host"]
+__all__ = ["HOST_LOGGER", "FrontDoorHost", "HostStats", "current_host"]
 
-_log = logging.getLogger("prazo.servers.host")
+# The host's lifecycle (started, replaced, reloaded, drained); `prazo serve` prints it at INFO.
+HOST_LOGGER = "prazo.servers.host"
+_log = logging.getLogger(HOST_LOGGER)
 
 # A worker that cannot serve within this long of its start (its app import
 # hangs, say) is killed and the start counts as failed.
@@ -333,6 +335,10 @@ class FrontDoorHost:
                 self._stopped.set()
                 raise RuntimeError(failure)
             self._pump(0.2)
+        _log.info(
+            "prazo host: serving: supervisor pid %d, triage pid %d, %s",
+            os.getpid(), self._triage_pid, ", ".join(f"worker {w.id} pid {w.pid}" for w in self._workers.values()),
+        )  # fmt: skip
 
     def _supervisor_fds(self) -> list[int]:
         """What a forked child must not keep of the supervisor's."""
@@ -597,6 +603,7 @@ class FrontDoorHost:
         """Every worker serving now is replaced, one at a time (``_replace_next``, as ``max_requests`` does)."""
         with self._state_lock:
             old = sorted((w for w in self._workers.values() if not w.retiring), key=lambda w: w.slot)
+        _log.info("prazo host: reload (SIGHUP): %d workers to replace, one at a time", len(old))
         for worker in old:
             if all(queued is not worker for queued in self._replacements):
                 self._replacements.append(worker)
@@ -626,7 +633,7 @@ class FrontDoorHost:
             worker.retiring = True
             self._request({"op": "retire", "worker": worker.id})
             why = "served its max_requests" if worker.served_out else "reloaded"
-            _log.warning(
+            _log.info(
                 "prazo host: worker %d (pid %d) %s; worker %d (pid %d) serves in its place",
                 worker.id, worker.pid, why, fresh.id, fresh.pid,
             )  # fmt: skip
@@ -650,8 +657,16 @@ class FrontDoorHost:
 
     def _drain(self) -> None:
         self._stopping = True
+        _log.info(
+            "prazo host: draining (supervisor pid %d): the port is closed, what was admitted finishes within %g s",
+            os.getpid(), self.shutdown_timeout,
+        )  # fmt: skip
         reply = self._request({"op": "drain", "timeout": self.shutdown_timeout})
         self._idle = bool(reply and reply.get("idle"))
+        if self._idle:
+            _log.info("prazo host: drained: everything admitted finished; the processes exit")
+        else:
+            _log.warning("prazo host: the drain timed out: what still waited was answered 503 shutting-down")
         self._stop_all(_EXIT_GRACE_S)
 
     def _stop_all(self, grace: float) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from ..wsgi import WSGIApp
 from .frontdoor import base_environ, compiled_engine
 from .frontdoor_worker import RequestRunner
+from .process_names import name_process
 
 __all__ = [
     "BOOT_ERROR",
@@ -206,6 +207,7 @@ def _close_inherited_sockets(keep: set[int]) -> None:
 
 
 def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
+    name_process("triage")
     engine = compiled_engine().Engine([listener_fd], role="triage", **plan.triage_engine)
     engine.start()
     selector = selectors.DefaultSelector()
@@ -334,6 +336,7 @@ def _boot_failure(exc: BaseException) -> str:
 def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd: int, max_requests: int | None) -> int:
     """Worker ``worker_id``: its threads serve what ``ends`` bring; ``max_requests`` is its own limit (jitter added)."""
     global _current
+    name_process(f"worker {worker_id}")
     *channel_socks, stats_sock = ends
     host = HostStats(stats_sock, worker_id)
     _current = host  # before the app's import: its module may register current_host() for metrics

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import math
 import os
 import re
@@ -67,6 +68,7 @@ from ..policies import (
 )
 from ..proxy_headers import checked_max_upstream_ms, trusted_networks
 from ..wsgi import WSGIApp
+from .process_names import name_process
 from .settings import (
     DEFAULT_QUEUE_PER_THREAD,
     ENV_CODEL_INTERVAL_MS,
@@ -454,10 +456,26 @@ def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSet
     return 0
 
 
+def _log_host_lifecycle(logger: logging.Logger, stream: TextIO) -> None:
+    """The host's lifecycle on ``stream``, a line each: serving, a worker replaced or reloaded, the drain.
+
+    A library leaves logging to its application, and Python alone prints only
+    warnings; ``prazo serve`` is the application here, and an operator must see
+    a reload or a retirement happen (each line names the pids).
+    """
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the app's own logging setup (in a worker) does not print these twice
+
+
 def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     """``--server prazo --workers N``: the supervisor runs here; the app is imported in the workers (or here with --preload)."""
-    from .host import FrontDoorHost
+    from .host import HOST_LOGGER, FrontDoorHost
 
+    name_process("supervisor")
+    _log_host_lifecycle(logging.getLogger(HOST_LOGGER), sys.stderr)
     app = load_app(args.app) if args.preload else None
     with _listening(args):
         host = FrontDoorHost(

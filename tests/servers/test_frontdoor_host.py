@@ -920,3 +920,45 @@ def test_max_requests_replaces_one_worker_at_a_time_each_after_its_successor_ser
     wait_until(lambda: not set(retired) & served.children(), "the retired workers gone", WAIT_S)
     served.process.send_signal(signal.SIGTERM)
     assert served.wait() == 0, "".join(served.stderr)
+
+
+def _command_line(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def test_the_hosts_processes_are_named_and_its_lifecycle_is_logged_with_pids(serve: Any) -> None:
+    """Issue 33: every process of a host had the same command line, and a reload or a drain printed nothing."""
+    served = serve("--threads", "1")
+    served.serving()
+    assert _command_line(served.process.pid).startswith("prazo: supervisor ["), _command_line(served.process.pid)
+    names = {pid: _command_line(pid) for pid in served.children()}
+    roles = sorted(name.split(" [", 1)[0] for name in names.values())
+    assert roles == ["prazo: triage", "prazo: worker 0", "prazo: worker 1"], names
+    workers = {pid for pid, name in names.items() if name.startswith("prazo: worker")}
+    wait_until(lambda: any("serving:" in line for line in served.stderr), "the serving line", WAIT_S)
+    serving = next(line for line in served.stderr if "serving:" in line)
+    assert all(f"pid {pid}" in serving for pid in workers), serving
+
+    served.process.send_signal(signal.SIGHUP)
+    replaced = lambda: [line for line in served.stderr if "reloaded; worker" in line]  # noqa: E731
+    wait_until(lambda: len(replaced()) == 2, "both workers reloaded", WAIT_S)
+    for pid in workers:  # each old worker is named with the one that took its place
+        assert sum(f"(pid {pid}) reloaded" in line for line in replaced()) == 1, replaced()
+    assert any("reload (SIGHUP): 2 workers" in line for line in served.stderr), served.stderr
+
+    served.process.send_signal(signal.SIGTERM)
+    assert served.wait() == 0
+    assert any(f"draining (supervisor pid {served.process.pid})" in line for line in served.stderr), served.stderr
+    assert any("drained: everything admitted finished" in line for line in served.stderr), served.stderr
+    assert not any("Traceback" in line for line in served.stderr), served.stderr
+
+
+def test_without_setproctitle_a_process_is_named_for_top_by_prctl() -> None:
+    script = (
+        "import sys; sys.modules['setproctitle'] = None\n"  # as where the servers extra is not installed
+        "from prazo.bindings.servers.process_names import name_process\n"
+        "name_process('worker 1')\n"
+        "print(open('/proc/self/comm').read().strip())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "prazo: worker 1"
