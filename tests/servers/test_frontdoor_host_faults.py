@@ -11,6 +11,7 @@ host serves on with as many threads as before.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import socket
@@ -25,6 +26,7 @@ import pytest
 from _helpers import assert_conservation, wait_until
 from _host_app import app as host_app
 from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request, statuses
+from prazo.bindings.servers.frontdoor import create_server
 from prazo.bindings.servers.host import FrontDoorHost
 from prazo.bindings.servers.settings import resolve_settings
 
@@ -238,3 +240,40 @@ def test_a_worker_with_no_free_descriptor_closes_the_hand_off_and_keeps_its_thre
     assert (stats["worker_processes"], stats["worker_threads"]) == (1, 2), stats
     assert (stats["worker_lost"], stats["started"], stats["completed"]) == (closed, 7, 7), stats
     assert_conservation(stats)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "host"])
+def test_an_idle_connection_the_server_closes_ends_although_a_forked_child_holds_it(workers: int) -> None:
+    """The class of defect 1: every connection the engine ends is shut down, not only closed.
+
+    A kept-alive connection past its header timeout is closed by the engine (the
+    one-process front door's I/O thread, or a host's triage); a process the app
+    forked while serving it holds a copy of its socket, and close() alone ended
+    nothing: the client's next request went to a socket no one read.
+    """
+    server = create_server(
+        fault_app, port=0, workers=workers, threads=1, max_queue=4, header_timeout_ms=300,
+        default_budget_ms=TEST_DEFAULT_BUDGET_MS,
+    )  # fmt: skip
+    server.start()
+    child = 0
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_S) as client:
+            client.sendall(b"GET /fork HTTP/1.1\r\nHost: t\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += client.recv(65536)
+            head, body = head.split(b"\r\n\r\n", 1)
+            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+            while len(body) < length:
+                body += client.recv(65536)
+            child = int(body)
+            assert b"keep-alive" in head.lower(), head  # the connection stays open for a next request ...
+            started = time.monotonic()
+            rest = read_to_eof(client)  # ... until the header timeout ends it
+            took = time.monotonic() - started
+        assert rest == b"" and took < ENDED_WITHIN_S, (rest, took)
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        server.shutdown(5.0)

@@ -2,19 +2,28 @@
  * (free it, write a canned answer, wake the I/O thread, forget an answered head). */
 #include "pfd_internal.h"
 
+void pfd_conn_close_fd(struct pfd_server *srv, int fd)
+{
+    /* Another process may hold a copy of the descriptor: a host's worker, or any
+     * process the app forked (multiprocessing's fork start method copies every
+     * descriptor). close() takes it out of epoll only once every copy is closed,
+     * and epoll would go on reporting the freed connection; and close() ends the
+     * connection only then, so its client would wait on a socket no one reads.
+     * The engine that owns the connection (one process's I/O thread, a host's
+     * triage) ends it for every copy: out of epoll, then shutdown(). A worker
+     * process's engine owns none (it hands them back) and has no epoll. */
+    if (!srv->worker_only) {
+        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, fd, NULL);
+        shutdown(fd, SHUT_RDWR);
+    }
+    close(fd);
+    pfd_count(&srv->open_connections, -1);
+}
+
 void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c)
 {
-    if (c->fd >= 0) {
-        /* close() takes a descriptor out of epoll only once every copy of its
-         * open file is closed, and epoll would go on reporting the freed c:
-         * a host's worker process may still hold a copy, and so may any
-         * process the app forked (multiprocessing's fork start method copies
-         * every descriptor). A worker process's engine has no epoll of its own. */
-        if (!srv->worker_only)
-            epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-        close(c->fd);
-        pfd_count(&srv->open_connections, -1);
-    }
+    if (c->fd >= 0)
+        pfd_conn_close_fd(srv, c->fd);
     free(c->buf);
     free(c->cbuf);
     free(c);

@@ -196,9 +196,8 @@ static void pfd_host_drop(struct pfd_server *srv, struct pfd_remote *r)
             pfd_host_release(srv, r, c);
         }
         /* The dead worker's copy of the descriptor is closed by the kernel, but
-         * a process it forked may hold another: only shutdown() ends the
-         * connection for every copy, so the client never hangs. */
-        shutdown(c->fd, SHUT_RDWR);
+         * a process it forked may hold another: pfd_conn_free shuts the
+         * connection down for every copy, so the client never hangs. */
         c->state = PFD_CLOSED;
         pfd_conn_free(srv, c);
     }

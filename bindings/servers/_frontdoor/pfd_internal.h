@@ -63,6 +63,8 @@ static inline int64_t pfd_in_flight(const struct pfd_server *srv) { return prazo
 static inline int64_t pfd_expected(const struct pfd_server *srv) { return prazo_line_expected_ns(srv->line); }
 
 /* pfd_conn.c: connections */
+/* End descriptor fd of a connection: for every copy when this engine owns it (not a worker process). */
+void pfd_conn_close_fd(struct pfd_server *srv, int fd);
 void pfd_conn_free(struct pfd_server *srv, struct pfd_conn *c);
 int pfd_send_all_nb(int fd, const char *p, size_t n);
 void pfd_wake(struct pfd_server *srv);

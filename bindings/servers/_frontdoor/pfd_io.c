@@ -62,11 +62,8 @@ static void pfd_io_linger(struct pfd_server *srv, struct pfd_conn *c, int64_t no
     while (srv->lingering.count >= srv->cfg.max_lingering && srv->lingering.head) {
         struct pfd_conn *old = srv->lingering.head;
         pfd_list_remove(&srv->lingering, old);
-        /* as pfd_conn_free: another process may still hold a copy of the descriptor */
-        epoll_ctl(srv->epfd, EPOLL_CTL_DEL, old->fd, NULL);
-        close(old->fd);
+        pfd_conn_close_fd(srv, old->fd);
         old->fd = -1;
-        pfd_count(&srv->open_connections, -1);
         old->state = PFD_CLOSED;
         old->next = srv->graveyard;
         srv->graveyard = old;
