@@ -15,7 +15,7 @@
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
     prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
     prazo bench throughput [...]  answers/s of a hello-world app, every server on one CPU, stock vs prazo
-    prazo bench soak [--minutes N]  mixed load with faults at 1.5x capacity; checks every queue at rest
+    prazo bench soak [--minutes N] [--loads ...]  mixed load with faults at 1.5x capacity; checks every queue at rest
 
 ``--impl c|py`` (before or after the command) forces one twin of the
 admission queue; without it the demo uses whichever ``prazo.core`` picked and
@@ -589,8 +589,10 @@ def _add_bench(commands: Commands) -> Commands:
         "mixed load with random faults at 1.5x capacity, then checks (not part of bare `prazo bench`)",
         "waitress over real HTTP, the WSGI middleware in-process, AdmissionPool, a gate whose waiting main thread "
         "gets signals and a work queue whose on_expired raises, all at once at 1.5x capacity with random faults. "
-        "Then every queue must be at rest with balanced counters, no thread left and resident memory flat; "
-        "exit status 1 otherwise. --impl picks the twin of the gate, the work queue and the middleware; the pool "
+        "--loads frontdoor,host soaks the front door (in this process, and as a --workers 2 host whose workers are "
+        "killed, reloaded and retired meanwhile) with slow clients too. Then every queue must be at rest with "
+        "balanced counters, no thread, child process or descriptor left and resident memory flat (in every host "
+        "process too); exit status 1 otherwise. --impl picks the twin of the gate, the work queue and the middleware; the pool "
         "and waitress run on prazo.core's pick (PRAZO_NO_EXTENSIONS=1 selects the Python twin for all).",
         _run_bench_soak,
     )

@@ -1,7 +1,8 @@
 """``prazo bench soak``: mixed load with random faults at about 1.5x capacity, then every queue must be at rest.
 
-Five loads run at once for ``--minutes`` (or ``--seconds``), each offered
-Poisson arrivals at ``load`` (1.5) times the capacity of its queue:
+The loads ``--loads`` names (by default the first five below) run at once
+for ``--minutes`` (or ``--seconds``), each offered Poisson arrivals at
+``load`` (1.5) times the capacity of its queue:
 
 * **waitress** — a real server (``prazo.bindings.servers.waitress``) on 127.0.0.1,
   real HTTP from client threads. Faults: the app raises before its answer or
@@ -24,6 +25,16 @@ Poisson arrivals at ``load`` (1.5) times the capacity of its queue:
   returns, raises an ``Exception`` or raises a ``BaseException``; a producer
   puts items with short deadlines and sweeps with ``expire_overdue()``,
   consumers ``get()``/``task_done()``.
+* **frontdoor** (not by default) — the front door
+  (``prazo.bindings.servers.frontdoor.create_server``) in this process under
+  the waitress load's clients and faults, plus slow clients: one sends its
+  head a byte at a time over about the header timeout (408, or expired on
+  arrival), one asks for a large answer and never reads it (the worker's
+  write stalls until its write timeout).
+* **host** (not by default) — the same with ``workers=2`` (a supervisor
+  thread here, a triage process, two worker processes) and ``max_requests``
+  retiring workers as they serve; through the run, SIGKILL of a random
+  worker and rolling reloads, in turn.
 
 At the end everything is shut down and checked; the exit status is 1 if any
 check fails:
@@ -37,7 +48,16 @@ check fails:
   soak within ``THREAD_SETTLE_S``; no thread died of an unhandled exception;
 * resident memory flat: ``VmRSS`` (``/proc/self/status``) sampled all along;
   its growth from the end of the warm-up (the first quarter) to the end of
-  the load must stay within ``--rss-limit-kib``.
+  the load must stay within ``--rss-limit-kib``;
+* for the front door's loads: ``shutdown()`` says everything admitted
+  finished; the host's counters are read at rest before it shuts down
+  (requests cut by a kill are ``worker_lost``, an outcome: they count as
+  started and completed); every process of the host (supervisor, triage,
+  each worker, whose pids change with kills, reloads and retirements) grows
+  at most ``--rss-limit-kib`` from its first sample after the warm-up to its last;
+* no child process left (``/proc/self/task/*/children``) and no descriptor
+  left (``/proc/self/fd`` back to its count before the soak within
+  ``THREAD_SETTLE_S``).
 
 A hang (a deadlock in the queue, say) cannot report itself: if the process
 is still running ``HANG_GRACE_S`` after the load should have ended, it exits
@@ -50,9 +70,11 @@ import argparse
 import faulthandler
 import gc
 import http.client
+import itertools
 import json
 import logging
 import math
+import os
 import queue
 import random
 import signal
@@ -112,6 +134,9 @@ _CLIENT_TIMEOUT_S = 5.0
 _BACKOFF_S = 0.001
 _STREAM_CHUNKS = 4
 _STREAM_CHUNK = b"x" * 1024
+# 16 MiB: more than loopback's socket buffers (a few MiB at most) take, in chunks of one shared object.
+_LARGE_CHUNKS = 256
+_LARGE_CHUNK = b"z" * 65536
 _MAX_MINUTES = 24 * 60.0
 
 BALANCE_TERMS = (
@@ -124,6 +149,10 @@ BALANCE_TERMS = (
     "assigned",
 )
 AT_REST = ("in_flight", "queued", "assigned")
+# Every load, in the order they start (the gate last: its part in the main thread runs until the end).
+LOADS = ("waitress", "middleware", "pool", "work-queue", "frontdoor", "host", "gate")
+# What runs without --loads: the front door's loads need the compiled engine and fork processes.
+DEFAULT_LOADS = ("waitress", "middleware", "pool", "work-queue", "gate")
 
 
 @dataclass(frozen=True)
@@ -138,6 +167,7 @@ class SoakSettings:
     load: float = 1.5
     warmup_fraction: float = 0.25
     rss_limit_kib: int = 8192
+    loads: tuple[str, ...] = DEFAULT_LOADS
 
     @property
     def work_s(self) -> float:
@@ -171,7 +201,9 @@ class SoakApp:
 
     ``/ok`` a list body; ``/stream`` a generator of four chunks with the work
     spread between them; ``/raise`` raises before answering; ``/raise-mid``
-    streams, then raises after the first chunk.
+    streams, then raises after the first chunk; ``/large`` (asked only by the
+    front door's slow readers, not in ``PATHS``) streams more than the
+    loopback socket buffers hold, so a client that never reads it stalls the write.
     """
 
     PATHS = ("/ok", "/stream", "/raise", "/raise-mid")
@@ -187,6 +219,9 @@ class SoakApp:
             raise AppFault("the app raised before answering")
         if path in ("/stream", "/raise-mid"):
             return self._stream(start_response, fail=path == "/raise-mid")
+        if path == "/large":
+            start_response("200 OK", [("Content-Type", "application/octet-stream")])
+            return itertools.repeat(_LARGE_CHUNK, _LARGE_CHUNKS)
         time.sleep(self.work_s)
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
         return [b"ok"]
@@ -302,6 +337,14 @@ class _Load:
         """``{queue name: on_expired calls}`` for the queues whose callback the soak owns."""
         return {}
 
+    def shutdowns(self) -> dict[str, bool]:
+        """``{server name: shutdown() said everything admitted finished}`` for the servers that say so."""
+        return {}
+
+    def processes(self) -> dict[int, str]:
+        """``{pid: role}`` of the processes serving this load now, whose memory is sampled (none but this one)."""
+        return {}
+
     def summary(self) -> dict[str, Any]:
         """The load as offered (arrivals per second against the queue's capacity) and its outcomes."""
         assert self.pacer is not None
@@ -318,27 +361,20 @@ def _body_status(status: str) -> str:
     return status.split(" ", 1)[0]
 
 
-# -- waitress: real HTTP on loopback --------------------------------------------------
+# -- real HTTP on loopback: waitress, the front door, the front door's host ----------
 
 
-class _WaitressLoad(_Load):
-    name = "waitress"
-    # Client behaviour: answer read in full, or one of three ways of going away.
-    CLIENTS = ("read", "gone-mid-request", "gone-before-answer", "gone-mid-response")
-    CLIENT_WEIGHTS = (70, 8, 10, 12)
+class _HttpLoad(_Load):
+    """Client threads sending real HTTP to a server on 127.0.0.1; subclasses start and stop the server.
 
-    def start(self, end: float) -> None:
-        from prazo.bindings.servers.waitress import create_server
+    ``CLIENTS`` are the ways a client behaves: the answer read in full, or
+    one of the ways of going away (``_go_away``), or one of the slow clients
+    (``_slow``) when a subclass adds them.
+    """
 
-        s = self.settings
-        self._server = create_server(
-            SoakApp(s.work_s), host="127.0.0.1", port=0, threads=s.concurrency, max_queue=s.max_queue,
-            default_budget_ms=6 * s.work_ms, max_budget_ms=60_000,
-        )  # fmt: skip
-        self._port = self._server.effective_port
-        self._server_thread = threading.Thread(target=self._server.run, name="prazo-soak-waitress-run")
-        self._server_thread.start()
-        self._paced(end, 2 * (s.concurrency + s.max_queue), self._request)
+    CLIENTS: tuple[str, ...] = ("read", "gone-mid-request", "gone-before-answer", "gone-mid-response")
+    CLIENT_WEIGHTS: tuple[int, ...] = (70, 8, 10, 12)
+    _port = 0
 
     def _request(self, rng: random.Random) -> None:
         client = rng.choices(self.CLIENTS, self.CLIENT_WEIGHTS)[0]
@@ -347,6 +383,8 @@ class _WaitressLoad(_Load):
         try:
             if client == "read":
                 self.tally.add(self._read(path, headers))
+            elif client.startswith("slow-"):
+                self.tally.add(f"{client}-{self._slow(client, path, headers, rng)}")
             else:
                 self._go_away(client, path, headers, rng)
                 self.tally.add(client)
@@ -367,19 +405,48 @@ class _WaitressLoad(_Load):
         finally:
             conn.close()
 
+    @staticmethod
+    def _head(method: str, path: str, headers: dict[str, str], *extra: str) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items()), *extra]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
     def _go_away(self, client: str, path: str, headers: dict[str, str], rng: random.Random) -> None:
-        lines = [f"{'POST' if client == 'gone-mid-request' else 'GET'} {path} HTTP/1.1", "Host: 127.0.0.1"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        body = b""
         if client == "gone-mid-request":
-            # Announce 1000 bytes, send a few: waitress is left waiting for the rest.
-            lines.append("Content-Length: 1000")
-            body = b"y" * rng.randrange(1, 1000)
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+            # Announce 1000 bytes, send a few: the server is left waiting for the rest.
+            data = self._head("POST", path, headers, "Content-Length: 1000") + b"y" * rng.randrange(1, 1000)
+        else:
+            data = self._head("GET", path, headers)
         with socket.create_connection(("127.0.0.1", self._port), timeout=_CLIENT_TIMEOUT_S) as sock:
-            sock.sendall(head + body)
+            sock.sendall(data)
             if client == "gone-mid-response":
                 sock.recv(rng.randrange(1, 2048))
+
+    def _slow(self, client: str, path: str, headers: dict[str, str], rng: random.Random) -> str:
+        raise NotImplementedError(client)
+
+    def queues(self) -> dict[str, dict[str, int]]:
+        # Only the counters: a host's stats carry a per-worker mapping besides.
+        return {self.name: {key: value for key, value in self._stats().items() if isinstance(value, int)}}
+
+    def _stats(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+
+class _WaitressLoad(_HttpLoad):
+    name = "waitress"
+
+    def start(self, end: float) -> None:
+        from prazo.bindings.servers.waitress import create_server
+
+        s = self.settings
+        self._server = create_server(
+            SoakApp(s.work_s), host="127.0.0.1", port=0, threads=s.concurrency, max_queue=s.max_queue,
+            default_budget_ms=6 * s.work_ms, max_budget_ms=60_000,
+        )  # fmt: skip
+        self._port = self._server.effective_port
+        self._server_thread = threading.Thread(target=self._server.run, name="prazo-soak-waitress-run")
+        self._server_thread.start()
+        self._paced(end, 2 * (s.concurrency + s.max_queue), self._request)
 
     def stop(self) -> None:
         from prazo.bindings.servers.waitress import shutdown
@@ -388,8 +455,190 @@ class _WaitressLoad(_Load):
         shutdown(self._server, timeout=_CLIENT_TIMEOUT_S)
         self._server_thread.join(_CLIENT_TIMEOUT_S)
 
-    def queues(self) -> dict[str, dict[str, int]]:
-        return {"waitress": self._server.task_dispatcher.stats()}
+    def _stats(self) -> Mapping[str, Any]:
+        stats: Mapping[str, Any] = self._server.task_dispatcher.stats()
+        return stats
+
+
+class _FrontDoorLoad(_HttpLoad):
+    """The front door (``create_server``) in this process: the waitress load's clients, plus two slow ones.
+
+    ``slow-head`` sends its head one byte at a time over about the header
+    timeout (half of them get 408, the rest are expired on arrival: their
+    budget counts from the first byte); ``slow-reader`` asks for ``/large``
+    and never reads it, so the worker's write stalls until its write timeout.
+    """
+
+    name = "frontdoor"
+    CLIENTS = (*_HttpLoad.CLIENTS, "slow-head", "slow-reader")
+    CLIENT_WEIGHTS = (62, 8, 10, 12, 4, 4)
+    # Short enough that a slow client is cut off within a second, so the
+    # load keeps its pace; each longer than a healthy exchange on a loaded machine.
+    HEADER_TIMEOUT_MS = 500.0
+    WRITE_GRACE_MS = 250.0
+    IO_TIMEOUT_MS = 1000.0
+    # The slow clients hold a client thread for up to about two seconds each.
+    SLOW_CLIENT_THREADS = 16
+
+    def __init__(self, settings: SoakSettings, seed: int) -> None:
+        super().__init__(settings, seed)
+        from prazo.bindings.servers.frontdoor import compiled_engine
+
+        compiled_engine()  # before anything starts: the front door needs its C engine
+        self._server: Any = None
+        self._final: dict[str, Any] = {}
+        self.shut_down_clean: bool | None = None
+
+    def _options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "threads": s.concurrency, "max_queue": s.max_queue, "default_budget_ms": 6 * s.work_ms,
+            "max_budget_ms": 60_000, "header_timeout_ms": self.HEADER_TIMEOUT_MS,
+            "write_grace_ms": self.WRITE_GRACE_MS, "io_timeout_ms": self.IO_TIMEOUT_MS,
+            "shutdown_timeout": _CLIENT_TIMEOUT_S,
+        }  # fmt: skip
+
+    def start(self, end: float) -> None:
+        from prazo.bindings.servers.frontdoor import create_server
+
+        s = self.settings
+        self._server = create_server(SoakApp(s.work_s), host="127.0.0.1", port=0, **self._options())
+        self._server.start()
+        self._port = self._server.port
+        self._paced(end, 2 * (s.concurrency + s.max_queue) + self.SLOW_CLIENT_THREADS, self._request)
+
+    def _slow(self, client: str, path: str, headers: dict[str, str], rng: random.Random) -> str:
+        with socket.create_connection(("127.0.0.1", self._port), timeout=_CLIENT_TIMEOUT_S) as sock:
+            if client == "slow-reader":
+                sock.sendall(self._head("GET", "/large", headers))
+                time.sleep(rng.uniform(0.5, 2.0))
+                return "left"
+            head = self._head("GET", path, headers)
+            pause = rng.uniform(0.5, 1.5) * self.HEADER_TIMEOUT_MS / 1000 / len(head)
+            try:
+                for index in range(len(head)):
+                    sock.sendall(head[index : index + 1])
+                    time.sleep(pause)
+            except OSError:
+                pass  # answered 408 and closed while the head was still coming: read that answer
+            return _status_of(sock.recv(64))
+
+    def _at_rest_stats(self) -> dict[str, Any]:
+        """The server's stats once nothing runs or waits (its last requests end after the clients' threads do)."""
+        _settled(lambda: _busy(self._server.stats()), 0, THREAD_SETTLE_S)
+        return dict(self._server.stats())
+
+    def stop(self) -> None:
+        self._join()
+        self._final = self._at_rest_stats()
+        self.shut_down_clean = self._server.shutdown(_CLIENT_TIMEOUT_S)
+        self._summarise(self._server)
+        # A shut-down front door keeps its engine's epoll and eventfd descriptors
+        # until it is freed (stats() still reads the engine): let it go, so the
+        # descriptor check sees what a caller that drops its server gets.
+        self._server = None
+
+    def _summarise(self, server: Any) -> None:
+        """Keep what the summary reports of ``server`` before it goes."""
+
+    def _stats(self) -> Mapping[str, Any]:
+        return self._final
+
+    def shutdowns(self) -> dict[str, bool]:
+        return {} if self.shut_down_clean is None else {self.name: self.shut_down_clean}
+
+
+def _status_of(answer: bytes) -> str:
+    """The status code of an HTTP answer's first bytes; ``closed`` when there were none."""
+    parts = answer.split(b" ", 2)
+    return parts[1].decode("ascii", "replace") if len(parts) > 1 else "closed"
+
+
+def _busy(stats: Mapping[str, Any]) -> int:
+    return sum(int(stats[counter]) for counter in AT_REST)
+
+
+class _HostLoad(_FrontDoorLoad):
+    """The front door's host (``create_server(..., workers=2)``) under the front door's load, with process faults.
+
+    Through the run, a fault thread alternates a SIGKILL of a random worker
+    and a rolling reload of every worker; ``max_requests`` retires workers
+    as they serve. The pids change all along: ``processes()`` is what runs now.
+    """
+
+    name = "host"
+    WORKERS = 2
+    # Faults per run, spread evenly, at most one every half second.
+    FAULTS = 20
+    # Fewer and a worker's memory is sampled too few times to compare (the
+    # run's samples are a second apart in a 60-second run).
+    MIN_MAX_REQUESTS = 30
+
+    @property
+    def threads(self) -> int:
+        return max(self.settings.concurrency // self.WORKERS, 1)
+
+    @property
+    def capacity_per_s(self) -> float:
+        return self.WORKERS * self.threads / self.settings.work_s
+
+    @property
+    def fault_interval_s(self) -> float:
+        return max(self.settings.seconds / self.FAULTS, 0.5)
+
+    @property
+    def max_requests(self) -> int:
+        """What a worker serves in about one fault interval at capacity.
+
+        A reload every other interval replaces every worker, so a worker that
+        is neither killed nor reloaded first retires on ``max_requests`` about
+        once between two reloads: all three ways a worker ends keep happening.
+        """
+        return max(self.MIN_MAX_REQUESTS, round(self.threads / self.settings.work_s * self.fault_interval_s))
+
+    def _options(self) -> dict[str, Any]:
+        return {**super()._options(), "workers": self.WORKERS, "threads": self.threads,
+                "max_requests": self.max_requests}  # fmt: skip
+
+    def start(self, end: float) -> None:
+        super().start(end)
+        self._spawn(self._faults, self._rng(-3), end)
+
+    def _faults(self, rng: random.Random, end: float) -> None:
+        interval = self.fault_interval_s
+        for fault in itertools.cycle(("kill", "reload")):
+            # The last fault comes an interval before the end, so the host has settled when the load stops.
+            if time.monotonic() + 2 * interval > end:
+                return
+            time.sleep(interval)
+            if fault == "reload":
+                self._server.reload()
+                self.tally.add("fault-reload")
+                continue
+            pids = self._server.worker_pids()
+            try:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+                self.tally.add("fault-worker-killed")
+            except (IndexError, ProcessLookupError):
+                self.tally.add("fault-no-worker-to-kill")  # none serving (all being replaced), or it just exited
+
+    def processes(self) -> dict[int, str]:
+        server = self._server
+        if server is None or not server.triage_pid:
+            return {}
+        return {os.getpid(): "supervisor", server.triage_pid: "triage", **dict.fromkeys(server.worker_pids(), "worker")}
+
+    def _summarise(self, server: Any) -> None:
+        self._replaced = server.replaced
+
+    def summary(self) -> dict[str, Any]:
+        # Requests cut by a kill and workers replaced (after a kill or max_requests) are outcomes too.
+        summary = super().summary()
+        outcomes = summary["outcomes"] | {
+            "server-worker_lost": self._final.get("worker_lost", 0),
+            "server-workers-replaced": self._replaced,
+        }
+        return dict(summary, outcomes=dict(sorted(outcomes.items())))
 
 
 # -- the middleware, called in-process ------------------------------------------------
@@ -733,10 +982,20 @@ def rss_kib(status_path: str = "/proc/self/status") -> int:
 
 
 class _RssSampler:
-    """Samples ``VmRSS`` every ``interval_s`` until ``end``; a full collection before the two that are compared."""
+    """Samples ``VmRSS`` every ``interval_s`` until ``end``; a full collection before the two that are compared.
 
-    def __init__(self, interval_s: float, warmup_at: float, end: float, started: float) -> None:
+    After the warm-up it samples the processes ``watched()`` names too
+    (``{pid: role}``, which may change between samples), in ``processes``:
+    ``{"role pid": samples}``.
+    """
+
+    def __init__(
+        self, interval_s: float, warmup_at: float, end: float, started: float,
+        watched: Callable[[], Mapping[int, str]] = dict,
+    ) -> None:  # fmt: skip
         self.samples: list[tuple[float, int]] = []
+        self.processes: dict[str, list[tuple[float, int]]] = {}
+        self._watched = watched
         self._interval_s = interval_s
         self._warmup_at = warmup_at
         self._end = end
@@ -745,7 +1004,14 @@ class _RssSampler:
         self.thread = threading.Thread(target=self._run, name="prazo-soak-rss")
 
     def _sample(self) -> None:
-        self.samples.append((round(time.monotonic() - self._started, 2), rss_kib()))
+        at = round(time.monotonic() - self._started, 2)
+        self.samples.append((at, rss_kib()))
+        if self.warmup_sample < 0:
+            return
+        for pid, role in self._watched().items():
+            kib = rss_kib(f"/proc/{pid}/status")
+            if kib:  # 0: it exited since it was listed
+                self.processes.setdefault(f"{role} {pid}", []).append((at, kib))
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -849,6 +1115,12 @@ class SoakObservation:
     rss_samples: list[tuple[float, int]]
     warmup_sample: int
     rss_limit_kib: int
+    # What the front door's loads add: their shutdown()'s verdict, and the host's processes.
+    shutdowns: dict[str, bool] = field(default_factory=dict)
+    process_rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    children_left: list[int] = field(default_factory=list)
+    fds_baseline: int = 0
+    fds_after: int = 0
 
     @property
     def rss_growth_kib(self) -> int | None:
@@ -858,6 +1130,11 @@ class SoakObservation:
         if self.rss_samples[self.warmup_sample][1] == 0:
             return None
         return self.rss_samples[-1][1] - self.rss_samples[self.warmup_sample][1]
+
+    @property
+    def process_rss_growth_kib(self) -> dict[str, int]:
+        """Each sampled process's growth from its first sample after the warm-up to its last."""
+        return {name: samples[-1][1] - samples[0][1] for name, samples in self.process_rss.items() if samples}
 
 
 def balance_gap(stats: Mapping[str, int]) -> int:
@@ -913,6 +1190,37 @@ def check_soak(observation: SoakObservation) -> list[Check]:
                 f"{growth:+d} KiB after warm-up (limit {observation.rss_limit_kib} KiB)",
             )
         )
+    return checks + _server_checks(observation)
+
+
+def _server_checks(observation: SoakObservation) -> list[Check]:
+    """The checks of the front door's loads: clean shutdowns, every host process flat, nothing left behind."""
+    checks = [
+        Check(f"{name}: shut down cleanly", clean, "everything admitted finished" if clean else "shutdown() False")
+        for name, clean in observation.shutdowns.items()
+    ]
+    grown = observation.process_rss_growth_kib
+    if grown:
+        worst = max(grown, key=lambda name: grown[name])
+        checks.append(
+            Check(
+                "resident memory flat in every process",
+                grown[worst] <= observation.rss_limit_kib,
+                f"{len(grown)} processes, most growth {grown[worst]:+d} KiB ({worst}; limit "
+                f"{observation.rss_limit_kib} KiB)",
+            )
+        )
+    left = observation.children_left
+    checks.append(Check("no child process left", not left, ", ".join(map(str, left)) or "none"))
+    if observation.fds_baseline:
+        leaked = observation.fds_after - observation.fds_baseline
+        checks.append(
+            Check(
+                "no descriptor left",
+                leaked <= 0,
+                f"{observation.fds_after} open after shutdown, {observation.fds_baseline} before",
+            )
+        )
     return checks
 
 
@@ -960,11 +1268,49 @@ class SoakReport:
         }
 
 
-def _wait_for_threads(baseline: int, timeout: float) -> tuple[int, float]:
+def _settled(measure: Callable[[], int], baseline: int, timeout: float) -> tuple[int, float]:
+    """Wait until ``measure()`` is back to ``baseline`` (at most ``timeout``); its value then and the wait."""
     started = time.monotonic()
-    while threading.active_count() > baseline and time.monotonic() - started < timeout:
+    while (value := measure()) > baseline and time.monotonic() - started < timeout:
         time.sleep(0.05)
-    return threading.active_count(), round(time.monotonic() - started, 2)
+    return value, round(time.monotonic() - started, 2)
+
+
+def _open_fds() -> int:
+    """This process's open descriptors; 0 where /proc is not available."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def _children() -> set[int]:
+    """This process's live (or unreaped) child processes, from every thread's ``children`` list in /proc."""
+    pids: set[int] = set()
+    for path in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids.update(int(pid) for pid in path.read_text().split())
+        except OSError:
+            pass  # the thread ended while listed
+    return pids
+
+
+def _make_loads(settings: SoakSettings, queue_class: QueueClass) -> list[_Load]:
+    """The loads ``settings.loads`` names, in the order of ``LOADS``."""
+    seed = settings.seed
+    makers: dict[str, Callable[[], _Load]] = {
+        "waitress": lambda: _WaitressLoad(settings, seed),
+        "middleware": lambda: _MiddlewareLoad(settings, seed, queue_class),
+        "pool": lambda: _PoolLoad(settings, seed),
+        "work-queue": lambda: _WorkQueueLoad(settings, seed, queue_class),
+        "frontdoor": lambda: _FrontDoorLoad(settings, seed),
+        "host": lambda: _HostLoad(settings, seed),
+        "gate": lambda: _GateLoad(settings, seed, queue_class),
+    }
+    unknown = set(settings.loads) - set(makers)
+    if unknown or not settings.loads:
+        raise ValueError(f"loads must be some of {', '.join(LOADS)}, got {', '.join(settings.loads) or 'none'}")
+    return [makers[name]() for name in LOADS if name in settings.loads]
 
 
 def run_soak(
@@ -984,33 +1330,36 @@ def run_soak(
             f"prazo.core picked ({IMPLEMENTATION})"
         )
     threads_baseline = threading.active_count()
-    gate = _GateLoad(settings, settings.seed, queue_class)
-    loads: list[_Load] = [
-        _WaitressLoad(settings, settings.seed),
-        _MiddlewareLoad(settings, settings.seed, queue_class),
-        _PoolLoad(settings, settings.seed),
-        _WorkQueueLoad(settings, settings.seed, queue_class),
-        gate,
-    ]
+    fds_baseline, children_before = _open_fds(), _children()
+    loads = _make_loads(settings, queue_class)
+    gate = next((load for load in loads if isinstance(load, _GateLoad)), None)
     faulthandler.dump_traceback_later(settings.seconds + HANG_GRACE_S, exit=True, file=sys.__stderr__ or sys.stderr)
     try:
         with _Incidents() as incidents, _LogCounter() as logs:
             started = time.monotonic()
             end = started + settings.seconds
-            sampler = _RssSampler(settings.sample_interval_s, started + settings.warmup_s, end, started)
-            sampler.thread.start()
             running: list[_Load] = []
+            sampler = _RssSampler(
+                settings.sample_interval_s, started + settings.warmup_s, end, started,
+                lambda: {pid: role for load in running for pid, role in load.processes().items()},
+            )  # fmt: skip
+            sampler.thread.start()
             try:
                 for load in loads:
                     load.start(end)
                     running.append(load)
-                gate.run_main_thread(end)
+                if gate is None:
+                    time.sleep(max(end - time.monotonic(), 0.0))
+                else:
+                    gate.run_main_thread(end)
             finally:
                 sampler.finish()
                 for load in running:
                     load.stop()
             gc.collect()
-            threads_after, settled_s = _wait_for_threads(threads_baseline, THREAD_SETTLE_S)
+            threads_after, settled_s = _settled(threading.active_count, threads_baseline, THREAD_SETTLE_S)
+            # Descriptors close as the servers' last threads and processes end: the same settle time.
+            fds_after, _ = _settled(_open_fds, fds_baseline, THREAD_SETTLE_S)
     finally:
         faulthandler.cancel_dump_traceback_later()
     observation = SoakObservation(
@@ -1023,6 +1372,11 @@ def run_soak(
         rss_samples=sampler.samples,
         warmup_sample=sampler.warmup_sample,
         rss_limit_kib=settings.rss_limit_kib,
+        shutdowns={name: clean for load in loads for name, clean in load.shutdowns().items()},
+        process_rss=sampler.processes,
+        children_left=sorted(_children() - children_before),
+        fds_baseline=fds_baseline,
+        fds_after=fds_after,
     )
     summaries = {load.name: load.summary() for load in loads}
     return SoakReport(
@@ -1083,9 +1437,12 @@ def render_soak_report(report: SoakReport, paint: Paint = plain) -> str:
         ),
         f"  warm-up ends at sample {o.warmup_sample}; growth after warm-up: "
         + ("n/a" if growth is None else f"{growth:+d} KiB"),
+        *_render_process_growth(o.process_rss_growth_kib),
         "",
         paint("threads", "bold") + f"  {o.threads_baseline} before, {o.threads_after} after shutdown "
         f"(settled in {report.threads_settled_s:g} s)",
+        paint("descriptors", "bold") + f"  {o.fds_baseline} before, {o.fds_after} after shutdown; "
+        f"child processes left: {len(o.children_left)}",
         paint("log records", "bold") + "  " + (", ".join(f"{k} {v}" for k, v in report.logs.items()) or "none"),
         "",
         paint("checks", "bold"),
@@ -1095,6 +1452,19 @@ def render_soak_report(report: SoakReport, paint: Paint = plain) -> str:
         out.append(f"  {verdict} {check.name:<40} {check.detail}")
     out += ["", paint("soak passed", "ok") if report.ok else paint("soak FAILED", "bad")]
     return "\n".join(out)
+
+
+def _render_process_growth(growth: Mapping[str, int]) -> list[str]:
+    """Each sampled process's growth after the warm-up by role (``"role pid"`` keys): the largest of each role."""
+    roles: dict[str, list[tuple[int, str]]] = {}
+    for name, kib in growth.items():
+        role, _, pid = name.partition(" ")
+        roles.setdefault(role, []).append((kib, pid))
+    return [
+        f"  {role}: {len(grown)} process{'es' if len(grown) > 1 else ''}, most growth {kib:+d} KiB (pid {pid})"
+        for role, grown in roles.items()
+        for kib, pid in [max(grown)]
+    ]
 
 
 def _positive(unit: str, maximum: float) -> Callable[[str], float]:
@@ -1120,6 +1490,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _load_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if names == ("all",):
+        return LOADS
+    unknown = [name for name in names if name not in LOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"must be names from {', '.join(LOADS)} or all, got {text!r}")
+    return names
+
+
 def add_bench_soak_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``prazo bench soak`` on ``parser``."""
     defaults = SoakSettings()
@@ -1143,6 +1523,12 @@ def add_bench_soak_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KIB",
         help=f"most resident-memory growth after warm-up that passes (default {defaults.rss_limit_kib})",
     )
+    parser.add_argument(
+        "--loads",
+        type=_load_names,
+        metavar="NAME,...",
+        help=f"comma-separated, from {', '.join(LOADS)}, or all (default {','.join(DEFAULT_LOADS)})",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -1152,12 +1538,14 @@ def settings_from(args: argparse.Namespace) -> SoakSettings:
     minutes, seconds = getattr(args, "minutes", None), getattr(args, "seconds", None)
     seed = getattr(args, "seed", None)
     rss_limit_kib = getattr(args, "rss_limit_kib", None)
+    loads = getattr(args, "loads", None)
     if seconds is None:
         seconds = defaults.seconds if minutes is None else minutes * 60
     return SoakSettings(
         seconds=seconds,
         seed=random.randrange(2**32) if seed is None else seed,
         rss_limit_kib=defaults.rss_limit_kib if rss_limit_kib is None else rss_limit_kib,
+        loads=defaults.loads if loads is None else loads,
     )
 
 

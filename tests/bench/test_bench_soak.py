@@ -11,9 +11,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from prazo.bench.soak import HANG_GRACE_S, SoakObservation, SoakSettings, check_soak, rss_kib, settings_from
+from prazo.bench.soak import (
+    DEFAULT_LOADS,
+    HANG_GRACE_S,
+    LOADS,
+    SoakObservation,
+    SoakSettings,
+    check_soak,
+    rss_kib,
+    settings_from,
+)
 from prazo.bindings.cli import build_parser, main
 from prazo.core import IMPLEMENTATION
 
@@ -95,6 +105,34 @@ def test_the_checker_catches_memory_growth_over_the_limit() -> None:
     assert _failed(warming) == []
 
 
+def test_the_checker_fails_unbalanced_front_door_counters_even_when_a_worker_lost_requests() -> None:
+    # The host's stats as read at rest, one arrival missing from the outcomes: worker_lost is no excuse.
+    healthy, host = _healthy(), _balanced_stats(worker_lost=3)
+    assert _failed(dataclasses.replace(healthy, queues={**healthy.queues, "host": host})) == []
+    unbalanced = dataclasses.replace(healthy, queues={**healthy.queues, "host": {**host, "offered": 99}})
+    assert _failed(unbalanced) == ["host: counters balanced"]
+    detail = next(check.detail for check in check_soak(unbalanced) if check.name == "host: counters balanced")
+    assert detail.endswith("(gap -1)")
+
+
+def test_the_checker_catches_what_a_host_leaves_behind() -> None:
+    healthy = dataclasses.replace(
+        _healthy(),
+        shutdowns={"host": True},
+        process_rss={"triage 10": [(1.0, 20_000), (2.0, 20_400)], "worker 11": [(1.5, 25_000)]},
+        fds_baseline=6,
+        fds_after=6,
+    )
+    assert _failed(healthy) == []
+    assert healthy.process_rss_growth_kib == {"triage 10": 400, "worker 11": 0}
+    assert _failed(dataclasses.replace(healthy, shutdowns={"host": False})) == ["host: shut down cleanly"]
+    assert _failed(dataclasses.replace(healthy, children_left=[12])) == ["no child process left"]
+    assert _failed(dataclasses.replace(healthy, fds_after=8)) == ["no descriptor left"]
+    # One process of many grew past the limit (a worker killed meanwhile has its own series).
+    grown = {**healthy.process_rss, "worker 13": [(1.0, 25_000), (3.0, 25_000 + 1025)]}
+    assert _failed(dataclasses.replace(healthy, process_rss=grown)) == ["resident memory flat in every process"]
+
+
 def test_rss_is_read_from_proc_status(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmPeak:\t  99999 kB\nVmRSS:\t   12345 kB\nThreads:\t1\n")
@@ -113,6 +151,9 @@ def test_minutes_and_seconds_set_the_length_and_a_seed_is_always_chosen() -> Non
     default = settings()
     assert default.seconds == SoakSettings().seconds and isinstance(default.seed, int)
     assert settings("--rss-limit-kib", "100").rss_limit_kib == 100
+    assert default.loads == DEFAULT_LOADS
+    assert settings("--loads", "host, frontdoor").loads == ("host", "frontdoor")
+    assert settings("--loads", "all").loads == LOADS
 
 
 @pytest.mark.parametrize(
@@ -125,6 +166,8 @@ def test_minutes_and_seconds_set_the_length_and_a_seed_is_always_chosen() -> Non
         (["--seconds", "5", "--minutes", "1"], "--minutes"),
         (["--seed", "-1"], "--seed"),
         (["--rss-limit-kib", "lots"], "--rss-limit-kib"),
+        (["--loads", "frontdoor,nginx"], "--loads"),
+        (["--loads", ","], "--loads"),
     ],
 )
 def test_bad_options_are_usage_errors_naming_the_option(
@@ -136,29 +179,70 @@ def test_bad_options_are_usage_errors_naming_the_option(
     assert f"argument {option}" in capsys.readouterr().err
 
 
-def test_a_short_soak_through_the_cli_is_balanced_and_exits_0() -> None:
-    # The twin prazo.core picks, as a user runs it: the C twin in `make test`,
-    # the Python twin under PRAZO_NO_EXTENSIONS=1 (the pool and waitress
-    # always follow that pick, so one run per process).
+def _soak_through_the_cli(*options: str) -> dict[str, Any]:
+    """A ``_SOAK_SECONDS`` soak in a subprocess, as a user runs it; its JSON report, every check passed."""
     command = [
         sys.executable, "-c", "import sys; from prazo.bindings.cli import main; sys.exit(main())",
-        "bench", "soak", "--seconds", str(_SOAK_SECONDS), "--seed", "7", "--json",
+        "bench", "soak", "--seconds", str(_SOAK_SECONDS), "--seed", "7", "--json", *options,
     ]  # fmt: skip
     # The soak's own hang watchdog ends it HANG_GRACE_S after the load; this bound is the backstop.
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=_SOAK_SECONDS + HANG_GRACE_S + 60, check=False
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    report = json.loads(result.stdout)
-    assert report["ok"] and report["twin"] == IMPLEMENTATION
-    assert all(check["ok"] for check in report["checks"])
-    assert set(report["queues"]) == {"waitress", "middleware", "pool", "work-queue", "gate"}
+    report: dict[str, Any] = json.loads(result.stdout)
+    assert report["ok"]
+    assert all(check["ok"] for check in report["checks"]), report["checks"]
     for name, stats in report["queues"].items():
         assert stats["offered"] > 0, name
         assert stats["in_flight"] == stats["queued"] == stats["assigned"] == 0, name
+    return report
+
+
+def _check_names(report: dict[str, Any]) -> set[str]:
+    return {check["name"] for check in report["checks"]}
+
+
+def test_a_short_soak_through_the_cli_is_balanced_and_exits_0() -> None:
+    # The twin prazo.core picks, as a user runs it: the C twin in `make test`,
+    # the Python twin under PRAZO_NO_EXTENSIONS=1 (the pool and waitress
+    # always follow that pick, so one run per process).
+    report = _soak_through_the_cli()
+    assert report["twin"] == IMPLEMENTATION
+    assert set(report["queues"]) == {"waitress", "middleware", "pool", "work-queue", "gate"}
     # The faults really happened.
     assert report["loads"]["gate"]["signals_delivered"] > 0
     assert report["loads"]["middleware"]["outcomes"]["app-raised"] > 0
     assert report["loads"]["work-queue"]["outcomes"]["on_expired-called"] > 0
     assert report["threads"]["after"] <= report["threads"]["baseline"]
     assert report["rss"]["samples_kib"]
+
+
+# The front door's loads need its compiled engine, which is their subject (`make sanitize` runs them).
+@pytest.mark.slow
+@pytest.mark.compiled
+def test_a_short_soak_of_the_front_door_with_slow_clients_passes_every_check() -> None:
+    report = _soak_through_the_cli("--loads", "frontdoor")
+    assert set(report["queues"]) == {"frontdoor"}
+    assert {"frontdoor: shut down cleanly", "no child process left", "no descriptor left"} <= _check_names(report)
+    outcomes = report["loads"]["frontdoor"]["outcomes"]
+    # The faults really happened: the app raised (500), clients went away, slow clients came.
+    assert outcomes["500"] > 0 and outcomes["gone-mid-response"] > 0, outcomes
+    assert outcomes["slow-reader-left"] > 0, outcomes
+    assert sum(count for outcome, count in outcomes.items() if outcome.startswith("slow-head-")) > 0, outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.compiled
+def test_a_short_soak_of_the_host_with_kills_reloads_and_retirements_passes_every_check() -> None:
+    report = _soak_through_the_cli("--loads", "host")
+    assert set(report["queues"]) == {"host"}
+    names = _check_names(report)
+    assert {"host: shut down cleanly", "resident memory flat in every process", "no child process left"} <= names
+    outcomes = report["loads"]["host"]["outcomes"]
+    assert outcomes.get("fault-worker-killed", 0) + outcomes.get("fault-no-worker-to-kill", 0) > 0, outcomes
+    assert outcomes["fault-reload"] > 0, outcomes
+    # Kills and max_requests retirements both replace workers (a reload's are not counted).
+    assert outcomes["server-workers-replaced"] > 0, outcomes
+    roles = {name.split()[0] for name in report["process_rss"]}
+    assert roles == {"supervisor", "triage", "worker"}, report["process_rss"].keys()
