@@ -202,6 +202,7 @@ class FrontDoorHost:
         self._commands: collections.deque[bytes] = collections.deque()
         self._state_lock = threading.RLock()
         self._started = False
+        self._serving = False  # every first worker served: from then on a start killed early is tried again
         self._stopping = False
         self._stopped = threading.Event()
         self._idle = True
@@ -335,6 +336,7 @@ class FrontDoorHost:
                 self._stopped.set()
                 raise RuntimeError(failure)
             self._pump(0.2)
+        self._serving = True
         _log.info(
             "prazo host: serving: supervisor pid %d, triage pid %d, %s",
             os.getpid(), self._triage_pid, ", ".join(f"worker {w.id} pid {w.pid}" for w in self._workers.values()),
@@ -511,6 +513,18 @@ class FrontDoorHost:
         code = self._forget(worker)
         if self._stopping or worker.retiring or self._failure is not None:
             return  # a reload retired it (its successor serves already), or the host is going down
+        if not was_ready and code < 0 and self._serving:
+            # Killed by a signal before it served (the OOM killer, an operator's kill -9, a
+            # soak's): no fault of its app, which its siblings run. The host serves on; a
+            # reload's successor leaves its predecessor serving, a replacement is tried again
+            # after a pause (which grows, should something kill every start).
+            why = f"worker {worker.id} (pid {worker.pid}) was killed (status {code}) before it served"
+            if self._slot_taken(worker.slot):
+                _log.warning("prazo host: %s; the worker it was to replace serves on", why)
+            else:
+                self._vacant.add(worker.slot)
+                self._start_failed(worker.slot, RuntimeError(why))
+            return
         if not was_ready:
             # A worker that never served would be replaced by one failing the same way, forever
             # (an app that calls sys.exit() or crashes the interpreter at import): the host stops.

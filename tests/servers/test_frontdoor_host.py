@@ -962,3 +962,29 @@ def test_without_setproctitle_a_process_is_named_for_top_by_prctl() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "prazo: worker 1"
+
+
+def test_a_successor_killed_before_it_serves_leaves_the_host_serving(serve: Any, tmp_path: Path) -> None:
+    """The soak found it: a reload's new worker SIGKILLed while it imported the app stopped the whole host.
+
+    A worker that never served stopped the host, so that an app that cannot import
+    is not started again forever; a kill by a signal is no fault of the app. The old
+    worker serves on, and the host with it.
+    """
+    (tmp_path / "slow_import_app.py").write_text(
+        "import time\n\ntime.sleep(3)  # an app that takes its time to import\nfrom _host_app import app  # noqa: E402\n"
+    )
+    served = serve("--threads", "1", app_spec="slow_import_app:app", path=(tmp_path,))
+    served.serving()
+    first = served.children()
+    served.process.send_signal(signal.SIGHUP)
+    wait_until(lambda: len(served.children() - first) == 1, "the first successor forked", WAIT_S)
+    (successor,) = served.children() - first
+    os.kill(successor, signal.SIGKILL)  # importing the app still: it has not served
+    wait_until(lambda: any("before it served" in line for line in served.stderr), "the kill logged", WAIT_S)
+    for _ in range(5):
+        assert request(served.port, "/pid").status == 200
+    assert served.process.poll() is None, "".join(served.stderr)
+    served.process.send_signal(signal.SIGTERM)
+    assert served.wait() == 0, "".join(served.stderr)
+    assert served.left_behind() == []
