@@ -329,7 +329,11 @@ class FrontDoorHost:
                 self._failure = f"worker {slot} could not start: {exc}"
                 break
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while not all(w.ready for w in self._workers.values()):
+        # Every first worker serving: a worker that failed is gone from _workers, so all() alone
+        # would take a host whose every worker failed for one that serves.
+        while self._failure is not None or not (
+            len(self._workers) == self.workers and all(w.ready for w in self._workers.values())
+        ):
             if self._failure is not None or time.monotonic() > deadline:
                 failure = self._failure or "a worker did not start serving within its boot timeout"
                 self._stop_all(0.0)
@@ -513,12 +517,12 @@ class FrontDoorHost:
         code = self._forget(worker)
         if self._stopping or worker.retiring or self._failure is not None:
             return  # a reload retired it (its successor serves already), or the host is going down
-        if not was_ready and code < 0 and self._serving:
-            # Killed by a signal before it served (the OOM killer, an operator's kill -9, a
-            # soak's): no fault of its app, which its siblings run. The host serves on; a
-            # reload's successor leaves its predecessor serving, a replacement is tried again
-            # after a pause (which grows, should something kill every start).
-            why = f"worker {worker.id} (pid {worker.pid}) was killed (status {code}) before it served"
+        if not was_ready and worker.boot_error is None and self._serving:
+            # Gone before it served without a word of its app's import (killed by a signal: the
+            # OOM killer, an operator's kill -9, a soak's): the app its siblings run imports. The
+            # host serves on; a reload's successor leaves its predecessor serving, a replacement
+            # is tried again after a pause (which grows, should something end every start).
+            why = f"worker {worker.id} (pid {worker.pid}) ended (status {code}) before it served"
             if self._slot_taken(worker.slot):
                 _log.warning("prazo host: %s; the worker it was to replace serves on", why)
             else:

@@ -772,7 +772,9 @@ def test_an_app_that_cannot_be_imported_is_one_line_not_a_traceback_per_worker(s
     code = served.wait()
     stderr = "".join(served.stderr)
     # Whichever worker fails first is named: both start at once, and either may lose the race.
-    (line,) = stderr.splitlines()
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    (line,) = lines
     assert re.fullmatch(
         r"prazo serve: error: worker [01] failed to start: cannot import 'missing_dependency_app': "
         r"No module named 'no_such_module_for_prazo_tests'",
@@ -983,7 +985,11 @@ def test_a_successor_killed_before_it_serves_leaves_the_host_serving(serve: Any,
     os.kill(successor, signal.SIGKILL)  # importing the app still: it has not served
     wait_until(lambda: any("before it served" in line for line in served.stderr), "the kill logged", WAIT_S)
     for _ in range(5):
-        assert request(served.port, "/pid").status == 200
+        try:
+            outcome = request(served.port, "/pid")
+        except OSError as exc:
+            raise AssertionError(f"{exc!r}; prazo serve said:\n{''.join(served.stderr)}") from exc
+        assert outcome.status == 200, (outcome, "".join(served.stderr))
     assert served.process.poll() is None, "".join(served.stderr)
     served.process.send_signal(signal.SIGTERM)
     assert served.wait() == 0, "".join(served.stderr)
