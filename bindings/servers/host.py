@@ -441,8 +441,10 @@ class FrontDoorHost:
             elif what == "triage":
                 self._reap_triage()
             elif isinstance(what, tuple):
-                self._on_pipe(what[1])
-            else:
+                # Its exit, earlier in this batch, read and closed the pipe already: the event is stale.
+                if what[1].ready_fd >= 0:
+                    self._on_pipe(what[1])
+            elif what.pidfd >= 0:  # not forgotten already (its pipe's end came first in this batch)
                 self._on_exit(what)
         self._poll_exits()
 

@@ -165,7 +165,8 @@ def test_flask_behind_admission_middleware_on_a_real_server(serve_wsgi: Any) -> 
     outcome = request(port, "/deadline", headers={"X-Request-Budget-Ms": "20000"})
     body = flask.json.loads(outcome.body)
     # The middleware's deadline (its max_budget_ms is 30 s) reaches g, the environ and current_deadline.
-    assert 0 < body["g_ms"] <= 20000 and body["g_ms"] == body["environ_ms"]
+    # One deadline, read twice in whole ms: the second read may fall 1 ms later.
+    assert 0 < body["g_ms"] <= 20000 and abs(body["g_ms"] - body["environ_ms"]) <= 1
     # Six at once on two slots and a queue of two: 2 run, 2 wait and run next, 2 are refused at once.
     _assert_two_refused_while_four_are_held(app, port)
 
