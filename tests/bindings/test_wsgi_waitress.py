@@ -75,8 +75,12 @@ def _serve(app: Any) -> Iterator[int]:
     finally:
         # Closed by the I/O thread itself (closing from here races its
         # select() into EBADF); run() returns once nothing is left to poll.
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        try:
+            server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        except OSError:  # the trigger is closed already: the I/O loop has ended (EBADF once in CI)
+            pass
         thread.join(WAIT_S)
+        wasyncore.close_all(server._map)  # whatever is left, now that no select() can race it
         server.task_dispatcher.shutdown()
 
 
