@@ -29,6 +29,7 @@ from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request,
 from prazo.bindings.servers.frontdoor import create_server
 from prazo.bindings.servers.host import FrontDoorHost
 from prazo.bindings.servers.settings import resolve_settings
+from test_frontdoor_host import idle  # the host's at-rest wait, one definition
 
 # slow: real time; compiled: its subject is the engine's C (triage and channels), so `make sanitize` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.compiled]
@@ -133,14 +134,6 @@ def hosts() -> Iterator[Callable[..., FrontDoorHost]]:
     yield start
     for host in started:
         host.shutdown(5.0)
-
-
-def idle(host: FrontDoorHost) -> dict[str, Any]:
-    """Wait until nothing runs or waits in the host; its stats then."""
-    wait_until(
-        lambda: (lambda s: s["in_flight"] + s["queued"] + s["assigned"] == 0)(host.stats()), "the host idle", WAIT_S
-    )
-    return host.stats()
 
 
 def raw_get(port: int, target: str) -> socket.socket:
