@@ -107,7 +107,9 @@ def test_demo_core_prints_two_refused_at_once_on_each_twin(twin: str, capsys: py
 
 
 def test_seed_scenario_data_on_each_twin(impl: QueueClass) -> None:
-    result = run_seed_scenario(SeedParams(arrivals=6, concurrency=2, queue=2, work_ms=250), impl)
+    # The counts hold while all six arrive before the first body ends: 600 ms of work leaves a
+    # thread that long to be scheduled after the barrier (250 ms was short once on a loaded machine).
+    result = run_seed_scenario(SeedParams(arrivals=6, concurrency=2, queue=2, work_ms=600), impl)
     assert result.counts == {
         OUTCOME_COMPLETED: 4,
         OUTCOME_QUEUE_FULL: 2,
