@@ -138,6 +138,37 @@ PYTHON_VERSIONS ?= 3.10,3.12,3.13
 test-versions: $(STAMP) services
 	$(PY) .ci/dist_check.py $(DIST_DIR)-versions --extras $(EXTRAS) --pythons $(PYTHON_VERSIONS)
 
+# Free-threaded CPython (PEP 703): a 3.13 built with --disable-gil, once, outside the clone
+# (.ci/ensure-freethreaded-python builds it from Debian's source package, about 10 minutes;
+# FT_PREFIX picks another place). Its own virtualenv, the extensions built for it beside the
+# 3.11 ones (their file names carry the ABI, cpython-313t), then: every prazo module imported
+# with -W error::RuntimeWarning and no forcing, the GIL still off after (tests/freethreaded);
+# the concurrent suites with PYTHON_GIL=0, so a module that asked for the GIL would be a
+# race here, not a silent serialisation. The packages installed are the suites' own: some
+# extras have no free-threaded wheels (psycopg2-binary, grpcio), and their suites stay out.
+# hypothesis after 6.155.7 has no cp313t wheel and its sdist needs Rust crates.
+FT_PREFIX ?= $(HOME)/.cache/prazo/cpython-3.13t
+FT_VENV   := .venv-ft
+FT_PY     := $(FT_VENV)/bin/python
+FT_STAMP  := $(FT_VENV)/.prazo-installed
+FT_PACKAGES := "setuptools>=77" "Cython>=3.1" wheel "pytest>=8" "hypothesis>=6.100,<=6.155.7" "h11>=0.14" \
+	"pytest-benchmark>=4" "pytest-xdist>=3.5" "werkzeug>=3.0" "waitress>=3.0" "gunicorn>=27,<28" "cheroot>=10" \
+	"requests>=2.31" "httpx>=0.27" "urllib3>=2.0" "prometheus_client>=0.20" pyyaml \
+	"opentelemetry-api>=1.20" "opentelemetry-sdk>=1.20" "flask>=3.0" "django>=4.2"
+FT_TESTS ?= tests/freethreaded tests/core tests/pool tests/bindings tests/dependency tests/servers
+.PHONY: test-freethreaded
+$(FT_STAMP): pyproject.toml setup.py
+	bash .ci/ensure-freethreaded-python $(FT_PREFIX)
+	$(FT_PREFIX)/bin/python3.13t -m venv $(FT_VENV)
+	$(FT_PY) -m pip install -q --disable-pip-version-check $(FT_PACKAGES)
+	$(FT_PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $(FT_STAMP)
+
+test-freethreaded: $(FT_STAMP) services
+	$(FT_PY) setup.py -q build_ext --inplace
+	$(FT_PY) -W error::RuntimeWarning -m prazo.bindings.freethreading --check-imports
+	PYTHON_GIL=0 $(FT_PY) -m pytest $(FT_TESTS) -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
 # Fuzzing (tests/fuzz, atheris from the optional extra `fuzz`). `make fuzz` runs
 # each target FUZZ_SECONDS; `make fuzz-ci` runs them all in about a minute. Any
 # crash fails the run; its input lands in $(FUZZ_DIR)/crashes, the full log in
@@ -212,7 +243,7 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
+	rm -rf $(VENV) $(FT_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
 		bindings/servers/_heads_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every

@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False
+# cython: freethreading_compatible = True
 """The compiled twin of ``AdmissionPool``'s per-task path.
 
 ``prazo.bindings.pool`` is the specification (``_submit`` and ``_worker``).
@@ -137,6 +137,15 @@ cdef object _islice = islice
 cdef double _FOREVER_S = 1e9
 
 
+cdef extern from "prazo_freethreading.h":
+    ctypedef struct prazo_ft_mutex:
+        pass
+    void prazo_ft_lock(prazo_ft_mutex *mutex) nogil
+    void prazo_ft_unlock(prazo_ft_mutex *mutex) nogil
+    # 1 on a free-threaded build (Py_GIL_DISABLED), else 0.
+    const int PRAZO_FREE_THREADED
+
+
 @cython.final
 @cython.no_gc
 @cython.freelist(64)
@@ -146,16 +155,26 @@ cdef class FutureCondition:
     A stdlib ``Future`` carries a ``Condition``, an ``RLock`` (with its OS
     lock), a deque and five bound methods: most of the cost of creating a
     future nobody waits on individually. This is the same reentrant lock and
-    condition in one object: the lock's state (owner, depth) lives in the
-    object and is changed only with the GIL held, so an uncontended
+    condition in one object: the lock's state (owner, depth, the blocked
+    count, the posted token) lives in the object, so an uncontended
     acquire/release is two field writes; an OS lock is allocated only when a
     thread has to block for the lock, and the waiters' list only when a
     thread waits on the condition. ``wait`` uses one ``_thread`` lock per
     waiter exactly like ``threading.Condition.wait`` (interruptible, same
     timeout rules). Every use of ``_condition`` in ``concurrent.futures``
     (``with``, ``acquire``/``release``, ``wait``, ``notify_all``) works on it.
+
+    Who guards the state: every read and write of ``_owner``, ``_count``,
+    ``_handoff``, ``_blocked`` and ``_posted`` happens between
+    ``prazo_ft_lock``/``prazo_ft_unlock`` of ``_guard``, never across a
+    call into Python or a wait. With the GIL (a default build) that lock is
+    nothing and the GIL alone makes each section atomic, as no section calls
+    Python; on a free-threaded build it is a PyMutex. ``_waiters`` is touched
+    only by the thread that holds the condition (``wait``, ``notify``), so the
+    condition itself guards it, as ``threading.Condition`` guards its deque.
     """
 
+    cdef prazo_ft_mutex _guard       # the state below (nothing with a GIL; see prazo_freethreading.h)
     cdef unsigned long _owner
     cdef Py_ssize_t _count           # recursion depth; 0: free
     cdef PyThread_type_lock _handoff  # NULL until a thread must block; "unlocked" = a wake-up token
@@ -167,7 +186,8 @@ cdef class FutureCondition:
         if self._handoff != NULL:
             PyThread_free_lock(self._handoff)
 
-    cdef inline bint _try_acquire(self, unsigned long me) noexcept:
+    cdef inline bint _take_locked(self, unsigned long me) noexcept nogil:
+        """Take the lock for ``me`` if free or already ``me``'s; ``_guard`` held."""
         if self._count == 0:
             self._owner = me
             self._count = 1
@@ -177,6 +197,20 @@ cdef class FutureCondition:
             return True
         return False
 
+    cdef inline bint _try_acquire(self, unsigned long me) noexcept:
+        cdef bint taken
+        prazo_ft_lock(&self._guard)
+        taken = self._take_locked(me)
+        prazo_ft_unlock(&self._guard)
+        return taken
+
+    cdef inline bint _owned_by(self, unsigned long me) noexcept:
+        cdef bint owned
+        prazo_ft_lock(&self._guard)
+        owned = self._count > 0 and self._owner == me
+        prazo_ft_unlock(&self._guard)
+        return owned
+
     cdef bint _acquire_blocking(self, unsigned long me, double timeout) except -1:
         """Block until the lock is free (timeout < 0: forever); True when taken."""
         if timeout > _FOREVER_S:
@@ -185,40 +219,53 @@ cdef class FutureCondition:
         cdef int64_t end_ns = prazo_monotonic_ns() + <int64_t>(timeout * 1e9) if timeout >= 0 else 0
         cdef long long remaining_us
         cdef int status
+        cdef PyThread_type_lock handoff
+        cdef bint taken
         while True:
+            prazo_ft_lock(&self._guard)
+            if self._take_locked(me):
+                prazo_ft_unlock(&self._guard)
+                return True
             if self._handoff == NULL:
-                self._handoff = PyThread_allocate_lock()
-                if self._handoff == NULL:
+                handoff = PyThread_allocate_lock()
+                if handoff == NULL:
+                    prazo_ft_unlock(&self._guard)
                     raise MemoryError()
                 # Taken at once: an unlocked handoff lock is a pending wake-up.
-                PyThread_acquire_lock(self._handoff, 0)
+                PyThread_acquire_lock(handoff, 0)
+                self._handoff = handoff
+            handoff = self._handoff
+            # Counted before the guard is let go: a release from now on posts a token for us.
+            self._blocked += 1
+            prazo_ft_unlock(&self._guard)
             if timeout < 0:
                 remaining_us = -1
             else:
                 remaining_us = (end_ns - prazo_monotonic_ns()) // 1000
                 if remaining_us < 0:
                     remaining_us = 0
-            self._blocked += 1
             with nogil:
-                status = PyThread_acquire_lock_timed(self._handoff, remaining_us, 1)
+                status = PyThread_acquire_lock_timed(handoff, remaining_us, 1)
+            prazo_ft_lock(&self._guard)
             self._blocked -= 1
             if status == PY_LOCK_ACQUIRED:
                 self._posted = False
-            if self._try_acquire(me):
+            taken = self._take_locked(me)
+            prazo_ft_unlock(&self._guard)
+            if taken:
                 return True
             if status == PY_LOCK_INTR:
                 Py_MakePendingCalls()
             elif status != PY_LOCK_ACQUIRED and timeout >= 0:
                 return False
 
-    cdef inline int _release_all(self) noexcept:
-        """Free the lock (whatever its depth); wake one blocked thread if any."""
+    cdef inline void _release_all_locked(self) noexcept nogil:
+        """Free the lock (whatever its depth); wake one blocked thread if any. ``_guard`` held."""
         self._count = 0
         self._owner = 0
         if self._blocked > 0 and not self._posted:
             self._posted = True
             PyThread_release_lock(self._handoff)
-        return 0
 
     cdef inline int _enter(self) except -1:
         cdef unsigned long me = PyThread_get_thread_ident()
@@ -227,11 +274,15 @@ cdef class FutureCondition:
         return 0
 
     cdef inline int _exit(self) except -1:
-        if self._count == 0 or self._owner != PyThread_get_thread_ident():
+        cdef unsigned long me = PyThread_get_thread_ident()
+        prazo_ft_lock(&self._guard)
+        if self._count == 0 or self._owner != me:
+            prazo_ft_unlock(&self._guard)
             raise RuntimeError("cannot release un-acquired lock")
         self._count -= 1
         if self._count == 0:
-            self._release_all()
+            self._release_all_locked()
+        prazo_ft_unlock(&self._guard)
         return 0
 
     def acquire(self, blocking=True, timeout=-1):
@@ -260,21 +311,23 @@ cdef class FutureCondition:
         self._exit()
 
     def _is_owned(self):
-        return self._count > 0 and self._owner == PyThread_get_thread_ident()
+        return self._owned_by(PyThread_get_thread_ident())
 
     def wait(self, timeout=None):
         """``threading.Condition.wait``: release the lock fully, sleep until notified or ``timeout``, take it back."""
         cdef unsigned long me = PyThread_get_thread_ident()
         cdef Py_ssize_t depth
-        if not (self._count > 0 and self._owner == me):
+        if not self._owned_by(me):
             raise RuntimeError("cannot wait on un-acquired lock")
         waiter = _allocate_lock()
         waiter.acquire()
         if self._waiters is None:
             self._waiters = []
         self._waiters.append(waiter)
+        prazo_ft_lock(&self._guard)
         depth = self._count
-        self._release_all()
+        self._release_all_locked()
+        prazo_ft_unlock(&self._guard)
         gotit = False
         try:
             if timeout is None:
@@ -288,7 +341,10 @@ cdef class FutureCondition:
         finally:
             if not self._try_acquire(me):
                 self._acquire_blocking(me, -1.0)
+            # Ours again (depth 1): back to the depth wait() was called at.
+            prazo_ft_lock(&self._guard)
             self._count = depth
+            prazo_ft_unlock(&self._guard)
             if not gotit:
                 try:
                     self._waiters.remove(waiter)
@@ -314,7 +370,7 @@ cdef class FutureCondition:
 
     def notify(self, n=1):
         """``threading.Condition.notify``: wake up to ``n`` threads waiting on this condition."""
-        if not (self._count > 0 and self._owner == PyThread_get_thread_ident()):
+        if not self._owned_by(PyThread_get_thread_ident()):
             raise RuntimeError("cannot notify on un-acquired lock")
         self._notify(n)
 
@@ -337,7 +393,11 @@ cdef class FutureCondition:
     notifyAll = notify_all
 
     def __repr__(self):
-        return f"<prazo FutureCondition owned={self._count > 0} depth={self._count} waiters={len(self._waiters or ())}>"
+        cdef Py_ssize_t depth
+        prazo_ft_lock(&self._guard)
+        depth = self._count
+        prazo_ft_unlock(&self._guard)
+        return f"<prazo FutureCondition owned={depth > 0} depth={depth} waiters={len(self._waiters or ())}>"
 
 cdef object _new_future(type cls):
     """``cls()`` for a ``Future`` subclass without ``__init__``: what ``Future.__init__`` sets, set directly."""
@@ -538,8 +598,10 @@ def results_in_order(list futures, end_time):
     try:
         while futures:
             future = futures.pop()
-            # FINISHED is final and its result was stored before the state.
-            if future._state is _FINISHED and future._exception is None:
+            # FINISHED is final and its result was stored before the state. Without a GIL
+            # nothing orders those two stores for a reader on another core (a weakly
+            # ordered CPU may show the state first): there, result() reads under the lock.
+            if not PRAZO_FREE_THREADED and future._state is _FINISHED and future._exception is None:
                 result = future._result
                 del future
                 yield result

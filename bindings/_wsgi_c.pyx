@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False
+# cython: freethreading_compatible = True
 """The compiled twin of ``AdmissionMiddleware``'s common path.
 
 ``prazo.bindings.wsgi`` is the specification. This module runs the same
@@ -35,7 +35,9 @@ from libc.stdint cimport int64_t, INT64_MAX
 from cpython.unicode cimport PyUnicode_1BYTE_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
 
 from prazo.core._histogram_c cimport LatencyHistogram
-from prazo.core._queue_c cimport AdmissionQueue, prazo_monotonic_ns
+from prazo.core._queue_c cimport AdmissionQueue, prazo_flag, prazo_flag_is_set, prazo_flag_set, prazo_monotonic_ns
+
+from threading import Lock
 
 from prazo.bindings.headers import (
     BUDGET_ENVIRON_KEY,
@@ -109,27 +111,49 @@ cdef double _NS_PER_MS = NS_PER_MS
 
 # The Python side, bound when the first CompiledPath is built:
 # prazo.bindings.wsgi imports this module, so it cannot be imported above.
-cdef bint _bound = False
+cdef prazo_flag _bound
 cdef str _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _OUTCOME_ADMITTED, _OUTCOME_REFUSED
 cdef object _reject, _refuse, _AdmittedResponse
 
 # The admission observer (``prazo.bindings.wsgi.set_admission_observer``
 # sets it through ``set_observer``); a C global, so None costs one pointer
-# comparison per request.
+# comparison per request. A request reads it once into a local. Without a GIL
+# a request may read the global while another thread replaces it, so a
+# replaced observer is kept alive (in _replaced_observers) rather than freed
+# under that reader; observers are set a few times per process, not per request.
 cdef object _observer = None
+cdef list _replaced_observers = []
+cdef object _observer_lock = Lock()
 
 
 def set_observer(observer):
     """Tell ``observer`` of every decision of this path (None: nobody); ``wsgi.set_admission_observer`` calls it."""
     global _observer
-    _observer = observer
+    with _observer_lock:
+        _replaced_observers.append(_observer)
+        _observer = observer
+
+
+# Bound once, under _bind_lock; _bound is published with release/acquire ordering so a
+# thread that sees it set also sees every global it guards (a free-threaded build runs
+# the first two requests truly at once).
+cdef object _bind_lock = Lock()
 
 
 cdef int _bind_python_side() except -1:
     global _bound, _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
     global _OUTCOME_ADMITTED, _OUTCOME_REFUSED
-    if _bound:
+    if prazo_flag_is_set(&_bound):
         return 0
+    with _bind_lock:
+        if not prazo_flag_is_set(&_bound):
+            _bind_python_side_locked()
+    return 0
+
+
+cdef int _bind_python_side_locked() except -1:
+    global _BUDGET_SOURCE_KEY, _QUEUE_WAIT_MS_KEY, _DEADLINE_KEY, _reject, _refuse, _AdmittedResponse
+    global _OUTCOME_ADMITTED, _OUTCOME_REFUSED
     from prazo.bindings import wsgi
 
     _BUDGET_SOURCE_KEY = wsgi.BUDGET_SOURCE_KEY
@@ -140,7 +164,7 @@ cdef int _bind_python_side() except -1:
     _AdmittedResponse = wsgi.AdmittedResponse
     _OUTCOME_ADMITTED = wsgi.OUTCOME_ADMITTED
     _OUTCOME_REFUSED = wsgi.OUTCOME_REFUSED
-    _bound = True
+    prazo_flag_set(&_bound)
     return 0
 
 
@@ -219,11 +243,18 @@ cdef class ListBody:
         return self
 
     def __next__(self):
-        cdef object items = self._items
-        cdef object chunk
-        if items is not None and self._index < PySequence_Fast_GET_SIZE(items):
-            chunk = <object>PySequence_Fast_GET_ITEM(items, self._index)
-            self._index += 1
+        cdef object items
+        cdef object chunk = None
+        cdef bint more = False
+        # In the object's critical section (nothing with a GIL): _finish may clear _items from
+        # another thread, which must not free the list under this read.
+        with cython.critical_section(self):
+            items = self._items
+            if items is not None and self._index < PySequence_Fast_GET_SIZE(items):
+                chunk = <object>PySequence_Fast_GET_ITEM(items, self._index)
+                self._index += 1
+                more = True
+        if more:
             return chunk
         self._finish()
         raise StopIteration
@@ -242,14 +273,19 @@ cdef class ListBody:
 
     cdef int _finish(self) except -1:
         # The claim (clearing _queue) runs no Python code, so under the GIL
-        # exactly one caller gets the queue, whoever else races to finish.
-        cdef AdmissionQueue queue = self._queue
-        cdef object release = self._release
+        # exactly one caller gets the queue, whoever else races to finish
+        # (close() from a server's thread while another ends the iteration);
+        # without a GIL the object's critical section makes the claim atomic.
+        cdef AdmissionQueue queue
+        cdef object release
+        with cython.critical_section(self):
+            queue = self._queue
+            release = self._release
+            self._queue = None
+            self._release = None
+            self._items = None
         if queue is None and release is None:
             return 0
-        self._queue = None
-        self._release = None
-        self._items = None
         if queue is not None:
             return _release_slot(queue, self._started_ns, self._duration, self._arrival_ns)
         release()
@@ -336,8 +372,9 @@ cdef class CompiledPath:
         try:
             started_ns = self._queue._acquire(deadline_ns, arrival_ns)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
-            if _observer is not None:
-                _observer(env, _OUTCOME_REFUSED, arrival_ns, deadline_ns, prazo_monotonic_ns() - arrival_ns, exc)
+            observer = _observer
+            if observer is not None:
+                observer(env, _OUTCOME_REFUSED, arrival_ns, deadline_ns, prazo_monotonic_ns() - arrival_ns, exc)
             return _reject(exc, start_response, self._counters, self._retry_after_s)
         return self._run_admitted(env, start_response, deadline_ns, arrival_ns, started_ns)
 
@@ -350,9 +387,10 @@ cdef class CompiledPath:
         if self._queue_wait is not None:
             self._queue_wait.record_ns(queue_wait_ns if queue_wait_ns > 0 else 0)
         try:
-            if _observer is not None:
+            observer = _observer
+            if observer is not None:
                 # Inside the try: an observer that raises still gives the slot back.
-                _observer(environ, _OUTCOME_ADMITTED, arrival_ns, deadline_ns, queue_wait_ns, None)
+                observer(environ, _OUTCOME_ADMITTED, arrival_ns, deadline_ns, queue_wait_ns, None)
             environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
             # deadline_context's rule: an earlier deadline already current wins.
             outer = get_value(_DEADLINE_VAR)
@@ -454,9 +492,10 @@ def call_admitted(app, dict environ, start_response, deadline, release, queue_wa
     cdef object context, outer, current, result
     _bind_python_side()
     try:
-        if _observer is not None:
+        observer = _observer
+        if observer is not None:
             # Inside the try: an observer that raises still gives the slot back.
-            _observer(environ, outcome, arrival_ns, _deadline_ns(deadline), queue_wait_ns, None)
+            observer(environ, outcome, arrival_ns, _deadline_ns(deadline), queue_wait_ns, None)
         environ[_QUEUE_WAIT_MS_KEY] = queue_wait_ns / _NS_PER_MS
         outer = get_value(_DEADLINE_VAR)
         current = deadline

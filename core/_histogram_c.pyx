@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False
+# cython: freethreading_compatible = True
 """The C twin of the latency histogram (see ``_histogram_py.py`` for the specification).
 
 Same API, same buckets, same answers as the Python twin; what differs is how:

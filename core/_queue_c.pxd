@@ -92,7 +92,7 @@ cdef class AdmissionQueue:
     cdef Py_ssize_t _ready_owed       # signals _ready_push owes them, sent after unlocking
     cdef int64_t _max_concurrency
     cdef int64_t _max_queue
-    cdef bint _initialised        # __init__ completed and the GC has not cleared it
+    cdef prazo_flag _initialised  # __init__ completed and the GC has not cleared it (read without the mutex: atomic)
     cdef bint _use_vegas
     cdef bint _learns             # a policy learns from service-time samples (Vegas, a learned estimate)
     cdef int64_t _min_concurrency

@@ -1,4 +1,4 @@
-# cython: freethreading_compatible = False, embedsignature.format = clinic
+# cython: freethreading_compatible = True, embedsignature.format = clinic
 """The C twin of the admission queue (see ``_queue_py.py`` for the specification).
 
 Same API and same observable outcomes as the Python twin; what differs is how:
@@ -219,7 +219,7 @@ cdef object _drop_error(int state):
 
 
 cdef inline int _check_initialised(AdmissionQueue queue) except -1:
-    if not queue._initialised:
+    if not prazo_flag_is_set(&queue._initialised):
         raise RuntimeError(_NOT_INITIALISED)
     return 0
 
@@ -366,7 +366,7 @@ cdef class AdmissionQueue:
         self._line = NULL
         self._c = NULL
         self._ready = NULL
-        self._initialised = False
+        prazo_flag_clear(&self._initialised)
 
     def __init__(self, max_concurrency, max_queue, *, order="fifo", on_expired=None, on_dropped=None,
                  codel_target_ms=DEFAULT_CODEL_TARGET_MS, codel_interval_ms=DEFAULT_CODEL_INTERVAL_MS,
@@ -441,7 +441,8 @@ cdef class AdmissionQueue:
         self._ready = ready
         self._c = &line.c
         self._line = line
-        self._initialised = True
+        # Last, with release ordering: a thread that sees it set (acquire) sees the whole line.
+        prazo_flag_set(&self._initialised)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -501,8 +502,13 @@ cdef class AdmissionQueue:
 
     @property
     def is_shutdown(self):
+        cdef bint shutdown
         _check_initialised(self)
-        return bool(self._line.shutdown)
+        # Under the mutex: shutdown() writes it there, and without a GIL a reader runs at the same time.
+        pthread_mutex_lock(&self._mutex)
+        shutdown = self._line.shutdown
+        pthread_mutex_unlock(&self._mutex)
+        return shutdown
 
     @property
     def limit(self):
@@ -1178,7 +1184,7 @@ cdef class AdmissionQueue:
         return cancelled
 
     def __repr__(self):
-        if not self._initialised:
+        if not prazo_flag_is_set(&self._initialised):
             return f"<{type(self).__module__}.{type(self).__name__} (not initialised)>"
         return (
             f"<{type(self).__module__}.{type(self).__name__} max_concurrency={self._max_concurrency} "
@@ -1246,7 +1252,7 @@ cdef int _clear_queue(PyObject *o) noexcept:
     while True:
         prazo_line_drops_init(&dropped)
         pthread_mutex_lock(&queue._mutex)
-        queue._initialised = False
+        prazo_flag_clear(&queue._initialised)
         queue._line.shutdown = True
         prazo_line_drops_reserve(&dropped, queue._line.count + queue._ready_count)
         while dropped.count < dropped.cap and queue._line.count > 0:

@@ -1,3 +1,4 @@
+# cython: freethreading_compatible = True
 # The front door's compiled half: a thin Cython face over the engine in _frontdoor/ (pfd.h).
 # Everything that decides (accept, head read and parse, budget, admission,
 # canned refusals) runs in the engine's own pthread, which never holds the
@@ -13,6 +14,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset, memcpy, memchr, memcmp
 from libc.stdlib cimport malloc, calloc, free
 from posix.unistd cimport close
+cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from cpython.dict cimport PyDict_GetItem
@@ -392,6 +394,7 @@ cdef frozenset _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-en
                                        "proxy-authenticate", "proxy-authorization"})
 cdef long long _date_second = -1
 cdef str _date_text = ""
+cdef object _date_guard = object()
 
 
 cdef extern from "<time.h>" nogil:
@@ -408,14 +411,22 @@ def date_line():
     """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
     global _date_second, _date_text
     cdef timespec ts
+    cdef str text
     # The clock of time.time() (time(NULL) reads a coarser one, which can lag it across a second).
     clock_gettime(CLOCK_REALTIME, &ts)
     cdef long long now = ts.tv_sec
-    if now != _date_second:
-        from email.utils import formatdate
-        _date_text = "Date: " + formatdate(now, usegmt=True)
-        _date_second = now
-    return _date_text
+    # The cache is read and replaced in a critical section (nothing with a GIL): without
+    # one, a worker reading _date_text while another replaces it could use a freed string.
+    with cython.critical_section(_date_guard):
+        if now == _date_second:
+            return _date_text
+    from email.utils import formatdate
+    text = "Date: " + formatdate(now, usegmt=True)
+    with cython.critical_section(_date_guard):
+        if now > _date_second:
+            _date_text = text
+            _date_second = now
+        return _date_text
 
 
 # What each (name, value) field of an app's headers comes to in the head: an app
@@ -1064,9 +1075,11 @@ cdef class Engine:
 
     def stop(self):
         """Answer what still waits 503 shutting-down, release the workers, join the I/O thread."""
-        if self.stopped:
-            return
-        self.stopped = True
+        # One caller stops the engine, whichever threads race here (a critical section: nothing with a GIL).
+        with cython.critical_section(self):
+            if self.stopped:
+                return
+            self.stopped = True
         with nogil:
             pfd_server_stop(self.srv)
 
@@ -1221,11 +1234,40 @@ cdef class Connection:
             self.peer_known = True
         return self.peer_value
 
-    cdef void _after_call(self):
-        """A call that ran without the GIL returned: a finish() that came meanwhile hands the connection back now."""
-        if self.finished and self.c != NULL and not self.reading and not self.writing:
-            pfd_conn_hand_back(self.engine.srv, self.c, 0)
-            self.c = NULL
+    # Who may touch the engine's connection: one read and one write at a time, each
+    # marked (reading, writing) for its whole call, and finish() after both. The marks,
+    # `finished` and `c` change together in the object's critical section: with a GIL that
+    # is nothing (no Python runs between the check and the set), without one it is the
+    # object's lock, so finish() from the worker and a read from a thread of the app's
+    # never both hand the connection to the engine. Never held across a wait.
+
+    cdef int _begin(self, bint write) except -1:
+        """Mark a read (or a write) as inside the engine; the errors of a finished or busy connection."""
+        with cython.critical_section(self):
+            if self.finished:
+                raise ValueError("the connection is finished")
+            if write:
+                if self.writing:
+                    raise RuntimeError("another thread is writing this response")
+                self.writing = True
+            else:
+                if self.reading:
+                    raise RuntimeError("another thread is reading this request body")
+                # Before the engine may move its buffer (a body read): the head's fields out first.
+                self._keep_head()
+                self.reading = True
+        return 0
+
+    cdef void _end(self, bint write):
+        """The call returned: a finish() that came meanwhile hands the connection back now."""
+        with cython.critical_section(self):
+            if write:
+                self.writing = False
+            else:
+                self.reading = False
+            if self.finished and self.c != NULL and not self.reading and not self.writing:
+                pfd_conn_hand_back(self.engine.srv, self.c, 0)
+                self.c = NULL
 
     def read_body(self, Py_ssize_t size):
         """Up to ``size`` bytes of the decoded body (``b""`` at its end).
@@ -1235,26 +1277,24 @@ cdef class Connection:
         chunked encoding) or ``"timeout"`` (it stalled, or the request's
         deadline came first).
         """
-        if self.finished:
-            raise ValueError("the connection is finished")
-        if self.reading:
-            raise RuntimeError("another thread is reading this request body")
         if size <= 0:
+            if self.finished:
+                raise ValueError("the connection is finished")
+            if self.reading:
+                raise RuntimeError("another thread is reading this request body")
             return b""
-        self._keep_head()
         cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
         cdef char *dst = PyBytes_AS_STRING(out)
         cdef ssize_t n
+        self._begin(False)
         if pfd_conn_body_buffered(self.c):
             n = pfd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
         else:
-            self.reading = True
             with nogil:
                 n = pfd_conn_read_body(self.engine.srv, self.c, dst, <size_t>size)
-            self.reading = False
         if n < 0:
             self.body_failure = _BODY_FAILURES.get(self.c.body_error, "lost")
-        self._after_call()
+        self._end(False)
         if n < 0:
             raise OSError(f"the request body failed ({self.body_failure})")
         if n == size:
@@ -1267,21 +1307,17 @@ cdef class Connection:
         For when the app is done: only then may the connection carry the next
         request. False while another thread is reading the body.
         """
-        if self.finished:
-            raise ValueError("the connection is finished")
-        if self.reading:
-            return False
-        if self.c.body_error or (self.c.body_done and self.c.cbuf_pos == self.c.cbuf_len):
-            return pfd_conn_discard_body(self.engine.srv, self.c) == 1  # nothing left to read: the buffer stays
-        self._keep_head()
-        if self.c.body_done:
-            return pfd_conn_discard_body(self.engine.srv, self.c) == 1
         cdef int done
-        self.reading = True
-        with nogil:
+        try:
+            self._begin(False)
+        except RuntimeError:
+            return False  # another thread is reading it
+        if self.c.body_error or self.c.body_done:
             done = pfd_conn_discard_body(self.engine.srv, self.c)
-        self.reading = False
-        self._after_call()
+        else:
+            with nogil:
+                done = pfd_conn_discard_body(self.engine.srv, self.c)
+        self._end(False)
         return done == 1
 
     def body_arrived(self):
@@ -1291,16 +1327,13 @@ cdef class Connection:
         what a response head can promise keep-alive on. False while another
         thread is reading the body, and for a chunked body not read to its end.
         """
-        if self.finished:
-            raise ValueError("the connection is finished")
-        return not self.reading and pfd_conn_body_arrived(self.c) == 1
+        with cython.critical_section(self):
+            if self.finished:
+                raise ValueError("the connection is finished")
+            return not self.reading and pfd_conn_body_arrived(self.c) == 1
 
     def write(self, data):
         """Send all of ``data``; ``OSError`` when the client is gone, stalls, or takes longer than the write bound."""
-        if self.finished:
-            raise ValueError("the connection is finished")
-        if self.writing:
-            raise RuntimeError("another thread is writing this response")
         cdef const unsigned char[:] view
         cdef const char *p
         cdef size_t n
@@ -1310,23 +1343,20 @@ cdef class Connection:
             n = PyBytes_GET_SIZE(data)
         else:
             view = memoryview(data).cast("B") if len(data) else None
-            if view is None:
-                return
-            p = <const char *>&view[0]
-            n = view.shape[0]
-        if n == 0:
-            return
+            p = <const char *>&view[0] if view is not None else NULL
+            n = view.shape[0] if view is not None else 0
         cdef int rc = 0
-        # Most responses fit the socket buffer: no reason to give the GIL away for them.
-        cdef ssize_t sent = pfd_conn_try_write(self.engine.srv, self.c, p, n)
-        if sent < 0:
-            rc = -1
-        elif <size_t>sent < n:
-            self.writing = True
-            with nogil:
-                rc = pfd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
-            self.writing = False
-            self._after_call()
+        cdef ssize_t sent
+        self._begin(True)
+        if n > 0:
+            # Most responses fit the socket buffer: no reason to give the GIL away for them.
+            sent = pfd_conn_try_write(self.engine.srv, self.c, p, n)
+            if sent < 0:
+                rc = -1
+            elif <size_t>sent < n:
+                with nogil:
+                    rc = pfd_conn_write(self.engine.srv, self.c, p + sent, n - sent)
+        self._end(True)
         if rc != 0:
             raise OSError("the client is gone, stopped reading or reads too slowly")
 
@@ -1337,16 +1367,17 @@ cdef class Connection:
         the place is given back now; the connection follows (closed politely)
         when that call returns.
         """
-        if self.finished:
-            return
-        self._keep_head()
-        self.finished = True
-        # O(1) under the engine's mutex, never a wait: the GIL is kept.
-        if self.reading or self.writing:
-            pfd_conn_release(self.engine.srv, self.c)
-            return
-        pfd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
-        self.c = NULL
+        # O(1) under the engine's mutex, never a wait.
+        with cython.critical_section(self):
+            if self.finished:
+                return
+            self._keep_head()
+            self.finished = True
+            if self.reading or self.writing:
+                pfd_conn_release(self.engine.srv, self.c)
+                return
+            pfd_conn_finish(self.engine.srv, self.c, 1 if keep_alive else 0)
+            self.c = NULL
 
     def __dealloc__(self):
         if not self.finished and self.c != NULL:

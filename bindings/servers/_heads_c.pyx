@@ -1,3 +1,4 @@
+# cython: freethreading_compatible = True
 # The head reader's compiled twin (prazo.bindings.servers.heads is its
 # specification, and a Hypothesis test holds the two together).
 #

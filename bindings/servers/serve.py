@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any, TextIO
 
+from ..freethreading import GIL_LOGGER, gil_state, log_gil_state, watch_imports
 from ..headers import checked_ms
 from ..policies import (
     EXPECTED_SERVICE_QUANTILES,
@@ -290,9 +291,13 @@ def load_app(spec: str) -> WSGIApp:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        target: Any = importlib.import_module(module_name)
+        # On a free-threaded CPython an extension the app imports may turn the GIL on for
+        # every thread: which one is logged once the app is loaded (prazo.bindings.freethreading).
+        with watch_imports() as enabled_gil:
+            target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+    log_gil_state(gil_state(tuple(enabled_gil)), spec)
     for name in attribute.split("."):
         try:
             target = getattr(target, name)
@@ -456,12 +461,13 @@ def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSet
     return 0
 
 
-def _log_host_lifecycle(logger: logging.Logger, stream: TextIO) -> None:
-    """The host's lifecycle on ``stream``, a line each: serving, a worker replaced or reloaded, the drain.
+def _print_log(logger: logging.Logger, stream: TextIO) -> None:
+    """``logger``'s INFO lines on ``stream``: the host's lifecycle (serving, a worker replaced or reloaded, the drain), the GIL.
 
     A library leaves logging to its application, and Python alone prints only
     warnings; ``prazo serve`` is the application here, and an operator must see
-    a reload or a retirement happen (each line names the pids).
+    a reload or a retirement happen (each line names the pids), and whether a
+    free-threaded interpreter still runs without the GIL once the app is loaded.
     """
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -475,7 +481,7 @@ def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, ou
     from .host import HOST_LOGGER, FrontDoorHost
 
     name_process("supervisor")
-    _log_host_lifecycle(logging.getLogger(HOST_LOGGER), sys.stderr)
+    _print_log(logging.getLogger(HOST_LOGGER), sys.stderr)
     app = load_app(args.app) if args.preload else None
     with _listening(args):
         host = FrontDoorHost(
@@ -658,6 +664,7 @@ def run_serve(args: argparse.Namespace, out: TextIO) -> int:
     """Serve as ``args`` (from ``add_serve_arguments``) say; the exit status (2 for bad options)."""
     try:
         settings = _check(args)
+        _print_log(logging.getLogger(GIL_LOGGER), sys.stderr)
         if args.server == "prazo" and args.workers > 1:
             # Each worker imports the app itself (unless --preload): not here, before the fork.
             split_app_spec(args.app)
