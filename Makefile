@@ -109,13 +109,8 @@ ASAN_ENV := LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(CURDIR)/
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 sanitize: $(STAMP)
 	bash .ci/ensure-libasan
-	rm -rf $(ASAN_DIR) $(ASAN_DIR)-tmp
-	PRAZO_SANITIZE=1 PRAZO_DEBUG_BUILD=1 $(PY) setup.py -q build_ext -b $(ASAN_DIR) -t $(ASAN_DIR)-tmp --force
-	# The Python modules beside the ASan-built extensions, subpackages (bindings/servers, ...) included.
-	for pkg in core bindings; do (cd $$pkg && find . -name '*.py' -exec cp --parents {} $(CURDIR)/$(ASAN_DIR)/prazo/$$pkg/ \;); done
-	$(ASAN_ENV) $(PY) -c "import prazo.core._queue_c as q, prazo.core._histogram_c as h, prazo.bindings._wsgi_c as w, \
-		prazo.bindings.servers._frontdoor_c as f, prazo.bindings._pool_c as p, prazo.bindings.servers._heads_c as r; \
-		assert all(m.__file__.startswith('$(CURDIR)/$(ASAN_DIR)/') for m in (q, h, w, f, p, r)), (q.__file__, h.__file__, w.__file__, f.__file__, p.__file__, r.__file__)"
+	PRAZO_SANITIZE=1 PRAZO_DEBUG_BUILD=1 bash .ci/build-extensions-beside $(ASAN_DIR) $(PY)
+	$(ASAN_ENV) $(PY) .ci/check_extensions_from.py $(ASAN_DIR)
 	$(ASAN_ENV) $(PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(ASAN_TESTS) $(PYTEST_ARGS)
 
 # The sdist and the wheel as a package index would serve them, built from the files a
@@ -168,6 +163,35 @@ test-freethreaded: $(FT_STAMP) services
 	$(FT_PY) setup.py -q build_ext --inplace
 	$(FT_PY) -W error::RuntimeWarning -m prazo.bindings.freethreading --check-imports
 	PYTHON_GIL=0 $(FT_PY) -m pytest $(FT_TESTS) -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# ThreadSanitizer over the compiled paths with threads truly in parallel: a free-threaded
+# CPython built with --with-thread-sanitizer (once, outside the clone, like FT_PREFIX's),
+# prazo's extensions built with -fsanitize=thread beside it (PRAZO_TSAN=1), and the tests
+# marked `compiled` of the concurrent suites with PYTHON_GIL=0. Any report fails the run
+# (halt_on_error); each suppression in .ci/tsan-suppressions.txt says why it is one.
+# A bounded subset (TSAN_TESTS): TSan runs Python 5-15 times slower, and these are the
+# tests that drive the queue, the pool, the middleware and the front door from many threads.
+TSAN_PREFIX ?= $(HOME)/.cache/prazo/cpython-3.13t-tsan
+TSAN_VENV   := .venv-tsan
+TSAN_PY     := $(TSAN_VENV)/bin/python
+TSAN_STAMP  := $(TSAN_VENV)/.prazo-installed
+TSAN_DIR    := build/tsan
+TSAN_TESTS  ?= tests/core/test_queue_concurrent.py tests/core/test_queue_threads.py tests/core/test_histogram.py \
+	tests/pool/test_future_condition.py tests/pool/test_pool.py tests/bindings/test_wsgi_fast_path.py \
+	tests/servers/test_frontdoor.py
+TSAN_ENV := PYTHONPATH=$(CURDIR)/$(TSAN_DIR) PYTHON_GIL=0 \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/.ci/tsan-suppressions.txt"
+.PHONY: tsan
+$(TSAN_STAMP): pyproject.toml setup.py
+	bash .ci/ensure-freethreaded-python $(TSAN_PREFIX) --tsan
+	$(TSAN_PREFIX)/bin/python3.13t -m venv $(TSAN_VENV)
+	$(TSAN_PY) -m pip install -q --disable-pip-version-check $(FT_PACKAGES)
+	touch $(TSAN_STAMP)
+
+tsan: $(TSAN_STAMP) services
+	PRAZO_TSAN=1 bash .ci/build-extensions-beside $(TSAN_DIR) $(TSAN_PY)
+	$(TSAN_ENV) $(TSAN_PY) .ci/check_extensions_from.py $(TSAN_DIR)
+	$(TSAN_ENV) $(TSAN_PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(TSAN_TESTS) $(PYTEST_ARGS)
 
 # Fuzzing (tests/fuzz, atheris from the optional extra `fuzz`). `make fuzz` runs
 # each target FUZZ_SECONDS; `make fuzz-ci` runs them all in about a minute. Any
@@ -243,7 +267,7 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(FT_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
+	rm -rf $(VENV) $(FT_VENV) $(TSAN_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
 		bindings/servers/_heads_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every

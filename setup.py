@@ -4,6 +4,7 @@ Environment:
   PRAZO_NO_EXTENSIONS=1  skip the C extensions entirely (the Python twins run)
   PRAZO_DEBUG_BUILD=1    -O0 -g3, no NDEBUG (for gdb / valgrind)
   PRAZO_SANITIZE=1       add AddressSanitizer + UndefinedBehaviorSanitizer
+  PRAZO_TSAN=1           add ThreadSanitizer (make tsan, with an interpreter built with it)
 On CPython a missing Cython or a compile failure fails the build, with a banner
 naming PRAZO_NO_EXTENSIONS=1 as the way to install the pure-Python twin on
 purpose: pip hides the output of a build that succeeds, so a warning would let
@@ -140,6 +141,11 @@ def _extensions():
         sanitize = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
         compile_args += sanitize
         link_args += sanitize
+    if _flag("PRAZO_TSAN"):
+        # The races of the compiled paths, on a free-threaded interpreter built with TSan too.
+        tsan = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
+        compile_args += tsan
+        link_args += tsan
     options = {"extra_compile_args": compile_args, "extra_link_args": link_args, "define_macros": macros}
     extensions = [
         Extension("prazo.core._queue_c", ["core/_queue_c.pyx"], include_dirs=["core"], **options),

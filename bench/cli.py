@@ -16,6 +16,7 @@
     prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
     prazo bench throughput [...]  answers/s of a hello-world app, every server on one CPU, stock vs prazo
     prazo bench soak [--minutes N] [--loads ...]  mixed load with faults at 1.5x capacity; checks every queue at rest
+    prazo bench parallel [...]  CPU-bound tasks, 1 worker vs N: what a free-threaded CPython gains
 
 ``--impl c|py`` (before or after the command) forces one twin of the
 admission queue; without it the demo uses whichever ``prazo.core`` picked and
@@ -597,6 +598,18 @@ def _add_bench(commands: Commands) -> Commands:
         _run_bench_soak,
     )
     add_bench_soak_arguments(soak)
+    from prazo.bench.parallel import add_bench_parallel_arguments, run_bench_parallel
+
+    parallel = _add_topic(
+        topics,
+        "parallel",
+        "CPU-bound tasks on 1 worker vs N, AdmissionPool and ThreadPoolExecutor (not part of bare `prazo bench`)",
+        "Batches of CPU-bound pure-Python tasks through AdmissionPool and ThreadPoolExecutor with one worker and "
+        "with N, interleaved: tasks/s and the ratio N workers / 1 worker. With a GIL the ratio stays near 1; on a "
+        "free-threaded CPython it approaches N. The report names the interpreter, the CPU and whether the GIL was on.",
+        run_bench_parallel,
+    )
+    add_bench_parallel_arguments(parallel)
     return topics
 
 

@@ -114,7 +114,9 @@ def watch_imports() -> Iterator[list[str]]:
         match = _ENABLED_BY.search(str(message.message))
         if match:
             seen.append(match.group(1))
-        warnings.warn_explicit(message.message, message.category, message.filename, message.lineno, source=message.source)
+        warnings.warn_explicit(
+            message.message, message.category, message.filename, message.lineno, source=message.source
+        )
 
 
 def log_gil_state(state: GilState, what: str) -> None:
@@ -162,7 +164,9 @@ def import_every_module(layers: tuple[str, ...] = _LAYERS) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``--check-imports``: import every prazo module; status 1 if the GIL came on, naming the modules."""
-    parser = argparse.ArgumentParser(prog="python -m prazo.bindings.freethreading", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m prazo.bindings.freethreading", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--check-imports", action="store_true", help="import every prazo module and fail if that turned the GIL on"
     )

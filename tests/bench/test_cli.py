@@ -47,6 +47,7 @@ from prazo.bench.demo_core import (
     run_seed_scenario,
 )
 from prazo.bench.harness import BenchSettings
+from prazo.bench.parallel import ParallelSettings, cpu_model, spin
 from prazo.bench.pool import (
     POOL_COMPETITORS,
     PoolBenchSettings,
@@ -68,6 +69,7 @@ from prazo.bench.wsgi import (
     serve_requests,
 )
 from prazo.bindings import cli
+from prazo.bindings.freethreading import gil_state
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import IMPLEMENTATION, NS_PER_MS, Deadline
 
@@ -530,6 +532,38 @@ def test_bench_pool_command_prints_the_table(capsys: pytest.CaptureFixture[str])
         in out
     )
     assert "targets" in out
+
+
+def test_bench_parallel_runs_every_pool_on_one_worker_and_on_n_and_names_the_interpreter(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "parallel", "--tasks", "6", "--iterations", "50", "--batches", "2", "--workers", "3"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(ThreadPoolExecutor|AdmissionPool) +(\d) +(\d+) +(\d+)$", out, re.MULTILINE)
+    assert [(pool, workers) for pool, workers, _, _ in rows] == [
+        ("ThreadPoolExecutor", "1"),
+        ("ThreadPoolExecutor", "3"),
+        ("AdmissionPool", "1"),
+        ("AdmissionPool", "3"),
+    ]
+    assert all(int(median) > 0 and int(best) >= int(median) for _, _, median, best in rows)
+    assert re.search(r"^AdmissionPool: 3 workers / 1 worker = x\d+\.\d\d$", out, re.MULTILINE)
+    assert gil_state().describe() in out and cpu_model() in out
+
+
+def test_bench_parallel_refuses_fewer_than_two_workers_and_names_bad_settings() -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "parallel", "--workers", "1"])
+    assert exited.value.code == 2
+    with pytest.raises(ValueError, match="workers must be at least 2"):
+        ParallelSettings(workers=1)
+    with pytest.raises(TypeError, match="tasks must be an int"):
+        ParallelSettings(tasks=2.5)  # type: ignore[arg-type]
+
+
+def test_every_task_of_the_parallel_bench_computes_the_same_sum() -> None:
+    assert spin(4) == 0 + 1 + 4 + 9
 
 
 def test_bench_pool_says_when_impl_does_not_apply(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,6 +24,7 @@ from _helpers import (
     QueueClass,
     assert_conservation,
     assert_counters,
+    needs_the_gil,
     spawn,
     wait_until,
 )
@@ -679,6 +680,7 @@ def hold_the_gil(seconds: float) -> None:
     ctypes.PyDLL(None).usleep(max(0, round(seconds * 1_000_000)))
 
 
+@needs_the_gil
 def test_a_gate_waiter_granted_a_slot_too_late_passes_it_on(impl: QueueClass) -> None:
     q = impl(1, 2, order="lifo")
     q.acquire()

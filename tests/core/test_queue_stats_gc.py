@@ -19,6 +19,7 @@ crash or a hang fails the test instead of killing the suite.
 from __future__ import annotations
 
 import ctypes
+import sysconfig
 import gc
 import json
 import queue
@@ -439,9 +440,25 @@ _POINTER_SLOTS_BEFORE_FLAGS = (
 )
 
 
+# PyObject's head: a reference count on a default build; on a free-threaded one (3.13's
+# Include/object.h) the owning thread, flags, a mutex, GC bits and two reference counts.
+_OBJECT_HEAD = (
+    [
+        ("ob_tid", ctypes.c_size_t),
+        ("ob_flags", ctypes.c_uint16),
+        ("ob_mutex", ctypes.c_uint8),
+        ("ob_gc_bits", ctypes.c_uint8),
+        ("ob_ref_local", ctypes.c_uint32),
+        ("ob_ref_shared", ctypes.c_ssize_t),
+    ]
+    if sysconfig.get_config_var("Py_GIL_DISABLED")
+    else [("ob_refcnt", ctypes.c_ssize_t)]
+)
+
+
 class _TypeHead(ctypes.Structure):
     _fields_ = [
-        ("ob_refcnt", ctypes.c_ssize_t),
+        *_OBJECT_HEAD,
         ("ob_type", ctypes.c_void_p),
         ("ob_size", ctypes.c_ssize_t),
         ("tp_name", ctypes.c_char_p),

@@ -649,7 +649,9 @@ def test_items_sharing_a_deadline_all_expire_at_it_even_when_the_first_left_the_
     # item leaving the line early must not leave its followers unwatched.
     pool, gate = _busy_pool(pools, 1, 10)
     calls = Calls()
-    deadline = Deadline.after(0.1)
+    # Long enough that all six are in line before it passes on a loaded machine (0.1 s was
+    # not once, on a free-threaded build beside a compiler: a follower expired on arrival).
+    deadline = Deadline.after(0.5)
     first = pool.submit_until(deadline, calls, "first")
     followers = [pool.submit_until(deadline, calls, i) for i in range(5)]
     if first_leaves == "cancelled":

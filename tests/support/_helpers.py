@@ -40,6 +40,7 @@ __all__ = [
     "import_test_module",
     "load_histogram_twin",
     "load_twin",
+    "needs_the_gil",
     "reasons",
     "recorder",
     "run_checked",
@@ -49,6 +50,14 @@ __all__ = [
 ]
 
 TWIN_NAMES = TWINS
+
+# For a test that stops every other thread by holding the GIL (a C call made with it held):
+# on a free-threaded build with the GIL off nothing stops them. The reason is an allowed
+# skip (tests/support/_required.py).
+needs_the_gil = pytest.mark.skipif(
+    not getattr(sys, "_is_gil_enabled", lambda: True)(),
+    reason="needs the GIL: holding it is how this test stops the other threads",
+)
 
 # The counters ``stats()`` documents, besides the derived ``expired`` and the
 # configuration (``max_concurrency``, ``max_queue``). Spelled out here, not

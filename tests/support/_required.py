@@ -36,6 +36,8 @@ ALLOWED_SKIPS = {
     "reads worker pids from /proc": "gunicorn's worker threads are counted through /proc (Linux only)",
     "no IPv6 loopback here": "a container may have no ::1; the IPv4 tests still run",
     "PRAZO_NO_EXTENSIONS is set": "the Python twins were asked for on purpose: there is no compiled path to test",
+    "needs a free-threaded CPython": "make test-freethreaded runs these on a --disable-gil build; make test's 3.11 has a GIL",
+    "needs the GIL": "a test that stops other threads by holding the GIL cannot on a free-threaded build (PYTHON_GIL=0)",
 }
 
 
