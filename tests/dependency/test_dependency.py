@@ -62,6 +62,11 @@ STATS_KEYS = {
     "lkg_entries",
 }
 
+# The timeout of a dependency whose first call must succeed (a trivial function, but its
+# first call starts the dependency's thread): 50 ms was too short once on a loaded machine
+# (a free-threaded build beside a CPU hog); a hung call then waits it out, so it stays short.
+PRIMING_TIMEOUT_MS = 400
+
 
 class Hang:
     """A dependency that blocks until released: ``fn`` counts its calls and waits on an event."""
@@ -467,7 +472,7 @@ def test_stale_values_are_served_only_while_younger_than_stale_for_s() -> None:
 
 def test_stale_values_cover_timeouts_and_rejections(hang: Hang) -> None:
     clock = SecondsClock()
-    dep = Dependency("recs", max_concurrent=1, timeout_ms=50, stale_for_s=600, clock=clock)
+    dep = Dependency("recs", max_concurrent=1, timeout_ms=PRIMING_TIMEOUT_MS, stale_for_s=600, clock=clock)
     dep.call(lambda: "good", key="k")
     clock.advance(30)
     timed_out = dep.call_detailed(hang, key="k")
@@ -487,7 +492,7 @@ def test_stale_values_cover_timeouts_and_rejections(hang: Hang) -> None:
 
 def test_a_late_success_refreshes_last_known_good(hang: Hang) -> None:
     clock = SecondsClock()
-    dep = Dependency("recs", max_concurrent=1, timeout_ms=50, stale_for_s=600, clock=clock)
+    dep = Dependency("recs", max_concurrent=1, timeout_ms=PRIMING_TIMEOUT_MS, stale_for_s=600, clock=clock)
     dep.call(lambda: "old", key="k")
     assert dep.call_detailed(hang, "new", key="k").value == "old"
     clock.advance(5)
@@ -506,7 +511,7 @@ def test_the_caller_deadline_504_yields_to_a_stale_value(hang: Hang) -> None:
 
 
 def test_a_critical_dependency_never_serves_stale_and_fails_fast(hang: Hang) -> None:
-    dep = Dependency("allergies", max_concurrent=1, timeout_ms=50, critical=True)
+    dep = Dependency("allergies", max_concurrent=1, timeout_ms=PRIMING_TIMEOUT_MS, critical=True)
     assert dep.critical and dep.stale_for_s is None and dep.last_known_good is None
     assert dep.call(lambda: ["penicillin"], key="patient-1") == ["penicillin"]
     with pytest.raises(ConnectionError):
