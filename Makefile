@@ -168,7 +168,8 @@ test-freethreaded: $(FT_STAMP) services
 # CPython built with --with-thread-sanitizer (once, outside the clone, like FT_PREFIX's),
 # prazo's extensions built with -fsanitize=thread beside it (PRAZO_TSAN=1), and the tests
 # marked `compiled` of the concurrent suites with PYTHON_GIL=0. Any report fails the run
-# (halt_on_error); each suppression in .ci/tsan-suppressions.txt says why it is one.
+# (halt_on_error); each suppression in .ci/tsan-suppressions.txt says why it is one, and
+# CPython's own list of races inside the interpreter (its Tools/tsan) is applied too.
 # A bounded subset (TSAN_TESTS): TSan runs Python 5-15 times slower, and these are the
 # tests that drive the queue, the pool, the middleware and the front door from many threads.
 TSAN_PREFIX ?= $(HOME)/.cache/prazo/cpython-3.13t-tsan
@@ -180,7 +181,7 @@ TSAN_TESTS  ?= tests/core/test_queue_concurrent.py tests/core/test_queue_threads
 	tests/pool/test_future_condition.py tests/pool/test_pool.py tests/bindings/test_wsgi_fast_path.py \
 	tests/servers/test_frontdoor.py
 TSAN_ENV := PYTHONPATH=$(CURDIR)/$(TSAN_DIR) PYTHON_GIL=0 \
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/.ci/tsan-suppressions.txt"
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/$(TSAN_DIR)/suppressions.txt"
 .PHONY: tsan
 $(TSAN_STAMP): pyproject.toml setup.py
 	bash .ci/ensure-freethreaded-python $(TSAN_PREFIX) --tsan
@@ -190,6 +191,8 @@ $(TSAN_STAMP): pyproject.toml setup.py
 
 tsan: $(TSAN_STAMP) services
 	PRAZO_TSAN=1 bash .ci/build-extensions-beside $(TSAN_DIR) $(TSAN_PY)
+	# CPython's own known races (Tools/tsan, kept beside the interpreter), then ours.
+	cat $(TSAN_PREFIX)/share/cpython-tsan-suppressions.txt .ci/tsan-suppressions.txt > $(TSAN_DIR)/suppressions.txt
 	$(TSAN_ENV) $(TSAN_PY) .ci/check_extensions_from.py $(TSAN_DIR)
 	$(TSAN_ENV) $(TSAN_PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(TSAN_TESTS) $(PYTEST_ARGS)
 

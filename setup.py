@@ -143,7 +143,7 @@ def _extensions():
         link_args += sanitize
     if _flag("PRAZO_TSAN"):
         # The races of the compiled paths, on a free-threaded interpreter built with TSan too.
-        tsan = ["-fsanitize=thread", "-fno-omit-frame-pointer"]
+        tsan = ["-fsanitize=thread", "-fno-omit-frame-pointer", "-g"]
         compile_args += tsan
         link_args += tsan
     options = {"extra_compile_args": compile_args, "extra_link_args": link_args, "define_macros": macros}

@@ -299,8 +299,10 @@ struct pfd_server {
      * state and the line's counters, in one block (core/prazo_line.h): under mutex. */
     struct prazo_line *line;
     struct pfd_conn *returned; /* finished by workers or refused at pickup, for the I/O thread */
-    int draining;              /* under mutex; also read by the I/O thread */
-    int stopping;
+    /* Written under mutex, read by the I/O thread and the workers' Python (Engine.draining)
+     * without it: atomic, so those reads are defined (ThreadSanitizer saw the race). */
+    atomic_int draining;
+    atomic_int stopping;
     int io_done; /* the I/O thread has exited: workers free what they finish */
     /* The I/O thread found nothing returned (set under mutex, with that look)
      * and sleeps in epoll_wait: the first hand-back after that (which takes it
