@@ -167,15 +167,19 @@ test-freethreaded: $(FT_STAMP) services
 # ThreadSanitizer over the compiled paths with threads truly in parallel: a free-threaded
 # CPython built with --with-thread-sanitizer (once, outside the clone, like FT_PREFIX's),
 # prazo's extensions built with -fsanitize=thread beside it (PRAZO_TSAN=1), and the tests
-# marked `compiled` of the concurrent suites with PYTHON_GIL=0. Any report fails the run
+# marked `compiled` of the concurrent suites with PYTHON_GIL=0 (not the Python twin's runs of
+# a compiled module's tests: no C of prazo's for TSan there, and at its speed their real-time
+# bounds do not hold). Any report fails the run
 # (halt_on_error); each suppression in .ci/tsan-suppressions.txt says why it is one, and
 # CPython's own list of races inside the interpreter (its Tools/tsan) is applied too.
 # A bounded subset (TSAN_TESTS): TSan runs Python 5-15 times slower, and these are the
 # tests that drive the queue, the pool, the middleware and the front door from many threads.
 TSAN_PREFIX ?= $(HOME)/.cache/prazo/cpython-3.13t-tsan
-TSAN_VENV   := .venv-tsan
+# Its virtualenv holds only PyPI's test packages (prazo comes from TSAN_DIR on PYTHONPATH),
+# so it lives beside the interpreter and is reused by every clone; pip under TSan is slow.
+TSAN_VENV   := $(TSAN_PREFIX)-venv
 TSAN_PY     := $(TSAN_VENV)/bin/python
-TSAN_STAMP  := $(TSAN_VENV)/.prazo-installed
+TSAN_STAMP  := $(TSAN_VENV)/.installed-$(shell echo '$(FT_PACKAGES)' | md5sum | cut -c1-12)
 TSAN_DIR    := build/tsan
 TSAN_TESTS  ?= tests/core/test_queue_concurrent.py tests/core/test_queue_threads.py tests/core/test_histogram.py \
 	tests/pool/test_future_condition.py tests/pool/test_pool.py tests/bindings/test_wsgi_fast_path.py \
@@ -183,7 +187,7 @@ TSAN_TESTS  ?= tests/core/test_queue_concurrent.py tests/core/test_queue_threads
 TSAN_ENV := PYTHONPATH=$(CURDIR)/$(TSAN_DIR) PYTHON_GIL=0 \
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/$(TSAN_DIR)/suppressions.txt"
 .PHONY: tsan
-$(TSAN_STAMP): pyproject.toml setup.py
+$(TSAN_STAMP):
 	bash .ci/ensure-freethreaded-python $(TSAN_PREFIX) --tsan
 	$(TSAN_PREFIX)/bin/python3.13t -m venv $(TSAN_VENV)
 	$(TSAN_PY) -m pip install -q --disable-pip-version-check $(FT_PACKAGES)
@@ -194,7 +198,7 @@ tsan: $(TSAN_STAMP) services
 	# CPython's own known races (Tools/tsan, kept beside the interpreter), then ours.
 	cat $(TSAN_PREFIX)/share/cpython-tsan-suppressions.txt .ci/tsan-suppressions.txt > $(TSAN_DIR)/suppressions.txt
 	$(TSAN_ENV) $(TSAN_PY) .ci/check_extensions_from.py $(TSAN_DIR)
-	$(TSAN_ENV) $(TSAN_PY) -m pytest -p no:cacheprovider -q --capture=sys -m compiled $(TSAN_TESTS) $(PYTEST_ARGS)
+	$(TSAN_ENV) $(TSAN_PY) -m pytest -p no:cacheprovider -q --capture=sys -m "compiled and not python_twin" $(TSAN_TESTS) $(PYTEST_ARGS)
 
 # Fuzzing (tests/fuzz, atheris from the optional extra `fuzz`). `make fuzz` runs
 # each target FUZZ_SECONDS; `make fuzz-ci` runs them all in about a minute. Any
@@ -270,7 +274,7 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(FT_VENV) $(TSAN_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
+	rm -rf $(VENV) $(FT_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
 		bindings/servers/_heads_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every

@@ -35,7 +35,7 @@ from cpython.pythread cimport (
 )
 from libc.stdint cimport int64_t
 
-from prazo.core._queue_c cimport AdmissionQueue as CAdmissionQueue, prazo_monotonic_ns
+from prazo.core._queue_c cimport AdmissionQueue as CAdmissionQueue, prazo_flag, prazo_flag_is_set, prazo_flag_set, prazo_monotonic_ns
 
 cdef extern from "Python.h":
     unsigned long PyThread_get_thread_ident() nogil
@@ -96,7 +96,8 @@ cdef tuple _future_states():
 cdef object _PENDING, _RUNNING, _FINISHED
 _PENDING, _RUNNING, _FINISHED = _future_states()
 
-cdef bint _interpreter_shutting_down = False
+# Set by the exit hook's thread, read by every submitter: atomic (no GIL orders them).
+cdef prazo_flag _interpreter_shutting_down
 
 _FUTURE_FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
 
@@ -126,8 +127,7 @@ def layout_supported():
 
 def set_interpreter_shutting_down():
     """From ``prazo.bindings.pool``'s exit hook: no submission is accepted from now on."""
-    global _interpreter_shutting_down
-    _interpreter_shutting_down = True
+    prazo_flag_set(&_interpreter_shutting_down)
 
 
 
@@ -510,7 +510,7 @@ cdef class Submitter:
         try:
             if self.shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            if _interpreter_shutting_down:
+            if prazo_flag_is_set(&_interpreter_shutting_down):
                 raise RuntimeError("cannot schedule new futures after interpreter shutdown")
             try:
                 queue.put(item, deadline)

@@ -53,10 +53,13 @@ def _load(name: str) -> Twin:
 
 @pytest.fixture(
     scope="session",
-    params=[pytest.param(name, marks=pytest.mark.compiled) if name == "c" else name for name in TWIN_NAMES],
+    params=[
+        pytest.param(name, marks=pytest.mark.compiled if name == "c" else pytest.mark.python_twin)
+        for name in TWIN_NAMES
+    ],
 )
 def twin(request: pytest.FixtureRequest) -> Twin:
-    """One twin of the core (ids ``c`` and ``py``); the ``c`` run is marked ``compiled``."""
+    """One twin of the core (ids ``c`` and ``py``); the ``c`` run is marked ``compiled``, the ``py`` one ``python_twin``."""
     return _load(request.param)
 
 

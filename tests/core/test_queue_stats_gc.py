@@ -19,13 +19,13 @@ crash or a hang fails the test instead of killing the suite.
 from __future__ import annotations
 
 import ctypes
-import sysconfig
 import gc
 import json
 import queue
 import random
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import time

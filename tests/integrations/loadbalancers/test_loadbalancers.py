@@ -460,12 +460,9 @@ def test_the_recipe_prazo_serve_processes_behind_the_shipped_haproxy(server: str
         # The flags made a stamp count from HAProxy's address only ...
         forged = {"X-Request-Start": f"t={time.time() - 3.0:.3f}", BUDGET_HEADER: "10000"}
         assert (
-            int(call_once_free(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"])
-            <= 7500
+            int(call_once_free(port_a, "/budget-header", forged, source=HAPROXY_ADDRESS).fields["remaining_ms"]) <= 7500
         )
-        assert (
-            int(call_once_free(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
-        )
+        assert int(call_once_free(port_a, "/budget-header", forged, source=DIRECT_CLIENT).fields["remaining_ms"]) > 8000
         # ... and a request whose budget went by in the proxy never runs.
         spent = {**forged, BUDGET_HEADER: "2000"}
         late = call_once_free(port_a, "/work", spent, source=HAPROXY_ADDRESS)
