@@ -1378,6 +1378,13 @@ def add_bench_goodput_arguments(parser: argparse.ArgumentParser) -> None:
         "--seconds", type=float, default=None, help="seconds measured per point, after 1 s of warm-up (default 4)"
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"worker threads per server process (default {GoodputSettings.threads}; on a free-threaded CPython one "
+        "process with N threads can use N cores)",
+    )
+    parser.add_argument(
         "--from-json",
         metavar="FILE,...",
         default=None,
@@ -1420,6 +1427,8 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
         raise ValueError(f"--apps must name some of {','.join(APPS)}, got {args.apps!r}")
     if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
         raise ValueError(f"--seconds must be a finite number > 0, got {args.seconds}")
+    if args.threads is not None and not 1 <= args.threads <= 256:
+        raise ValueError(f"--threads must be between 1 and 256, got {args.threads}")
     if args.drop_seconds is not None and not (math.isfinite(args.drop_seconds) and args.drop_seconds > 0):
         raise ValueError(f"--drop-seconds must be a finite number > 0, got {args.drop_seconds}")
     workloads = tuple(dict.fromkeys(name.strip() for name in args.workload.split(",") if name.strip()))
@@ -1438,6 +1447,7 @@ def _settings_from(args: argparse.Namespace) -> tuple[GoodputSettings, list[str]
         workloads=workloads,
         drop_seconds=args.drop_seconds or settings.drop_seconds,
         drop_loads=args.drop_loads,
+        threads=args.threads or settings.threads,
     )
     return settings, notes
 

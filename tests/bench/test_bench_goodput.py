@@ -238,6 +238,8 @@ def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_goodput(["--target", "127.0.0.1:8000"], io.StringIO()) == 2
     assert "--target needs --app" in capsys.readouterr().err
     assert bench_goodput(["--target", "nowhere", "--app", "cpu"], io.StringIO()) == 2
+    assert bench_goodput(["--threads", "0"], io.StringIO()) == 2
+    assert "--threads must be between 1 and 256, got 0" in capsys.readouterr().err
 
 
 def test_every_request_sent_ends_in_exactly_one_recorded_outcome() -> None:
