@@ -63,6 +63,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
         ".venv/bin/prazo bench              # core, wsgi and pool, one after another (≈ 15 s; --quick ≈ 4 s)",
     ): "minutes",
     ("docs/how-to/metrics.md", "  from prometheus_client import start_http_server"): "serves until stopped",
+    ("docs/how-to/free-threaded.md", "python3.13t -m venv .venv-ft"): "another interpreter",
     (
         "docs/how-to/tracing.md",
         "OpenTelemetryMiddleware(app, request_hook=prazo_otel.request_hook)                 # opentelemetry-instrumentation-wsgi",
