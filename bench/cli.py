@@ -45,7 +45,7 @@ from typing import Any, TextIO
 
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
-from prazo.bench.harness import QUICK, BenchSettings, Paint, plain
+from prazo.bench.harness import QUICK, BenchSettings, Paint, integer_argument, plain
 from prazo.bindings.cli import CommandError, Commands, Handler, impl_options
 from prazo.core import IMPLEMENTATION, TWINS, AdmissionQueue, load_twin
 
@@ -111,20 +111,6 @@ def make_paint(stream: TextIO) -> Paint:
 
 
 # -- argument types: parse and range-check, so argparse exits 2 naming the flag ----
-
-
-def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
-        return value
-
-    return parse
 
 
 def _milliseconds(allow_negative: bool) -> Callable[[str], float]:
@@ -214,7 +200,10 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
 
     defaults = CascadeParams()
     parser.add_argument(
-        "--clients", type=_integer(1, 1000), metavar="N", help=f"clients hitting A at once (default {defaults.clients})"
+        "--clients",
+        type=integer_argument(1, 1000),
+        metavar="N",
+        help=f"clients hitting A at once (default {defaults.clients})",
     )
     parser.add_argument(
         "--budget-ms",
@@ -223,9 +212,14 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
         help=f"each client's budget (default {defaults.budget_ms:g})",
     )
     parser.add_argument(
-        "--concurrency", type=_integer(1), metavar="N", help=f"B's max_concurrency (default {defaults.concurrency})"
+        "--concurrency",
+        type=integer_argument(1),
+        metavar="N",
+        help=f"B's max_concurrency (default {defaults.concurrency})",
     )
-    parser.add_argument("--queue", type=_integer(0), metavar="N", help=f"B's max_queue (default {defaults.queue})")
+    parser.add_argument(
+        "--queue", type=integer_argument(0), metavar="N", help=f"B's max_queue (default {defaults.queue})"
+    )
     parser.add_argument(
         "--work-ms",
         type=_milliseconds(allow_negative=False),
@@ -239,7 +233,10 @@ def _add_cascade_flags(parser: argparse.ArgumentParser) -> None:
         help=f"safety margin each hop keeps (default {defaults.margin_ms:g})",
     )
     parser.add_argument(
-        "--chain", type=_integer(1, 16), metavar="N", help=f"hops in front of B (default {defaults.chain}: A only)"
+        "--chain",
+        type=integer_argument(1, 16),
+        metavar="N",
+        help=f"hops in front of B (default {defaults.chain}: A only)",
     )
     parser.add_argument(
         "--retry-ms",
@@ -349,18 +346,18 @@ def _add_demo(commands: Commands) -> Commands:
     )
     core.add_argument(
         "--arrivals",
-        type=_integer(1, MAX_ARRIVALS),
+        type=integer_argument(1, MAX_ARRIVALS),
         metavar="N",
         help=f"simultaneous arrivals (default {defaults.arrivals})",
     )
     core.add_argument(
         "--concurrency",
-        type=_integer(1),
+        type=integer_argument(1),
         metavar="N",
         help=f"max_concurrency, bodies at once (default {defaults.concurrency})",
     )
     core.add_argument(
-        "--queue", type=_integer(0), metavar="N", help=f"max_queue, places in line (default {defaults.queue})"
+        "--queue", type=integer_argument(0), metavar="N", help=f"max_queue, places in line (default {defaults.queue})"
     )
     core.add_argument(
         "--work-ms",
@@ -398,7 +395,7 @@ def _add_demo(commands: Commands) -> Commands:
         metavar="N",
         help="requests per second, all endpoints together (default 200, the seed's)",
     )
-    slow.add_argument("--seed", type=_integer(0), metavar="N", help="seed of the arrival schedule (default 9)")
+    slow.add_argument("--seed", type=integer_argument(0), metavar="N", help="seed of the arrival schedule (default 9)")
     retries = _add_topic(
         topics,
         "retries",
@@ -417,7 +414,9 @@ def _add_demo(commands: Commands) -> Commands:
     retries.add_argument(
         "--rate", dest="rate_per_s", type=_rate, metavar="N", help="client requests per second (default 60)"
     )
-    retries.add_argument("--seed", type=_integer(0), metavar="N", help="seed of the jitter and faults (default 24)")
+    retries.add_argument(
+        "--seed", type=integer_argument(0), metavar="N", help="seed of the jitter and faults (default 24)"
+    )
     return topics
 
 
@@ -486,11 +485,11 @@ def _add_quick(parser: argparse.ArgumentParser, what: str) -> None:
 def _add_sampling(parser: argparse.ArgumentParser, unit: str, defaults: BenchSettings) -> None:
     """``--inner`` and ``--repeat`` of a loop benchmark whose operation is one ``unit``."""
     parser.add_argument(
-        "--inner", type=_integer(1), metavar="N", help=f"{unit}s per timed sample (default {defaults.inner})"
+        "--inner", type=integer_argument(1), metavar="N", help=f"{unit}s per timed sample (default {defaults.inner})"
     )
     parser.add_argument(
         "--repeat",
-        type=_integer(1),
+        type=integer_argument(1),
         metavar="N",
         help=f"timed samples per {unit}; the best counts (default {defaults.repeat})",
     )
@@ -513,7 +512,7 @@ def _add_bench(commands: Commands) -> Commands:
     _add_sampling(core, "operation", defaults)
     core.add_argument(
         "--handoff-samples",
-        type=_integer(2),
+        type=integer_argument(2),
         metavar="N",
         help=f"handoffs timed per competitor (default {defaults.handoff_samples})",
     )
@@ -536,15 +535,17 @@ def _add_bench(commands: Commands) -> Commands:
         "AdmissionPool with a deadline on every task, and the target.",
         _run_bench_pool,
     )
-    pool.add_argument("--tasks", type=_integer(1), metavar="N", help=f"tasks per batch (default {pool_defaults.tasks})")
+    pool.add_argument(
+        "--tasks", type=integer_argument(1), metavar="N", help=f"tasks per batch (default {pool_defaults.tasks})"
+    )
     pool.add_argument(
         "--batches",
-        type=_integer(1),
+        type=integer_argument(1),
         metavar="N",
         help=f"timed batches per competitor; speed-ups compare medians (default {pool_defaults.batches})",
     )
     pool.add_argument(
-        "--workers", type=_integer(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"
+        "--workers", type=integer_argument(1), metavar="N", help=f"threads per pool (default {pool_defaults.workers})"
     )
     _add_quick(pool, f"{QUICK_POOL.batches} batches")
     from prazo.bench.servers import add_bench_servers_arguments, run_bench_servers

@@ -30,6 +30,7 @@ __all__ = [
     "best_ns_per_op",
     "check_counts",
     "format_times",
+    "integer_argument",
     "make_target",
     "plain",
     "ratio_of",
@@ -163,3 +164,19 @@ def run_standalone(
     parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n", 1)[0])
     add_arguments(parser)
     return run(parser.parse_args(argv), out or sys.stdout)
+
+
+def integer_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int from ``minimum`` (to ``maximum``), else an error naming the bounds (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse

@@ -29,6 +29,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from prazo.bench.harness import integer_argument
 from prazo.bindings import pool as pool_module
 from prazo.bindings.freethreading import gil_state
 from prazo.bindings.pool import AdmissionPool
@@ -186,26 +187,24 @@ def add_bench_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``prazo bench parallel`` on ``parser``."""
     defaults = ParallelSettings()
 
-    def at_least(low: int) -> Callable[[str], int]:
-        def parse(text: str) -> int:
-            try:
-                value = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-            if value < low:
-                raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-            return value
-
-        return parse
-
-    parser.add_argument("--tasks", type=at_least(1), metavar="N", help=f"tasks per batch (default {defaults.tasks})")
     parser.add_argument(
-        "--iterations", type=at_least(1), metavar="N", help=f"multiply-adds per task (default {defaults.iterations})"
+        "--tasks", type=integer_argument(1), metavar="N", help=f"tasks per batch (default {defaults.tasks})"
     )
     parser.add_argument(
-        "--workers", type=at_least(2), metavar="N", help=f"the workers compared with one (default {defaults.workers})"
+        "--iterations",
+        type=integer_argument(1),
+        metavar="N",
+        help=f"multiply-adds per task (default {defaults.iterations})",
     )
-    parser.add_argument("--batches", type=at_least(1), metavar="N", help=f"timed batches (default {defaults.batches})")
+    parser.add_argument(
+        "--workers",
+        type=integer_argument(2),
+        metavar="N",
+        help=f"the workers compared with one (default {defaults.workers})",
+    )
+    parser.add_argument(
+        "--batches", type=integer_argument(1), metavar="N", help=f"timed batches (default {defaults.batches})"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
