@@ -25,7 +25,14 @@ static inline Py_ssize_t prazo_slot_offset(PyObject *descr)
     return ((PyMemberDescrObject *)descr)->d_member->offset;
 }
 
-/* Borrowed reference to the slot's value; NULL when the slot is unset. */
+/* Borrowed reference to the slot's value; NULL when the slot is unset.
+ *
+ * Safe without a GIL only for a slot written once, before the object is
+ * shared with another thread, and never rebound after: Deadline._ns is set
+ * by Deadline's constructors and its API never assigns it again (only code
+ * writing the private slot, or calling __init__ a second time, would). A
+ * slot another thread may rebind could be freed under this borrowed read on
+ * a free-threaded build; do not use this for one. */
 static inline PyObject *prazo_slot_value(PyObject *obj, Py_ssize_t offset)
 {
     return *(PyObject **)((char *)obj + offset);
