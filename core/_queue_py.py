@@ -882,11 +882,28 @@ class AdmissionQueue:
                     self._insufficient_budget += 1
                 self._waiting.remove(entry)
                 break
-            cond.wait(min(remaining_s, _WAIT_SLICE_S))
+            self._wait(cond, min(remaining_s, _WAIT_SLICE_S))
         if entry.state == _CANCELLED:
             raise ShutDown("the admission queue was shut down while waiting")
         if entry.state != _GRANTED:
             raise _drop_error(entry.state)
+
+    def _wait(self, cond: threading.Condition, timeout: float) -> None:
+        """``cond.wait(timeout)`` (lock held), and the lock held again however the wait ends.
+
+        ``Condition.wait`` lets the lock go one line before its ``try`` begins:
+        an exception a signal handler raises just then leaves ``wait`` without
+        the lock, and the clean-up of an interrupted waiter (and the ``with``
+        around it) would run without it. Seen without a GIL (the handler runs
+        while another thread already holds the released lock); the window is
+        there with one too. The RLock is taken back the way ``wait`` itself
+        takes it back: uninterruptibly, at depth 1 (nothing re-enters it).
+        """
+        try:
+            cond.wait(timeout)
+        finally:
+            if not self._lock._is_owned():  # type: ignore[attr-defined]
+                self._lock._acquire_restore((1, threading.get_ident()))  # type: ignore[attr-defined]
 
     def _abandon_locked(self, entry: _Entry, now: int, dropped: list[tuple[Any, int]]) -> None:
         """A waiter leaves because of an exception (e.g. KeyboardInterrupt)."""
@@ -1019,7 +1036,7 @@ class AdmissionQueue:
                     remaining = _WAIT_SLICE_S if end is None else end - time.monotonic()
                     if remaining <= 0:
                         raise queue.Empty
-                    self._ready_cond.wait(min(remaining, _WAIT_SLICE_S))
+                    self._wait(self._ready_cond, min(remaining, _WAIT_SLICE_S))
             finally:
                 self._report_dropped(dropped)
 
