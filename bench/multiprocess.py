@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from prazo.bench.goodput import percentile
 from prazo.bench.goodput_apps import IO_WORK_MS, io
+from prazo.bench.goodput_workloads import percentile
 from prazo.bench.loadgen import run_in_subprocess
 
 __all__ = ["HOST_PATH", "Point", "app", "host_totals", "main", "run", "with_host_endpoint"]

@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from prazo.bench.goodput import SERVERS as GOODPUT_SERVERS
-from prazo.bench.goodput import GoodputSettings, Process, ServerSpec, missing_module, package_version, started
+from prazo.bench.goodput_servers import SERVERS as GOODPUT_SERVERS
+from prazo.bench.goodput_servers import Process, ServerSpec, missing_module, package_version, started
+from prazo.bench.goodput_settings import GoodputSettings
 from prazo.bench.harness import run_standalone
 from prazo.bench.loadgen import LoadResult
 

@@ -16,23 +16,7 @@ from typing import Any
 import pytest
 from _required import unavailable
 from prazo.bench import goodput_apps
-from prazo.bench.goodput import (
-    POLICIES,
-    SERVERS,
-    Baseline,
-    GoodputSettings,
-    PointResult,
-    bench_goodput,
-    load_points,
-    percentile,
-    plot_paths,
-    policy_environment,
-    render_row,
-    render_table,
-    run_point,
-    started,
-    summarize,
-)
+from prazo.bench.goodput import bench_goodput, load_points
 from prazo.bench.goodput_apps import (
     ENV_STATS_DIR,
     GIVE_UP_HEADER,
@@ -42,7 +26,11 @@ from prazo.bench.goodput_apps import (
     slowdown_factor,
     write_slowdown,
 )
-from prazo.bench.goodput_workloads import MIXED, class_of, drop_phases, loadgen_arguments
+from prazo.bench.goodput_measure import Baseline, PointResult, run_point, summarize
+from prazo.bench.goodput_report import plot_paths, render_row, render_table
+from prazo.bench.goodput_servers import POLICIES, SERVERS, policy_environment, started
+from prazo.bench.goodput_settings import GoodputSettings
+from prazo.bench.goodput_workloads import MIXED, class_of, drop_phases, loadgen_arguments, percentile
 from prazo.bench.loadgen import (
     OUTCOMES,
     LoadResult,

@@ -14,31 +14,17 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _required import unavailable
 from _server_harness import request
 from prazo.bench import reuseport_frontdoors
-from prazo.bench.goodput import (
-    REFUSAL_TARGET_PCT,
-    SERVERS,
-    WORKER_LOADS,
-    WORKER_QUICK_LOADS,
-    WORKER_SERVERS,
-    GoodputSettings,
-    PointResult,
-    bench_goodput,
-    misses_refusal_target,
-    refused_pct,
-    render_row,
-    render_table,
-    servers_for,
-    started,
-    summarize,
-)
+from prazo.bench.goodput import bench_goodput
+from prazo.bench.goodput_measure import REFUSAL_TARGET_PCT, PointResult, misses_refusal_target, refused_pct, summarize
+from prazo.bench.goodput_report import render_row, render_table
+from prazo.bench.goodput_servers import POLICIES, SERVERS, WORKER_SERVERS, servers_for, started
+from prazo.bench.goodput_settings import WORKER_LOADS, WORKER_QUICK_LOADS, GoodputSettings
 from prazo.bench.loadgen import LoadResult
-from prazo.bindings.servers import serve
 
 MS = 1_000_000
 TWO = GoodputSettings(workers=2)
@@ -133,33 +119,11 @@ def test_the_default_loads_with_workers_have_the_refusal_point() -> None:
     assert WORKER_LOADS[0] == 0.5 and WORKER_LOADS[-1] == 10
 
 
-def _serve_says(monkeypatch: pytest.MonkeyPatch, message: str) -> list[list[str]]:
-    seen: list[list[str]] = []
-
-    def fake_run_serve(args: Any, out: Any) -> int:
-        seen.append([args.server, str(args.workers), repr(args.shutdown_timeout)])
-        print(f"prazo serve: error: {message}", file=sys.stderr)
-        return 2
-
-    monkeypatch.setattr(serve, "run_serve", fake_run_serve)
-    return seen
-
-
-def test_the_front_door_without_workers_is_left_out_with_the_reason(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    seen = _serve_says(monkeypatch, "--workers is for --server gunicorn only (the other servers run one process)")
-    why = WORKER_SERVERS["frontdoor"].unavailable()
-    assert why is not None and "no --workers on this branch" in why and "for --server gunicorn only" in why
-    # The probe can never serve: it ends in an option error whatever the answer.
-    assert seen == [["prazo", "2", "-1.0"]]
-    assert bench_goodput(["--workers", "2", "--servers", "frontdoor"], io.StringIO()) == 2
-    assert "frontdoor: the front door has no --workers" in capsys.readouterr().err
-
-
-def test_the_front_door_with_workers_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    _serve_says(monkeypatch, "--shutdown-timeout must be >= 0, got -1.0")
-    assert WORKER_SERVERS["frontdoor"].unavailable() is None
+def test_the_front_doors_need_nothing_optional() -> None:
+    # Built with prazo: queue policies, --workers and reuse_port are always there.
+    doors = [SERVERS["frontdoor"], *(SERVERS[f"frontdoor+{p}"] for p in POLICIES), WORKER_SERVERS["frontdoor"]]
+    for spec in [*doors, WORKER_SERVERS["frontdoor-reuseport"]]:
+        assert spec.unavailable() is None, spec.name
 
 
 # -- the report ---------------------------------------------------------------------
