@@ -68,6 +68,7 @@ engine handle; the C half is split along its concerns in ``_frontdoor/``.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 import threading
@@ -89,7 +90,7 @@ from prazo.core import (
     expected_service_option,
 )
 
-from ..policies import LIMITS, ORDERS, POLICY_DEFAULTS, checked_choice, checked_header_name, checked_paths
+from ..policies import POLICY_DEFAULTS, checked_paths
 from ..proxy_headers import trusted_networks
 from ..wsgi import WSGIApp
 from .dispatcher import SERVER_STATS_KEY
@@ -107,7 +108,7 @@ from .refusals import (
     REASON_HEADER_TIMEOUT,
     rejection_bytes,
 )
-from .settings import ServerSettings, checked_count, resolve_settings
+from .settings import ServerSettings, resolve_settings, setting
 
 __all__ = [
     "DEFAULT_IO_TIMEOUT_MS",
@@ -169,39 +170,30 @@ def engine_critical_paths(value: object) -> list[bytes]:
     return [path.encode("latin-1") for path in paths]
 
 
-def _engine_policy_args(threads: int, options: dict[str, Any]) -> dict[str, Any]:
-    """The engine's arguments for the queue-policy ``options`` (keys of ``POLICY_DEFAULTS``), checked.
+def _engine_policy_args(settings: ServerSettings) -> dict[str, Any]:
+    """The engine's arguments for the settings' queue policies (checked by ``ServerSettings``), in its units.
 
-    Wrong values raise ``ValueError``/``TypeError`` naming the option; the ms
-    values are checked and converted by the core's own helpers, so the front
-    door accepts exactly what ``AdmissionQueue`` accepts.
+    The ms values are converted by the core's own helpers, so the front door
+    reads them exactly as ``AdmissionQueue`` does.
     """
-    order = checked_choice(options["order"], "order", ORDERS)
-    adaptive = order == "adaptive"
-    fixed_ns, permille = expected_service_option(options["expected_service_ms"])
-    limit = checked_choice(options["limit"], "limit", LIMITS)
-    min_concurrency = checked_count(options["min_concurrency"], "min_concurrency", 1)
-    if min_concurrency > threads:
-        raise ValueError(f"min_concurrency must be <= threads ({threads}), got {min_concurrency}")
-    reserved = checked_count(options["reserved"], "reserved", 0)
-    if reserved >= threads:
-        raise ValueError(f"reserved must be < threads ({threads}), got {reserved}")
-    header = options["critical_header"]
+    adaptive = settings.order == "adaptive"
+    fixed_ns, permille = expected_service_option(settings.expected_service_ms)
+    header = settings.critical_header
     return {
-        "order": order,
+        "order": settings.order,
         "codel_target_ns": codel_option_ns(
-            options["codel_target_ms"], "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive
+            settings.codel_target_ms, "codel_target_ms", DEFAULT_CODEL_TARGET_MS, adaptive
         ),
         "codel_interval_ns": codel_option_ns(
-            options["codel_interval_ms"], "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive
+            settings.codel_interval_ms, "codel_interval_ms", DEFAULT_CODEL_INTERVAL_MS, adaptive
         ),
         "expected_service_ns": fixed_ns,
         "expected_quantile_permille": permille,
-        "vegas": limit == "vegas",
-        "min_concurrency": min_concurrency,
-        "reserved": reserved,
-        "critical_header": None if header is None else checked_header_name(header, "critical_header").encode("ascii"),
-        "critical_paths": engine_critical_paths(options["critical_paths"]),
+        "vegas": settings.limit == "vegas",
+        "min_concurrency": settings.min_concurrency,
+        "reserved": settings.reserved,
+        "critical_header": None if header is None else header.encode("ascii"),
+        "critical_paths": engine_critical_paths(settings.critical_paths),
     }
 
 
@@ -217,16 +209,10 @@ def compiled_engine() -> Any:
     return _frontdoor_c
 
 
-def resolved_policies(settings: ServerSettings, policies: dict[str, Any] | None) -> dict[str, Any]:
-    """Each queue-policy option: given in ``policies``, else the settings' field (when it has one), else the default."""
-    given = dict(policies or {})
-    unknown = set(given) - set(POLICY_DEFAULTS)
-    if unknown:
-        raise TypeError(f"unknown queue-policy options {sorted(unknown)}")
-    return {
-        name: given[name] if given.get(name) is not None else getattr(settings, name, default)
-        for name, default in POLICY_DEFAULTS.items()
-    }
+def with_policies(settings: ServerSettings | None, policies: dict[str, Any]) -> ServerSettings | None:
+    """``settings`` with the queue-policy arguments given (not None) in place of its own, each checked."""
+    given = {name: setting(name).check(value, name) for name, value in policies.items() if value is not None}
+    return dataclasses.replace(settings, **given) if settings is not None and given else settings
 
 
 def bound_listener(host: str, port: int, backlog: int, reuse_port: bool) -> socket.socket:
@@ -264,7 +250,6 @@ def base_environ(
 
 def engine_arguments(
     settings: ServerSettings,
-    policies: dict[str, Any],
     *,
     threads: int,
     io_timeout_ms: float,
@@ -292,7 +277,7 @@ def engine_arguments(
         "trust_request_start": settings.trust_request_start,
         "max_upstream_ns": int(settings.max_upstream_ms * NS_PER_MS),
         "trusted_networks": engine_module.engine_networks(trusted_networks(settings.trusted_proxies)),
-        **_engine_policy_args(threads, policies),
+        **_engine_policy_args(settings),
     }
 
 
@@ -301,9 +286,8 @@ class FrontDoorServer:
 
     Build it with ``create_server``; ``serve_forever()`` runs it until
     ``shutdown()`` (from another thread) or Ctrl-C. ``server_address`` is the
-    bound address, ``stats()`` the engine's counters. ``policies`` maps each
-    queue-policy option (``POLICY_DEFAULTS``' keys) to its value: those not
-    given come from ``settings`` when it has a field of that name.
+    bound address, ``stats()`` the engine's counters. The queue policies are
+    the settings' (``policies`` maps each to its value).
     """
 
     def __init__(
@@ -318,12 +302,11 @@ class FrontDoorServer:
         write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
         max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
         shutdown_timeout: float = 5.0,
-        policies: dict[str, Any] | None = None,
         reuse_port: bool = False,
     ) -> None:
         if not sys.platform.startswith("linux"):
             raise RuntimeError("the front door runs on Linux only (epoll)")
-        self.policies = resolved_policies(settings, policies)
+        self.policies = settings.policies()
         self.app = app
         self.settings = settings
         self.shutdown_timeout = shutdown_timeout
@@ -334,7 +317,7 @@ class FrontDoorServer:
         self._engine = compiled_engine().Engine(
             [listener.detach()],
             **engine_arguments(
-                settings, self.policies, threads=settings.threads, io_timeout_ms=io_timeout_ms,
+                settings, threads=settings.threads, io_timeout_ms=io_timeout_ms,
                 write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
             ),
         )  # fmt: skip
@@ -477,10 +460,14 @@ def create_server(
     }  # fmt: skip
     if isinstance(workers, bool) or not isinstance(workers, int):
         raise TypeError(f"workers must be an int, got {type(workers).__name__}")
+    # Policies given beside complete settings win over its fields; without settings they are
+    # arguments like the limits (and read from the environment when not given).
+    settings = with_policies(settings, policies)
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
         host_workers=None if settings is not None or workers < 1 else workers,
+        **({} if settings is not None else policies),
     )  # fmt: skip
     if workers != 1 or max_requests is not None or max_requests_jitter != 0:
         if reuse_port:
@@ -490,7 +477,7 @@ def create_server(
         return FrontDoorHost(
             app, host=host, port=port, settings=settings, workers=workers, backlog=backlog,
             io_timeout_ms=io_timeout_ms, write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
-            shutdown_timeout=shutdown_timeout, policies=policies, max_requests=max_requests,
+            shutdown_timeout=shutdown_timeout, max_requests=max_requests,
             max_requests_jitter=max_requests_jitter,
         )  # fmt: skip
     return FrontDoorServer(
@@ -503,6 +490,5 @@ def create_server(
         write_grace_ms=write_grace_ms,
         max_io_wait_ms=max_io_wait_ms,
         shutdown_timeout=shutdown_timeout,
-        policies=policies,
         reuse_port=reuse_port,
     )

@@ -74,7 +74,6 @@ from .frontdoor import (
     DEFAULT_WRITE_GRACE_MS,
     bound_listener,
     engine_arguments,
-    resolved_policies,
 )
 from .host_children import (
     BOOT_ERROR,
@@ -148,7 +147,6 @@ class FrontDoorHost:
         write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
         max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
         shutdown_timeout: float = 5.0,
-        policies: dict[str, Any] | None = None,
         max_requests: int | None = None,
         max_requests_jitter: int = 0,
     ) -> None:
@@ -170,7 +168,7 @@ class FrontDoorHost:
             raise TypeError("give the app or its MODULE:APP spec (app_spec), not both")
         if not shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
-        self.policies = resolved_policies(settings, policies)
+        self.policies = settings.policies()
         self.settings = settings
         self.workers = workers
         self.shutdown_timeout = shutdown_timeout
@@ -178,7 +176,7 @@ class FrontDoorHost:
         timeouts = {"io_timeout_ms": io_timeout_ms, "write_grace_ms": write_grace_ms, "max_io_wait_ms": max_io_wait_ms}
         # The line's limit is the host's: every worker thread is a place; reserved and
         # min_concurrency are checked against that, as one front door checks them against its threads.
-        triage_engine = engine_arguments(settings, self.policies, threads=total, **timeouts)
+        triage_engine = engine_arguments(settings, threads=total, **timeouts)
         listener = bound_listener(host, port, backlog, False)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._plan = Plan(

@@ -342,7 +342,7 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
     _current = host  # before the app's import: its module may register current_host() for metrics
     app = plan.app
     if app is None:
-        from .serve import load_app
+        from .app_loader import load_app
 
         assert plan.app_spec is not None
         try:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import math
 import os
@@ -54,48 +53,21 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any, TextIO
+from typing import TextIO
 
-from ..freethreading import GIL_LOGGER, gil_state, log_gil_state, watch_imports
-from ..headers import checked_ms
-from ..policies import (
-    EXPECTED_SERVICE_QUANTILES,
-    LIMITS,
-    ORDERS,
-    checked_header_name,
-    checked_paths,
-    checked_policy_ms,
-    parse_expected_service_ms,
-)
-from ..proxy_headers import checked_max_upstream_ms, trusted_networks
+from ..freethreading import GIL_LOGGER
 from ..wsgi import WSGIApp
+from .app_loader import load_app, split_app_spec
 from .process_names import name_process
 from .settings import (
-    DEFAULT_QUEUE_PER_THREAD,
-    ENV_CODEL_INTERVAL_MS,
-    ENV_CODEL_TARGET_MS,
-    ENV_CRITICAL_HEADER,
-    ENV_CRITICAL_PATHS,
-    ENV_DEFAULT_BUDGET_MS,
-    ENV_EXPECTED_SERVICE_MS,
-    ENV_HEADER_TIMEOUT_MS,
-    ENV_LIMIT,
-    ENV_MAX_BUDGET_MS,
-    ENV_MAX_QUEUE,
-    ENV_MAX_UPSTREAM_MS,
-    ENV_MIN_CONCURRENCY,
-    ENV_ORDER,
-    ENV_RESERVED,
-    ENV_TRUST_REQUEST_START,
-    ENV_TRUSTED_PROXIES,
-    ENV_YIELD_WHEN_FULL,
     ServerSettings,
-    checked_count,
-    checked_header_timeout_ms,
+    add_setting_arguments,
     resolve_settings,
+    settings_environment,
+    settings_from_arguments,
 )
 
-__all__ = ["SERVERS", "add_serve_arguments", "build_serve_parser", "load_app", "main_serve", "run_serve"]
+__all__ = ["SERVERS", "add_serve_arguments", "build_serve_parser", "main_serve", "run_serve"]
 
 SERVERS = ("waitress", "gunicorn", "cheroot", "werkzeug", "wsgiref", "prazo")
 DEFAULT_SERVER = "waitress"
@@ -105,41 +77,13 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare the options of ``prazo serve`` on ``parser`` (a subparser of the ``prazo`` command)."""
+    """Declare the options of ``prazo serve`` on ``parser`` (a subparser of the ``prazo`` command).
+
+    The command's own (which app, which server, where, how many processes) are
+    here; each server setting's flag is its row in ``settings.SETTINGS``.
+    """
     parser.add_argument("app", metavar="MODULE:APP", help="the WSGI application, e.g. myproject.wsgi:application")
     parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
-    parser.add_argument("--threads", type=int, default=None, metavar="N", help="worker threads (default 4)")
-    parser.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        metavar="M",
-        help=f"requests waiting for a thread (${ENV_MAX_QUEUE}, default {DEFAULT_QUEUE_PER_THREAD} x threads: "
-        f"per worker with gunicorn, x workers in the prazo host's one line)",
-    )
-    parser.add_argument(
-        "--default-budget-ms",
-        type=float,
-        default=None,
-        metavar="B",
-        help=f"budget of a request without a budget header, at most --max-budget-ms "
-        f"(${ENV_DEFAULT_BUDGET_MS}, default 1000, or --max-budget-ms when lower)",
-    )
-    parser.add_argument(
-        "--max-budget-ms",
-        type=float,
-        default=None,
-        metavar="C",
-        help=f"the most any request may ask for (${ENV_MAX_BUDGET_MS}, default 30000)",
-    )
-    parser.add_argument(
-        "--header-timeout-ms",
-        type=float,
-        default=None,
-        metavar="T",
-        help=f"a request head not complete this long after its first byte is answered 408 "
-        f"(${ENV_HEADER_TIMEOUT_MS}, default 5000; not waitress, which reads heads in its I/O thread)",
-    )
     parser.add_argument("--host", default=DEFAULT_HOST, metavar="H", help=f"default {DEFAULT_HOST}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P", help=f"default {DEFAULT_PORT}")
     parser.add_argument(
@@ -169,105 +113,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="prazo --workers: add a random 0..J to each worker's --max-requests, so they are not replaced together",
     )
     parser.add_argument(
-        "--no-yield-when-full",
-        dest="yield_when_full",
-        action="store_false",
-        default=None,
-        help=f"gunicorn -w N: a full worker keeps accepting even while a sibling has room (${ENV_YIELD_WHEN_FULL}=0)",
-    )
-    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
         metavar="S",
         help=f"seconds admitted requests get to finish on SIGTERM (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
-    parser.add_argument(
-        "--trust-request-start",
-        action="store_true",
-        default=None,
-        help=f"take the time queued in a front proxy (X-Request-Start) off the budget (${ENV_TRUST_REQUEST_START})",
-    )
-    parser.add_argument(
-        "--trusted-proxy",
-        action="append",
-        default=None,
-        metavar="ADDR",
-        help=f"only from this proxy address or network; repeatable (${ENV_TRUSTED_PROXIES})",
-    )
-    parser.add_argument(
-        "--max-upstream-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help=f"cap of that correction (${ENV_MAX_UPSTREAM_MS}, default 5000)",
-    )
-    _add_policy_arguments(parser)
-
-
-def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The queue-policy options (docs/design.md; ``AdmissionQueue``'s keywords)."""
-    parser.add_argument(
-        "--order",
-        choices=ORDERS,
-        default=None,
-        help=f"who waits: fifo (default), lifo, or adaptive (LIFO + CoDel shedding) (${ENV_ORDER})",
-    )
-    parser.add_argument(
-        "--codel-target-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help=f"--order adaptive: the longest wait while the line stands (${ENV_CODEL_TARGET_MS}, default 5)",
-    )
-    parser.add_argument(
-        "--codel-interval-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help=f"--order adaptive: how long a non-empty line counts as standing (${ENV_CODEL_INTERVAL_MS}, default 100)",
-    )
-    parser.add_argument(
-        "--expected-service-ms",
-        default=None,
-        metavar="MS|PNN",
-        help=f"refuse (504) requests with less budget left than this; a number, or one of "
-        f"{'/'.join(EXPECTED_SERVICE_QUANTILES)} learned live (${ENV_EXPECTED_SERVICE_MS}, default off)",
-    )
-    parser.add_argument(
-        "--limit",
-        choices=LIMITS,
-        default=None,
-        help=f"fixed (default: --threads) or vegas (adaptive, between --min-concurrency and --threads) (${ENV_LIMIT})",
-    )
-    parser.add_argument(
-        "--min-concurrency",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"floor of the vegas limit (${ENV_MIN_CONCURRENCY}, default 1)",
-    )
-    parser.add_argument(
-        "--reserved",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"threads only critical requests use (${ENV_RESERVED}, default 0)",
-    )
-    parser.add_argument(
-        "--critical-header",
-        default=None,
-        metavar="NAME",
-        help=f"a request is critical when this header says 'critical'; clients can send it, so only behind "
-        f"a proxy that strips it (${ENV_CRITICAL_HEADER})",
-    )
-    parser.add_argument(
-        "--critical-path",
-        action="append",
-        default=None,
-        metavar="PATH",
-        help=f"a path whose requests are critical, e.g. /healthz; repeatable (${ENV_CRITICAL_PATHS}, comma-separated)",
-    )
+    add_setting_arguments(parser)
 
 
 def build_serve_parser(prog: str = "prazo serve") -> argparse.ArgumentParser:
@@ -275,37 +127,6 @@ def build_serve_parser(prog: str = "prazo serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n", 1)[0] if __doc__ else None)
     add_serve_arguments(parser)
     return parser
-
-
-def split_app_spec(spec: str) -> tuple[str, str]:
-    """``MODULE:APP`` as its two parts; ``ValueError`` when it is not of that shape."""
-    module_name, colon, attribute = spec.partition(":")
-    if not colon or not module_name or not attribute:
-        raise ValueError(f"app must look like MODULE:APP, got {spec!r}")
-    return module_name, attribute
-
-
-def load_app(spec: str) -> WSGIApp:
-    """Import ``module:attribute`` (dotted attributes allowed) from the current directory or ``sys.path``."""
-    module_name, attribute = split_app_spec(spec)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        # On a free-threaded CPython an extension the app imports may turn the GIL on for
-        # every thread: which one is logged once the app is loaded (prazo.bindings.freethreading).
-        with watch_imports() as enabled_gil:
-            target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
-    log_gil_state(gil_state(tuple(enabled_gil)), spec)
-    for name in attribute.split("."):
-        try:
-            target = getattr(target, name)
-        except AttributeError:
-            raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
-    if not callable(target):
-        raise TypeError(f"{spec} is not a WSGI callable (got {type(target).__name__})")
-    return target  # type: ignore[no-any-return]
 
 
 def _server_version(server: str) -> str:
@@ -504,7 +325,7 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
 
     # The worker processes read their limits from the environment, as they do
     # when gunicorn is started by hand.
-    os.environ.update(_settings_environment(settings))
+    os.environ.update(settings_environment(settings))
     # Bound here, so the startup line names the real port (also with --port 0);
     # gunicorn takes the listening socket over as fd://N.
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -537,30 +358,6 @@ def _serve_gunicorn(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
     return 0
 
 
-def _settings_environment(settings: ServerSettings) -> dict[str, str]:
-    environment = {
-        ENV_MAX_QUEUE: str(settings.max_queue),
-        ENV_DEFAULT_BUDGET_MS: repr(settings.default_budget_ms),
-        ENV_MAX_BUDGET_MS: repr(settings.max_budget_ms),
-        ENV_TRUST_REQUEST_START: "1" if settings.trust_request_start else "0",
-        ENV_MAX_UPSTREAM_MS: repr(settings.max_upstream_ms),
-        ENV_HEADER_TIMEOUT_MS: repr(settings.header_timeout_ms),
-        ENV_YIELD_WHEN_FULL: "1" if settings.yield_when_full else "0",
-        ENV_ORDER: settings.order,
-        ENV_CODEL_TARGET_MS: repr(settings.codel_target_ms),
-        ENV_CODEL_INTERVAL_MS: repr(settings.codel_interval_ms),
-        ENV_EXPECTED_SERVICE_MS: "" if settings.expected_service_ms is None else str(settings.expected_service_ms),
-        ENV_LIMIT: settings.limit,
-        ENV_MIN_CONCURRENCY: str(settings.min_concurrency),
-        ENV_RESERVED: str(settings.reserved),
-        ENV_CRITICAL_HEADER: settings.critical_header or "",
-        ENV_CRITICAL_PATHS: ",".join(settings.critical_paths),
-    }
-    if settings.trusted_proxies is not None:
-        environment[ENV_TRUSTED_PROXIES] = ",".join(settings.trusted_proxies)
-    return environment
-
-
 _RUNNERS: dict[str, Callable[[WSGIApp, argparse.Namespace, ServerSettings, TextIO], int]] = {
     "waitress": _serve_waitress,
     "gunicorn": _serve_gunicorn,
@@ -572,22 +369,17 @@ _RUNNERS: dict[str, Callable[[WSGIApp, argparse.Namespace, ServerSettings, TextI
 
 
 def _check(args: argparse.Namespace) -> ServerSettings:
-    """Validate what argparse cannot; ``ValueError``/``TypeError`` name the option."""
+    """The settings the options give; ``ValueError``/``TypeError`` name the option.
+
+    Each setting's flag is checked by its row of ``settings.SETTINGS``; what
+    depends on several (--reserved < --threads, CoDel only with --order
+    adaptive, --default-budget-ms <= --max-budget-ms) by ``ServerSettings``,
+    whose errors name the flags too. Here: the command's own options.
+    """
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    # The limits ServerSettings checks too, but under their field names: on the
-    # command line an error names the flag, as every other one here does.
-    if args.threads is not None:
-        checked_count(args.threads, "--threads", 1)
-    if args.max_queue is not None:
-        checked_count(args.max_queue, "--max-queue", 0)
-    for flag, value in (("--default-budget-ms", args.default_budget_ms), ("--max-budget-ms", args.max_budget_ms)):
-        if value is not None:
-            checked_ms(value, flag, positive=True)
-    if args.header_timeout_ms is not None:
-        checked_header_timeout_ms(args.header_timeout_ms, "--header-timeout-ms")
     if args.workers != 1 and args.server not in ("gunicorn", "prazo"):
         raise ValueError("--workers is for --server gunicorn or prazo only (the other servers run one process)")
     if args.preload and (args.server != "prazo" or args.workers == 1):
@@ -604,49 +396,8 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    # Checked whether or not --trust-request-start is given: a typo must fail
-    # now, not the day someone turns trust on.
-    trusted_networks(args.trusted_proxy, "--trusted-proxy")
-    if args.max_upstream_ms is not None:
-        checked_max_upstream_ms(args.max_upstream_ms, "--max-upstream-ms")
-    for flag, value in (("--codel-target-ms", args.codel_target_ms), ("--codel-interval-ms", args.codel_interval_ms)):
-        if value is not None:
-            checked_policy_ms(value, flag)
-    expected_service_ms = (
-        None
-        if args.expected_service_ms is None
-        else parse_expected_service_ms(args.expected_service_ms, "--expected-service-ms")
-    )
-    if args.min_concurrency is not None and args.min_concurrency < 1:
-        raise ValueError(f"--min-concurrency must be >= 1, got {args.min_concurrency}")
-    if args.reserved is not None and args.reserved < 0:
-        raise ValueError(f"--reserved must be >= 0, got {args.reserved}")
-    if args.critical_header is not None:
-        checked_header_name(args.critical_header, "--critical-header")
-    if args.critical_path is not None:
-        checked_paths(args.critical_path, "--critical-path")
-    # What depends on other options (--reserved < --threads, CoDel only with
-    # --order adaptive, --default-budget-ms <= --max-budget-ms) is checked by
-    # ServerSettings, whose errors name the flags too.
     settings = resolve_settings(
-        threads=args.threads,
-        max_queue=args.max_queue,
-        default_budget_ms=args.default_budget_ms,
-        max_budget_ms=args.max_budget_ms,
-        trust_request_start=args.trust_request_start,
-        trusted_proxies=args.trusted_proxy,
-        max_upstream_ms=args.max_upstream_ms,
-        header_timeout_ms=args.header_timeout_ms,
-        yield_when_full=args.yield_when_full,
-        order=args.order,
-        codel_target_ms=args.codel_target_ms,
-        codel_interval_ms=args.codel_interval_ms,
-        expected_service_ms=expected_service_ms,
-        limit=args.limit,
-        min_concurrency=args.min_concurrency,
-        reserved=args.reserved,
-        critical_header=args.critical_header,
-        critical_paths=args.critical_path,
+        **settings_from_arguments(args),
         # A front-door host has one line for all its workers: reserved places and the default queue count them all.
         host_workers=args.workers if args.server == "prazo" else None,
     )

@@ -1,31 +1,34 @@
-"""``ServerSettings`` / ``resolve_settings``: the limits of a server embedding.
+"""``ServerSettings`` / ``resolve_settings``: the limits of a server embedding, each declared once.
 
-Threads, queue size, budgets, the header timeout and the queue policies, from
-arguments or the environment (``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
-``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``,
-``PRAZO_TRUST_REQUEST_START``, ``PRAZO_TRUSTED_PROXIES``,
-``PRAZO_MAX_UPSTREAM_MS``, ``PRAZO_YIELD_WHEN_FULL``, ``PRAZO_ORDER``, ``PRAZO_CODEL_TARGET_MS``,
-``PRAZO_CODEL_INTERVAL_MS``, ``PRAZO_EXPECTED_SERVICE_MS``, ``PRAZO_LIMIT``,
-``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``, ``PRAZO_CRITICAL_HEADER``,
-``PRAZO_CRITICAL_PATHS``); explicit arguments win over the environment.
+``SETTINGS`` is the table: one ``Setting`` per field of ``ServerSettings``,
+with its ``prazo serve`` flag, its ``PRAZO_*`` environment variable, how a
+flag's or a variable's text becomes a value, the check every value passes
+(whichever way it came in), and its help. Everything else is read from it:
+``resolve_settings`` (arguments, then variables, then the defaults),
+``ServerSettings``' own checks, ``prazo serve``'s parser
+(``add_setting_arguments``, ``settings_from_arguments``), the environment a
+parent hands its worker processes (``settings_environment``) and the
+configuration reference (docs/_ext). A new setting is one field and one row.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
-import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prazo.core import IMPLEMENTATION
-from prazo.core.arguments import checked_count, env_flag
+from prazo.core.arguments import checked_count, parse_flag
 
-from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
+from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits, checked_ms
 from ..policies import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
+    EXPECTED_SERVICE_QUANTILES,
     LIMITS,
     ORDERS,
     POLICY_DEFAULTS,
@@ -37,12 +40,7 @@ from ..policies import (
     checked_policy_ms,
     parse_expected_service_ms,
 )
-from ..proxy_headers import (
-    DEFAULT_MAX_UPSTREAM_MS,
-    FrontProxyBudgetPolicy,
-    checked_max_upstream_ms,
-    trusted_networks,
-)
+from ..proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy, checked_max_upstream_ms, trusted_networks
 
 __all__ = [
     "DEFAULT_BUDGET_MS",
@@ -50,62 +48,16 @@ __all__ = [
     "DEFAULT_MAX_BUDGET_MS",
     "DEFAULT_QUEUE_PER_THREAD",
     "DEFAULT_THREADS",
-    "ENV_CODEL_INTERVAL_MS",
-    "ENV_CODEL_TARGET_MS",
-    "ENV_CRITICAL_HEADER",
-    "ENV_CRITICAL_PATHS",
-    "ENV_DEFAULT_BUDGET_MS",
-    "ENV_EXPECTED_SERVICE_MS",
-    "ENV_HEADER_TIMEOUT_MS",
-    "ENV_LIMIT",
-    "ENV_MAX_BUDGET_MS",
-    "ENV_MAX_QUEUE",
-    "ENV_MAX_UPSTREAM_MS",
-    "ENV_MIN_CONCURRENCY",
-    "ENV_ORDER",
-    "ENV_RESERVED",
-    "ENV_TRUSTED_PROXIES",
-    "ENV_TRUST_REQUEST_START",
-    "ENV_YIELD_WHEN_FULL",
-    "POLICY_FLAGS",
+    "SETTINGS",
     "ServerSettings",
-    "checked_count",
-    "checked_header_timeout_ms",
+    "Setting",
+    "add_setting_arguments",
+    "default_text",
     "resolve_settings",
+    "setting",
+    "settings_environment",
+    "settings_from_arguments",
 ]
-
-ENV_MAX_QUEUE = "PRAZO_MAX_QUEUE"
-ENV_DEFAULT_BUDGET_MS = "PRAZO_DEFAULT_BUDGET_MS"
-ENV_MAX_BUDGET_MS = "PRAZO_MAX_BUDGET_MS"
-ENV_TRUST_REQUEST_START = "PRAZO_TRUST_REQUEST_START"
-ENV_TRUSTED_PROXIES = "PRAZO_TRUSTED_PROXIES"
-ENV_MAX_UPSTREAM_MS = "PRAZO_MAX_UPSTREAM_MS"
-ENV_HEADER_TIMEOUT_MS = "PRAZO_HEADER_TIMEOUT_MS"
-ENV_YIELD_WHEN_FULL = "PRAZO_YIELD_WHEN_FULL"
-ENV_ORDER = "PRAZO_ORDER"
-ENV_CODEL_TARGET_MS = "PRAZO_CODEL_TARGET_MS"
-ENV_CODEL_INTERVAL_MS = "PRAZO_CODEL_INTERVAL_MS"
-ENV_EXPECTED_SERVICE_MS = "PRAZO_EXPECTED_SERVICE_MS"
-ENV_LIMIT = "PRAZO_LIMIT"
-ENV_MIN_CONCURRENCY = "PRAZO_MIN_CONCURRENCY"
-ENV_RESERVED = "PRAZO_RESERVED"
-ENV_CRITICAL_HEADER = "PRAZO_CRITICAL_HEADER"
-ENV_CRITICAL_PATHS = "PRAZO_CRITICAL_PATHS"
-
-#: Each queue-policy field of ``ServerSettings``: its ``prazo serve`` flag and
-#: its environment variable. Errors name all three, so whichever way a value
-#: came in, the message says where to fix it.
-POLICY_FLAGS: dict[str, tuple[str, str]] = {
-    "order": ("--order", ENV_ORDER),
-    "codel_target_ms": ("--codel-target-ms", ENV_CODEL_TARGET_MS),
-    "codel_interval_ms": ("--codel-interval-ms", ENV_CODEL_INTERVAL_MS),
-    "expected_service_ms": ("--expected-service-ms", ENV_EXPECTED_SERVICE_MS),
-    "limit": ("--limit", ENV_LIMIT),
-    "min_concurrency": ("--min-concurrency", ENV_MIN_CONCURRENCY),
-    "reserved": ("--reserved", ENV_RESERVED),
-    "critical_header": ("--critical-header", ENV_CRITICAL_HEADER),
-    "critical_paths": ("--critical-path", ENV_CRITICAL_PATHS),
-}
 
 DEFAULT_THREADS = 4
 # Without an explicit size the line holds four requests per worker: with a
@@ -118,85 +70,194 @@ DEFAULT_MAX_BUDGET_MS = 30000.0
 # slow-loris client keeps open for free.
 DEFAULT_HEADER_TIMEOUT_MS = 5000.0
 
-
-def _env_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
-    return value
-
-
 _log = logging.getLogger("prazo.settings")
 
+# -- how a flag's or a variable's text becomes a value (the check comes after) --------------------
 
-def _env_ms(environ: Mapping[str, str], name: str) -> float | None:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
+
+def _integer(text: str, name: str) -> int:
     try:
-        value = float(raw.strip())
+        return int(text.strip(), 10)
     except ValueError:
-        raise ValueError(f"{name} must be a number of milliseconds, got {raw!r}") from None
-    if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {raw!r}")
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _milliseconds(text: str, name: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a number of milliseconds, got {text!r}") from None
+
+
+def _word(text: str, name: str) -> str:
+    return text.strip().lower()
+
+
+def _name(text: str, name: str) -> str:
+    return text.strip()
+
+
+def _comma_list(text: str, name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+# -- the checks every value passes, whichever way it came in (errors name ``name``) ----------------
+
+
+def _count(minimum: int) -> Callable[[Any, str], int]:
+    return lambda value, name: checked_count(value, name, minimum)
+
+
+def _budget_ms(value: Any, name: str) -> float:
+    return checked_ms(value, name, positive=True)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
+    return lambda value, name: checked_choice(value, name, choices)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
     return value
 
 
-def _env_codel_ms(env: Mapping[str, str], name: str, order: str | None) -> float | None:
-    """A CoDel variable, or None when the order is not adaptive: then it is ignored, with a warning.
+def _proxies(value: Any, name: str) -> tuple[str, ...] | None:
+    trusted_networks(value, name)
+    return None if value is None else tuple(value)
 
-    One environment file is often shared by several services, some without
-    ``--order adaptive``; a variable that does not apply must not stop them.
-    The flags stay strict (``ServerSettings`` refuses them without adaptive
-    order), and a malformed value is an error whatever the order.
+
+def _optional_header_name(value: Any, name: str) -> str | None:
+    return None if value is None else checked_header_name(value, name)
+
+
+def _paths(value: Any, name: str) -> tuple[str, ...]:
+    return checked_paths(value, name)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of ``ServerSettings``, declared once: everything that reads or writes it uses this row.
+
+    ``check(value, name)`` returns the value checked (``TypeError``/``ValueError``
+    naming ``name``): a field, an argument, a flag or a variable, named as the
+    user wrote it. ``parse(text, name)`` turns a flag's or a variable's text
+    into a value for ``check``. ``kind``: ``"value"``, ``"list"`` (a repeatable
+    flag; a comma-separated variable), ``"on"`` (a flag that switches it on)
+    or ``"off"`` (a flag that switches it off; both variables say 1/0).
     """
-    value = _env_ms(env, name)
-    if value is not None and order != "adaptive":
-        _log.warning("%s=%s ignored: it only applies with order 'adaptive' (--order adaptive)", name, env[name])
-        return None
-    return value
+
+    field: str
+    check: Callable[[Any, str], Any]
+    help: str
+    flag: str | None = None
+    env: str | None = None
+    parse: Callable[[str, str], Any] = _name
+    kind: str = "value"
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    #: What the configuration reference says of a default computed at resolve time, or absent.
+    default_text: str | None = None
+    #: Only with ``order="adaptive"``: a variable is then ignored (with a warning) under another order.
+    adaptive_only: bool = False
+
+    @property
+    def label(self) -> str:
+        """The field, its flag and its variable: how an error about several settings names this one."""
+        where = ", ".join(part for part in (self.flag, None if self.env is None else f"${self.env}") if part)
+        return f"{self.field} ({where})" if where else self.field
+
+    def from_text(self, text: str, name: str) -> Any:
+        """The value a flag's or a variable's ``text`` says, checked; errors name ``name``."""
+        if self.kind in ("on", "off"):
+            return parse_flag(text, name)
+        if self.kind == "list":
+            return self.check(_comma_list(text, name), name)
+        return self.check(self.parse(text, name), name)
+
+    def from_environment(self, environ: Mapping[str, str]) -> Any:
+        """The value of this setting's variable in ``environ``; None when it has none or it is blank."""
+        raw = None if self.env is None else environ.get(self.env)
+        if raw is None or raw.strip() == "":
+            return None
+        return self.from_text(raw, self.env or self.field)
+
+    def environment_text(self, value: Any) -> str:
+        """``value`` as this setting's variable spells it (blank for None: the variable then says nothing)."""
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, tuple):
+            return ",".join(value)
+        return repr(value) if isinstance(value, float) else str(value)
 
 
-def _env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...] | None:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
+SETTINGS: tuple[Setting, ...] = (
+    Setting("threads", _count(1), "worker threads", flag="--threads", parse=_integer, metavar="N",
+            default_text=str(DEFAULT_THREADS)),
+    Setting("max_queue", _count(0),
+            f"requests waiting for a thread (default {DEFAULT_QUEUE_PER_THREAD} x threads: per worker with gunicorn, "
+            "x workers in the prazo host's one line)",
+            flag="--max-queue", env="PRAZO_MAX_QUEUE", parse=_integer, metavar="M",
+            default_text=f"{DEFAULT_QUEUE_PER_THREAD} × threads"),
+    Setting("default_budget_ms", _budget_ms,
+            "budget of a request without a budget header, at most --max-budget-ms",
+            flag="--default-budget-ms", env="PRAZO_DEFAULT_BUDGET_MS", parse=_milliseconds, metavar="B",
+            default_text="1000, or --max-budget-ms when lower"),
+    Setting("max_budget_ms", _budget_ms, "the most any request may ask for",
+            flag="--max-budget-ms", env="PRAZO_MAX_BUDGET_MS", parse=_milliseconds, metavar="C"),
+    Setting("trust_request_start", _bool,
+            "take the time queued in a front proxy (X-Request-Start) off the budget",
+            flag="--trust-request-start", env="PRAZO_TRUST_REQUEST_START", kind="on"),
+    Setting("max_upstream_ms", checked_max_upstream_ms,
+            "cap of that correction", flag="--max-upstream-ms", env="PRAZO_MAX_UPSTREAM_MS",
+            parse=_milliseconds, metavar="MS"),
+    Setting("trusted_proxies", _proxies, "only from this proxy address or network",
+            flag="--trusted-proxy", env="PRAZO_TRUSTED_PROXIES", kind="list", metavar="ADDR",
+            default_text="any peer"),
+    Setting("header_timeout_ms", checked_policy_ms,
+            "a request head not complete this long after its first byte is answered 408 (not waitress, "
+            "which reads heads in its I/O thread)",
+            flag="--header-timeout-ms", env="PRAZO_HEADER_TIMEOUT_MS", parse=_milliseconds, metavar="T"),
+    Setting("yield_when_full", _bool, "gunicorn -w N: a full worker keeps accepting even while a sibling has room",
+            flag="--no-yield-when-full", env="PRAZO_YIELD_WHEN_FULL", kind="off"),
+    Setting("order", _choice(ORDERS), "who waits: fifo, lifo, or adaptive (LIFO + CoDel shedding)",
+            flag="--order", env="PRAZO_ORDER", parse=_word, choices=ORDERS),
+    Setting("codel_target_ms", checked_policy_ms, "--order adaptive: the longest wait while the line stands",
+            flag="--codel-target-ms", env="PRAZO_CODEL_TARGET_MS", parse=_milliseconds, metavar="MS",
+            adaptive_only=True),
+    Setting("codel_interval_ms", checked_policy_ms, "--order adaptive: how long a non-empty line counts as standing",
+            flag="--codel-interval-ms", env="PRAZO_CODEL_INTERVAL_MS", parse=_milliseconds, metavar="MS",
+            adaptive_only=True),
+    Setting("expected_service_ms", checked_expected_service_ms,
+            f"refuse (504) requests with less budget left than this; a number, or one of "
+            f"{'/'.join(EXPECTED_SERVICE_QUANTILES)} learned live",
+            flag="--expected-service-ms", env="PRAZO_EXPECTED_SERVICE_MS", parse=parse_expected_service_ms,
+            metavar="MS|PNN", default_text="off"),
+    Setting("limit", _choice(LIMITS), "fixed (--threads) or vegas (adaptive, between --min-concurrency and --threads)",
+            flag="--limit", env="PRAZO_LIMIT", parse=_word, choices=LIMITS),
+    Setting("min_concurrency", _count(1), "floor of the vegas limit",
+            flag="--min-concurrency", env="PRAZO_MIN_CONCURRENCY", parse=_integer, metavar="N"),
+    Setting("reserved", _count(0), "threads only critical requests use",
+            flag="--reserved", env="PRAZO_RESERVED", parse=_integer, metavar="N"),
+    Setting("critical_header", _optional_header_name,
+            "a request is critical when this header says 'critical'; clients can send it, so only behind a proxy "
+            "that strips it",
+            flag="--critical-header", env="PRAZO_CRITICAL_HEADER", metavar="NAME", default_text="none"),
+    Setting("critical_paths", _paths, "a path whose requests are critical, e.g. /healthz",
+            flag="--critical-path", env="PRAZO_CRITICAL_PATHS", kind="list", metavar="PATH", default_text="none"),
+    Setting("host_workers", _count(1),
+            "a front-door host's worker processes, each of threads threads behind its one line "
+            "(prazo serve --server prazo --workers N)"),
+)  # fmt: skip
+
+_BY_FIELD = {row.field: row for row in SETTINGS}
 
 
-# The other fields whose errors name their flag and variable: those checked against another field.
-_LABELLED = {
-    **POLICY_FLAGS,
-    "default_budget_ms": ("--default-budget-ms", ENV_DEFAULT_BUDGET_MS),
-    "max_budget_ms": ("--max-budget-ms", ENV_MAX_BUDGET_MS),
-}
-
-
-def _label(field: str) -> str:
-    flag, env = _LABELLED[field]
-    return f"{field} ({flag}, ${env})"
-
-
-def checked_header_timeout_ms(value: object, name: str = "header_timeout_ms") -> float:
-    """A header timeout: a finite number of milliseconds > 0; ``TypeError``/``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-    if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {value!r}")
-    return float(value)
-
-
-def _env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str | None:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    return checked_choice(raw.strip().lower(), name, choices)
+def setting(field: str) -> Setting:
+    """The row of ``field`` in ``SETTINGS``."""
+    return _BY_FIELD[field]
 
 
 @dataclass(frozen=True)
@@ -220,6 +281,7 @@ class ServerSettings:
     gives those that differ. A request is critical (served first, may use the
     ``reserved`` slots) when its path is one of ``critical_paths`` or its
     ``critical_header`` says ``critical``; ``classifier()`` decides it.
+    Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
     threads: int
@@ -243,50 +305,32 @@ class ServerSettings:
     host_workers: int = 1
 
     def __post_init__(self) -> None:
-        checked_count(self.threads, "threads", 1)
-        checked_count(self.host_workers, "host_workers", 1)
-        checked_count(self.max_queue, "max_queue", 0)
-        checked_header_timeout_ms(self.header_timeout_ms)
-        if not isinstance(self.trust_request_start, bool):
-            raise TypeError(f"trust_request_start must be a bool, not {type(self.trust_request_start).__name__}")
-        if not isinstance(self.yield_when_full, bool):
-            raise TypeError(f"yield_when_full must be a bool, not {type(self.yield_when_full).__name__}")
-        # Building the policy validates the budgets; the front-proxy options are
-        # checked even while trust is off, so a bad value fails at start-up.
-        self.policy()
-        # The policy would cap such a default silently: whichever way the two came in, name both.
+        for row in SETTINGS:
+            row.check(getattr(self, row.field), row.field)
+        if not isinstance(self.critical_paths, tuple):
+            raise TypeError(f"critical_paths must be a tuple of paths, not {type(self.critical_paths).__name__}")
+        # What depends on another field names each one's flag and variable: either may be the mistake.
         budget_limits(
-            self.default_budget_ms, self.max_budget_ms, (_label("default_budget_ms"), _label("max_budget_ms"))
+            self.default_budget_ms,
+            self.max_budget_ms,
+            (setting("default_budget_ms").label, setting("max_budget_ms").label),
         )
-        checked_max_upstream_ms(self.max_upstream_ms)
-        trusted_networks(self.trusted_proxies)
-        self._check_policies()
-
-    def _check_policies(self) -> None:
-        """The queue-policy fields, each error naming the field, its flag and its variable."""
-        checked_choice(self.order, _label("order"), ORDERS)
-        for field in ("codel_target_ms", "codel_interval_ms"):
-            value = checked_policy_ms(getattr(self, field), _label(field))
-            # The queue refuses a CoDel setting that would do nothing: say so at start-up.
-            if self.order != "adaptive" and value != POLICY_DEFAULTS[field]:
-                raise ValueError(f"{_label(field)} only applies with order 'adaptive' (--order adaptive)")
-        checked_expected_service_ms(self.expected_service_ms, _label("expected_service_ms"))
-        checked_choice(self.limit, _label("limit"), LIMITS)
+        for row in SETTINGS:
+            if (
+                row.adaptive_only
+                and self.order != "adaptive"
+                and getattr(self, row.field) != POLICY_DEFAULTS[row.field]
+            ):
+                # The queue refuses a CoDel setting that would do nothing: say so at start-up.
+                raise ValueError(f"{row.label} only applies with order 'adaptive' (--order adaptive)")
         # Both count the places behind the line: a front-door host's are all its workers' threads.
         places = "threads" if self.host_workers == 1 else "threads x workers"
-        checked_count(self.min_concurrency, _label("min_concurrency"), 1)
         if self.min_concurrency > self.places:
             raise ValueError(
-                f"{_label('min_concurrency')} must be <= {places} ({self.places}), got {self.min_concurrency}"
+                f"{setting('min_concurrency').label} must be <= {places} ({self.places}), got {self.min_concurrency}"
             )
-        checked_count(self.reserved, _label("reserved"), 0)
         if self.reserved >= self.places:
-            raise ValueError(f"{_label('reserved')} must be < {places} ({self.places}), got {self.reserved}")
-        if self.critical_header is not None:
-            checked_header_name(self.critical_header, _label("critical_header"))
-        if not isinstance(self.critical_paths, tuple):
-            raise TypeError(f"{_label('critical_paths')} must be a tuple of paths")
-        checked_paths(self.critical_paths, _label("critical_paths"))
+            raise ValueError(f"{setting('reserved').label} must be < {places} ({self.places}), got {self.reserved}")
 
     @property
     def places(self) -> int:
@@ -309,12 +353,16 @@ class ServerSettings:
             )
         return BudgetPolicy(self.default_budget_ms, self.max_budget_ms)
 
+    def policies(self) -> dict[str, Any]:
+        """Every queue-policy option (``POLICY_DEFAULTS``' keys) with this configuration's value."""
+        return {name: getattr(self, name) for name in POLICY_DEFAULTS}
+
     def queue_options(self) -> dict[str, Any]:
         """The queue-policy keywords for ``AdmissionQueue`` that differ from its defaults."""
         return {
-            name: getattr(self, name)
-            for name, default in POLICY_DEFAULTS.items()
-            if name not in ("critical_header", "critical_paths") and getattr(self, name) != default
+            name: value
+            for name, value in self.policies().items()
+            if name not in ("critical_header", "critical_paths") and value != POLICY_DEFAULTS[name]
         }
 
     def classifier(self) -> CriticalClassifier | None:
@@ -371,113 +419,114 @@ def resolve_settings(
     ``settings``, when given, is returned as it is (the embeddings take either
     a complete ``ServerSettings`` or the individual limits, not both).
 
-    Reads ``PRAZO_MAX_QUEUE``, ``PRAZO_DEFAULT_BUDGET_MS``,
-    ``PRAZO_MAX_BUDGET_MS``, ``PRAZO_HEADER_TIMEOUT_MS``, ``PRAZO_TRUST_REQUEST_START``,
-    ``PRAZO_TRUSTED_PROXIES`` (comma-separated), ``PRAZO_MAX_UPSTREAM_MS``
-    and ``PRAZO_YIELD_WHEN_FULL``
-    from ``environ`` (default ``os.environ``), and the queue policies from
-    ``PRAZO_ORDER``, ``PRAZO_CODEL_TARGET_MS``, ``PRAZO_CODEL_INTERVAL_MS``,
-    ``PRAZO_EXPECTED_SERVICE_MS`` (ms or ``p50``/``p90``/``p95``/``p99``),
-    ``PRAZO_LIMIT``, ``PRAZO_MIN_CONCURRENCY``, ``PRAZO_RESERVED``,
-    ``PRAZO_CRITICAL_HEADER`` and ``PRAZO_CRITICAL_PATHS`` (comma-separated).
-    A malformed variable raises ``ValueError`` naming it. A default budget
-    given nowhere is 1000 ms, or the maximum budget when that is lower; one
-    above the maximum raises ``ValueError`` naming both. ``max_queue``
-    defaults to four per thread (of every worker, on a front-door host:
-    ``host_workers`` processes of ``threads`` threads behind one line).
+    Each setting's variable (``PRAZO_MAX_QUEUE``, ``PRAZO_ORDER``, ...; the
+    table ``SETTINGS``) is read from ``environ`` (default ``os.environ``); a
+    malformed one raises ``ValueError`` naming it. ``PRAZO_CODEL_*`` are
+    ignored, with a warning, unless the order is ``adaptive`` (one
+    environment file often serves several services). A default budget given
+    nowhere is 1000 ms, or the maximum budget when that is lower; one above
+    the maximum raises ``ValueError`` naming both. ``max_queue`` defaults to
+    four per thread (of every worker, on a front-door host: ``host_workers``
+    processes of ``threads`` threads behind one line).
 
     >>> resolve_settings(threads=2, environ={"PRAZO_MAX_QUEUE": "5"}).capacity
     7
     """
+    # The keyword arguments that are settings, by field (all but environ and settings): one per row of SETTINGS.
+    passed = dict(locals())
+    arguments = {name: value for name, value in passed.items() if name in _BY_FIELD}
     if settings is not None:
         if not isinstance(settings, ServerSettings):
             raise TypeError(f"settings must be a ServerSettings, not {type(settings).__name__}")
-        given = (threads, max_queue, default_budget_ms, max_budget_ms, trust_request_start, trusted_proxies)
-        policies = (order, codel_target_ms, codel_interval_ms, expected_service_ms, limit, min_concurrency, reserved)
-        more = (*policies, critical_header, critical_paths, max_upstream_ms, header_timeout_ms, yield_when_full)
-        if any(value is not None for value in (*given, *more, host_workers)):
+        if any(value is not None for value in arguments.values()):
             raise TypeError("pass either settings or the individual limits, not both")
         return settings
     env = os.environ if environ is None else environ
-    threads = DEFAULT_THREADS if threads is None else checked_count(threads, "threads", 1)
-    host_workers = 1 if host_workers is None else checked_count(host_workers, "host_workers", 1)
-    if max_queue is None:
-        max_queue = _env_int(env, ENV_MAX_QUEUE, 0)
-    if max_queue is None:
-        max_queue = DEFAULT_QUEUE_PER_THREAD * threads * host_workers
-    if default_budget_ms is None:
-        default_budget_ms = _env_ms(env, ENV_DEFAULT_BUDGET_MS)
-    if max_budget_ms is None:
-        max_budget_ms = _env_ms(env, ENV_MAX_BUDGET_MS)
-    if default_budget_ms is None and max_budget_ms is not None:
+    values: dict[str, Any] = {}
+    for row in SETTINGS:
+        given = arguments[row.field]
+        if given is not None:
+            values[row.field] = row.check(given, row.field)
+            continue
+        from_env = row.from_environment(env)
+        if from_env is not None and row.adaptive_only and values.get("order") != "adaptive":
+            # A variable that does not apply must not stop a service that shares the file; a flag or
+            # an argument stays strict (ServerSettings refuses it).
+            _log.warning(
+                "%s=%s ignored: it only applies with order 'adaptive' (--order adaptive)",
+                row.env,
+                env.get(row.env or ""),
+            )
+            continue
+        if from_env is not None:
+            values[row.field] = from_env
+    values.setdefault("threads", DEFAULT_THREADS)
+    places = values["threads"] * values.get("host_workers", 1)
+    values.setdefault("max_queue", DEFAULT_QUEUE_PER_THREAD * places)
+    if "default_budget_ms" not in values and "max_budget_ms" in values:
         # Only a maximum given: the default comes down to it (what the policy would grant anyway).
-        default_budget_ms, _ = budget_limits(None, max_budget_ms)
-    if trust_request_start is None:
-        trust_request_start = env_flag(env, ENV_TRUST_REQUEST_START)
-    if max_upstream_ms is None:
-        max_upstream_ms = _env_ms(env, ENV_MAX_UPSTREAM_MS)
-    if header_timeout_ms is None:
-        header_timeout_ms = _env_ms(env, ENV_HEADER_TIMEOUT_MS)
-    if yield_when_full is None:
-        yield_when_full = env_flag(env, ENV_YIELD_WHEN_FULL)
-    if order is None:
-        order = _env_choice(env, ENV_ORDER, ORDERS)
-    if codel_target_ms is None:
-        codel_target_ms = _env_codel_ms(env, ENV_CODEL_TARGET_MS, order)
-    if codel_interval_ms is None:
-        codel_interval_ms = _env_codel_ms(env, ENV_CODEL_INTERVAL_MS, order)
-    if expected_service_ms is None:
-        raw = env.get(ENV_EXPECTED_SERVICE_MS, "")
-        expected_service_ms = parse_expected_service_ms(raw, ENV_EXPECTED_SERVICE_MS) if raw.strip() else None
-    if limit is None:
-        limit = _env_choice(env, ENV_LIMIT, LIMITS)
-    if min_concurrency is None:
-        min_concurrency = _env_int(env, ENV_MIN_CONCURRENCY, 1)
-    if reserved is None:
-        reserved = _env_int(env, ENV_RESERVED, 0)
-    if critical_header is None:
-        critical_header = (env.get(ENV_CRITICAL_HEADER) or "").strip() or None
-        if critical_header is not None:
-            checked_header_name(critical_header, ENV_CRITICAL_HEADER)
-    paths: tuple[str, ...]
-    if critical_paths is None:
-        paths = checked_paths(_env_list(env, ENV_CRITICAL_PATHS) or (), ENV_CRITICAL_PATHS)
-    else:
-        paths = checked_paths(critical_paths, "critical_paths")
-    # The policies not given anywhere keep ServerSettings' defaults.
-    policies_given: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("order", order),
-            ("codel_target_ms", codel_target_ms),
-            ("codel_interval_ms", codel_interval_ms),
-            ("expected_service_ms", expected_service_ms),
-            ("limit", limit),
-            ("min_concurrency", min_concurrency),
-            ("reserved", reserved),
-        )
-        if value is not None
-    }
-    proxies: tuple[str, ...] | None
-    if trusted_proxies is None:
-        proxies = _env_list(env, ENV_TRUSTED_PROXIES)
-        trusted_networks(proxies, ENV_TRUSTED_PROXIES)
-    elif isinstance(trusted_proxies, (str, bytes)):
-        raise TypeError("trusted_proxies must be an iterable of addresses or networks, not a single string")
-    else:
-        proxies = tuple(trusted_proxies)
-    return ServerSettings(
-        threads=threads,
-        max_queue=max_queue,
-        default_budget_ms=DEFAULT_BUDGET_MS if default_budget_ms is None else default_budget_ms,
-        max_budget_ms=DEFAULT_MAX_BUDGET_MS if max_budget_ms is None else max_budget_ms,
-        trust_request_start=False if trust_request_start is None else trust_request_start,
-        max_upstream_ms=DEFAULT_MAX_UPSTREAM_MS if max_upstream_ms is None else max_upstream_ms,
-        trusted_proxies=proxies,
-        header_timeout_ms=DEFAULT_HEADER_TIMEOUT_MS if header_timeout_ms is None else header_timeout_ms,
-        yield_when_full=True if yield_when_full is None else yield_when_full,
-        critical_header=critical_header,
-        critical_paths=paths,
-        host_workers=host_workers,
-        **policies_given,
-    )
+        values["default_budget_ms"], _ = budget_limits(None, values["max_budget_ms"])
+    return ServerSettings(**values)
+
+
+def settings_environment(settings: ServerSettings) -> dict[str, str]:
+    """The ``PRAZO_*`` variables that make ``resolve_settings`` in another process give ``settings`` again.
+
+    Settings with no variable (``threads``, ``host_workers``) are passed another way (gunicorn's ``--threads``).
+    """
+    return {row.env: row.environment_text(getattr(settings, row.field)) for row in SETTINGS if row.env is not None}
+
+
+def default_text(row: Setting) -> str | None:
+    """What a reader is told of ``row``'s default: its ``default_text``, else the field's default; None if none."""
+    if row.default_text is not None:
+        return row.default_text
+    default = _FIELD_DEFAULTS.get(row.field, dataclasses.MISSING)
+    if default is dataclasses.MISSING:
+        return None
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    return str(default)
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare each setting's flag on ``parser`` (``prazo serve``); ``settings_from_arguments`` checks the values."""
+    for row in SETTINGS:
+        if row.flag is None:
+            continue
+        notes = [f"${row.env}"] if row.env is not None else []
+        if row.kind == "list":
+            notes.append("repeatable" + (", the variable comma-separated" if row.env else ""))
+        shown = default_text(row)
+        if shown is not None and row.kind not in ("on", "off"):
+            notes.append(f"default {shown}")
+        options: dict[str, Any] = {"dest": row.field, "default": None, "help": f"{row.help} ({'; '.join(notes)})"}
+        if row.kind in ("on", "off"):
+            options["action"] = "store_true" if row.kind == "on" else "store_false"
+        else:
+            options.update(metavar=row.metavar, choices=row.choices)
+            if row.kind == "list":
+                options["action"] = "append"
+        parser.add_argument(row.flag, **options)
+
+
+_FIELD_DEFAULTS = {
+    field.name: field.default
+    for field in dataclasses.fields(ServerSettings)
+    if field.default is not dataclasses.MISSING
+}
+
+
+def settings_from_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings ``prazo serve``'s flags gave (``add_setting_arguments``), checked, each error naming its flag."""
+    values = {}
+    for row in SETTINGS:
+        given = None if row.flag is None else getattr(args, row.field)
+        if given is None:
+            continue
+        # A value flag's text is parsed; a switch's bool and a repeatable flag's list are checked as they are.
+        flag = row.flag or row.field
+        values[row.field] = row.from_text(given, flag) if isinstance(given, str) else row.check(given, flag)
+    return values

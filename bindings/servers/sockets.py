@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .settings import checked_count
+from prazo.core.arguments import checked_count
 
 __all__ = ["ReadinessWatcher", "SocketWatcher", "WatchedSocket", "hard_close", "send_all"]
 

@@ -1,12 +1,15 @@
 """The reference tables that are read from the code when the site is built, never copied by hand.
 
 ``prazo-settings``
-    Every field of ``prazo.bindings.servers.settings.ServerSettings`` (what the
-    server embeddings and ``prazo serve`` take): its argument, its ``prazo serve``
-    flag (found in the command's own argparse parser), its environment variable
-    (the module's ``ENV_*`` constants), its default (the dataclass's) and what it
-    does (the flag's help). A field with neither flag nor variable, or a variable
-    or flag that matches no field, fails the build: the table cannot fall behind.
+    Every row of ``prazo.bindings.servers.settings.SETTINGS``, the one table
+    that declares each field of ``ServerSettings`` (what the server embeddings
+    and ``prazo serve`` take): its argument, its ``prazo serve`` flag, its
+    environment variable, its default and what it does. A field without a row
+    fails the build (``ServerSettings`` checks every field through its row).
+
+``prazo-serve-flags``
+    The ``prazo serve`` options that are no setting (which server, where, how
+    many processes), from the command's own argparse parser.
 
 ``prazo-reasons``
     Every reason of ``prazo.core.REASONS`` with its HTTP and gRPC status, from the
@@ -17,7 +20,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any
 
@@ -88,17 +90,6 @@ OUTCOMES: dict[str, tuple[str, str, str]] = {
     "head-too-large": ("the front door read a request head larger than 64 KiB", "—", "never starts"),
 }
 
-# What an unset setting means (its default is None or empty).
-NO_VALUE = {
-    "trusted_proxies": "any peer (once trusted)",
-    "expected_service_ms": "off",
-    "critical_header": "none",
-    "critical_paths": "none",
-}
-
-# A setting whose prazo serve flag has another name.
-FLAG_OF = {"host_workers": "workers"}
-
 # Statuses that tell the client to come back later carry Retry-After.
 RETRY_AFTER_REASONS = {
     "queue-full",
@@ -144,77 +135,43 @@ def _table(header: list[str], rows: list[list[str]], literal_columns: set[int]) 
     return table
 
 
-def _serve_options() -> dict[str, argparse.Action]:
-    from prazo.bindings.servers.serve import build_serve_parser
-
-    return {action.dest: action for action in build_serve_parser()._actions if action.option_strings}
-
-
 def settings_rows() -> list[list[str]]:
-    """One row per ServerSettings field: argument, flag, variable, default, meaning."""
+    """One row per setting: argument, flag, variable, default, meaning."""
     from prazo.bindings.servers import settings
 
-    envs = {
-        name[len("ENV_") :].lower(): getattr(settings, name) for name in settings.__all__ if name.startswith("ENV_")
-    }
-    options = _serve_options()
-    rows, used_envs, used_flags = [], set(), set()
-    for field in dataclasses.fields(settings.ServerSettings):
-        name = field.name
-        # A repeatable flag is singular: --critical-path for critical_paths, --trusted-proxy for trusted_proxies.
-        singular = name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
-        action = options.get(name) or options.get(singular) or options.get(FLAG_OF.get(name, ""))
-        env = envs.get(name)
-        if (field.default is None or field.default == ()) and name not in NO_VALUE:
-            raise ExtensionError(f"ServerSettings.{name} defaults to nothing: say what that means in NO_VALUE")
-        if action is None and env is None and name != "threads":
-            raise ExtensionError(f"ServerSettings.{name} has neither a prazo serve flag nor an environment variable")
-        if action is not None:
-            used_flags.add(action.dest)
-        if env is not None:
-            used_envs.add(name)
-        if name == "threads":
-            default = str(settings.DEFAULT_THREADS)
-        elif name == "max_queue":
-            default = f"{settings.DEFAULT_QUEUE_PER_THREAD} × threads"
-        elif name in NO_VALUE:
-            default = NO_VALUE[name]
-        else:
-            default = _plain(field.default)
-        flag = " / ".join(action.option_strings) if action is not None else "—"
-        if action is not None and action.option_strings[0].startswith("--no-"):
+    rows = []
+    fields = [field.name for field in dataclasses.fields(settings.ServerSettings)]
+    if [row.field for row in settings.SETTINGS] != fields:
+        raise ExtensionError("settings.SETTINGS is out of step with ServerSettings' fields")
+    for row in settings.SETTINGS:
+        flag = row.flag or "—"
+        if row.kind == "off":
             flag += " (off)"
-        if action is not None and action.nargs is None and action.__class__.__name__ == "_AppendAction":
+        if row.kind == "list":
             flag += " (repeatable)"
-        meaning = action.help if action is not None and action.help else ""
-        rows.append([name, flag, env or "—", default, meaning])
-    unmatched_envs = set(envs) - used_envs
-    if unmatched_envs:
-        raise ExtensionError(f"environment variables that match no ServerSettings field: {sorted(unmatched_envs)}")
+        rows.append([row.field, flag, row.env or "—", settings.default_text(row) or "—", row.help])
     return rows
 
 
-def _plain(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def command_only_rows() -> list[list[str]]:
-    """The ``prazo serve`` flags that are no ServerSettings field (where to listen, which server, ...)."""
+    """The ``prazo serve`` flags that are no setting (where to listen, which server, ...)."""
     from prazo.bindings.servers import settings
+    from prazo.bindings.servers.serve import build_serve_parser
 
-    fields = {field.name for field in dataclasses.fields(settings.ServerSettings)}
+    flags = {row.flag for row in settings.SETTINGS}
     rows = []
-    for dest, action in _serve_options().items():
-        named = dest in fields or dest + "s" in fields or dest.removesuffix("y") + "ies" in fields
-        if named or dest in FLAG_OF.values() or dest == "help":
+    for action in build_serve_parser()._actions:
+        if not action.option_strings or action.dest == "help" or action.option_strings[0] in flags:
             continue
         default = "—" if action.default is None else _plain(action.default)
         rows.append([" / ".join(action.option_strings), default, action.help or ""])
     return rows
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def reason_rows() -> list[list[str]]:

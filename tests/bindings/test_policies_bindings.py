@@ -418,7 +418,7 @@ def test_resolve_settings_reads_every_policy_variable() -> None:
         ({"PRAZO_EXPECTED_SERVICE_MS": "p42"}, "PRAZO_EXPECTED_SERVICE_MS must be a number"),
         ({"PRAZO_CODEL_TARGET_MS": "0"}, "PRAZO_CODEL_TARGET_MS must be a finite number"),
         ({"PRAZO_RESERVED": "many"}, "PRAZO_RESERVED must be an integer"),
-        ({"PRAZO_MIN_CONCURRENCY": "0"}, "PRAZO_MIN_CONCURRENCY must be an integer >= 1"),
+        ({"PRAZO_MIN_CONCURRENCY": "0"}, "PRAZO_MIN_CONCURRENCY must be >= 1, got 0"),
         ({"PRAZO_CRITICAL_HEADER": "X_Priority"}, "PRAZO_CRITICAL_HEADER must be an HTTP header name"),
         ({"PRAZO_CRITICAL_PATHS": "healthz"}, "PRAZO_CRITICAL_PATHS paths must start with '/'"),
         ({"PRAZO_RESERVED": "4"}, "reserved (--reserved, $PRAZO_RESERVED) must be < threads (4)"),

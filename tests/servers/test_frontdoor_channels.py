@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 from _helpers import wait_until
-from prazo.bindings.servers.frontdoor import bound_listener, compiled_engine, engine_arguments, resolved_policies
+from prazo.bindings.servers.frontdoor import bound_listener, compiled_engine, engine_arguments
 from prazo.bindings.servers.settings import resolve_settings
 
 pytestmark = pytest.mark.compiled
@@ -52,7 +52,7 @@ class Triage:
     def __init__(self, threads: int = 2, max_queue: int = 4) -> None:
         settings = resolve_settings(threads=threads, max_queue=max_queue, default_budget_ms=10000)
         arguments = engine_arguments(
-            settings, resolved_policies(settings, None), threads=threads, io_timeout_ms=5000.0,
+            settings, threads=threads, io_timeout_ms=5000.0,
             write_grace_ms=1000.0, max_io_wait_ms=10000.0,
         )  # fmt: skip
         listener = bound_listener("127.0.0.1", 0, 64, False)

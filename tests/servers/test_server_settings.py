@@ -70,15 +70,15 @@ def test_the_process_environment_is_read_by_default(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("PRAZO_MAX_QUEUE", "many", "PRAZO_MAX_QUEUE must be an integer >= 0"),
-        ("PRAZO_MAX_QUEUE", "-1", "PRAZO_MAX_QUEUE must be an integer >= 0"),
+        ("PRAZO_MAX_QUEUE", "many", "PRAZO_MAX_QUEUE must be an integer, got 'many'"),
+        ("PRAZO_MAX_QUEUE", "-1", "PRAZO_MAX_QUEUE must be >= 0, got -1"),
         ("PRAZO_MAX_QUEUE", "1.5", "PRAZO_MAX_QUEUE must be an integer"),
         ("PRAZO_DEFAULT_BUDGET_MS", "fast", "PRAZO_DEFAULT_BUDGET_MS must be a number of milliseconds"),
-        ("PRAZO_DEFAULT_BUDGET_MS", "nan", "PRAZO_DEFAULT_BUDGET_MS must be a finite number"),
-        ("PRAZO_DEFAULT_BUDGET_MS", "0", "PRAZO_DEFAULT_BUDGET_MS must be a finite number of milliseconds > 0"),
-        ("PRAZO_MAX_BUDGET_MS", "inf", "PRAZO_MAX_BUDGET_MS must be a finite number"),
+        ("PRAZO_DEFAULT_BUDGET_MS", "nan", "PRAZO_DEFAULT_BUDGET_MS must not be NaN"),
+        ("PRAZO_DEFAULT_BUDGET_MS", "0", "PRAZO_DEFAULT_BUDGET_MS must be > 0"),
+        ("PRAZO_MAX_BUDGET_MS", "inf", "PRAZO_MAX_BUDGET_MS must be finite"),
         ("PRAZO_TRUST_REQUEST_START", "maybe", "PRAZO_TRUST_REQUEST_START must be 1/0"),
-        ("PRAZO_MAX_UPSTREAM_MS", "-5", "PRAZO_MAX_UPSTREAM_MS must be a finite number"),
+        ("PRAZO_MAX_UPSTREAM_MS", "-5", "PRAZO_MAX_UPSTREAM_MS must be >= 0"),
         ("PRAZO_HEADER_TIMEOUT_MS", "0", "PRAZO_HEADER_TIMEOUT_MS must be a finite number of milliseconds > 0"),
         ("PRAZO_HEADER_TIMEOUT_MS", "slow", "PRAZO_HEADER_TIMEOUT_MS must be a number of milliseconds"),
     ],
@@ -164,7 +164,7 @@ def test_gunicorn_refuses_to_start_with_a_malformed_variable() -> None:
     ]  # fmt: skip
     result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "PRAZO_MAX_QUEUE must be an integer >= 0, got 'lots'" in result.stderr
+    assert "PRAZO_MAX_QUEUE must be an integer, got 'lots'" in result.stderr
 
 
 def test_a_front_door_hosts_reserved_places_and_default_queue_count_every_workers_threads() -> None:
