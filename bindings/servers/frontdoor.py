@@ -452,7 +452,7 @@ def create_server(
     ``max_requests`` (hosts only) retires a worker after that many requests,
     plus a random number of at most ``max_requests_jitter``.
     """
-    policies = {
+    policies: dict[str, Any] = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
         "expected_service_ms": expected_service_ms, "limit": limit, "min_concurrency": min_concurrency,
         "reserved": reserved, "critical_header": critical_header,
