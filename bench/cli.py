@@ -46,7 +46,7 @@ from typing import Any, TextIO
 from prazo.bench.core import render_core_report, run_core_bench
 from prazo.bench.demo_core import MAX_ARRIVALS, SeedParams, render_seed_result, run_seed_scenario
 from prazo.bench.harness import QUICK, BenchSettings, Paint, integer_argument, plain
-from prazo.bindings.cli import CommandError, Commands, Handler, impl_options
+from prazo.bindings.command import CommandError, Commands, Handler, impl_options
 from prazo.core import IMPLEMENTATION, TWINS, AdmissionQueue, load_twin
 
 __all__ = ["TwinUnavailable", "add_commands", "load_queue_class", "make_paint", "select_twins"]

@@ -22,34 +22,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from typing import TextIO, TypeAlias
+from collections.abc import Sequence
+from typing import TextIO
 
-from prazo.core import IMPLEMENTATION, TWINS, __version__
+from prazo.core import IMPLEMENTATION, __version__
 
-__all__ = ["CommandError", "Commands", "Handler", "build_parser", "impl_options", "main"]
+from .command import CommandError, Commands, Handler, impl_options
 
-Handler = Callable[[argparse.Namespace, TextIO], int]
-Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+__all__ = ["build_parser", "main"]
 
 # The commands that need the measuring code (prazo.bench.cli).
 _MEASURING = ("demo", "bench")
-
-
-class CommandError(Exception):
-    """A failure the person at the terminal can fix: printed as ``prazo: error: ...``, exit status 1."""
-
-
-def impl_options() -> argparse.ArgumentParser:
-    """``--impl``, accepted at every level (SUPPRESS keeps an outer value from being reset)."""
-    options = argparse.ArgumentParser(add_help=False)
-    options.add_argument(
-        "--impl",
-        choices=TWINS,
-        default=argparse.SUPPRESS,
-        help="force the C or the Python twin of the admission queue",
-    )
-    return options
 
 
 def _version() -> str:
