@@ -66,9 +66,15 @@ bench: build
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
 
 # The same checks as .pre-commit-config.yaml, without pre-commit: lint, format, spelling
-# (settings in pyproject.toml), then the types. mypy and stubtest read the package as
+# (settings in pyproject.toml), the C's format (.clang-format), then the types. mypy and stubtest read the package as
 # prazo.* through build/typecheck/prazo (pyproject.toml, [tool.mypy]); stubtest imports
 # the built extensions and holds each .pyi beside them to what they really define.
+# prazo's own C, held to .clang-format: every .c and .h under C_FOLDERS but the vendored
+# picohttpparser and the .c that Cython generates beside each .pyx (the clang-format hook of
+# .pre-commit-config.yaml names the same folders).
+C_FOLDERS := core bindings tests
+C_OWN = $(sort $(filter-out $(patsubst %.pyx,%.c,$(shell find $(C_FOLDERS) -name '*.pyx')), \
+	$(shell find $(C_FOLDERS) -name vendor -prune -o \( -name '*.c' -o -name '*.h' \) -print)))
 TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
 	prazo.bindings.servers._frontdoor_c prazo.bindings.servers._heads_c
@@ -76,6 +82,7 @@ check: build
 	$(VENV)/bin/ruff check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/ruff format --check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/codespell
+	$(VENV)/bin/clang-format --dry-run -Werror $(C_OWN)
 	mkdir -p $(TYPECHECK)
 	for folder in core bindings bench; do ln -sfn ../../../$$folder $(TYPECHECK)/$$folder; done
 	$(VENV)/bin/mypy

@@ -25,7 +25,9 @@ static inline void prazo_ft_lock(prazo_ft_mutex *mutex) { PyMutex_Lock(mutex); }
 static inline void prazo_ft_unlock(prazo_ft_mutex *mutex) { PyMutex_Unlock(mutex); }
 #else
 #define PRAZO_FREE_THREADED 0
-typedef struct { char unused; } prazo_ft_mutex;
+typedef struct {
+    char unused;
+} prazo_ft_mutex;
 static inline void prazo_ft_lock(prazo_ft_mutex *mutex) { (void)mutex; }
 static inline void prazo_ft_unlock(prazo_ft_mutex *mutex) { (void)mutex; }
 #endif

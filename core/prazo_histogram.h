@@ -17,14 +17,16 @@
 #include <stdint.h>
 
 #define PRAZO_HIST_SUB_BITS 6
-#define PRAZO_HIST_LINEAR 128               /* 2 << PRAZO_HIST_SUB_BITS: one bucket per value below */
-#define PRAZO_HIST_MAX_NS 100000000000LL    /* 100 s, the top of the range */
-#define PRAZO_HIST_BUCKETS 2014             /* prazo_hist_index(PRAZO_HIST_MAX_NS) + 1 */
+#define PRAZO_HIST_LINEAR 128            /* 2 << PRAZO_HIST_SUB_BITS: one bucket per value below */
+#define PRAZO_HIST_MAX_NS 100000000000LL /* 100 s, the top of the range */
+#define PRAZO_HIST_BUCKETS 2014          /* prazo_hist_index(PRAZO_HIST_MAX_NS) + 1 */
 
 /* PRAZO_HIST_MAX_NS lies in [2**36, 2**37), so its bucket is (30 << 6) + (MAX >> 30). */
 _Static_assert((1LL << 36) <= PRAZO_HIST_MAX_NS && PRAZO_HIST_MAX_NS < (1LL << 37), "MAX_NS octave");
 _Static_assert((30 << PRAZO_HIST_SUB_BITS) + (PRAZO_HIST_MAX_NS >> 30) + 1 == PRAZO_HIST_BUCKETS, "BUCKETS");
 
+/* Kept as aligned by hand: clang-format would split the column at `saturated`, which has no comment. */
+/* clang-format off */
 typedef struct {
     int64_t counts[PRAZO_HIST_BUCKETS];
     uint64_t sum;      /* may pass INT64_MAX; then `saturated` is set and sum_ns reads INT64_MAX */
@@ -33,6 +35,7 @@ typedef struct {
     int64_t max;       /* -1 when empty */
     int64_t overflow;  /* values above PRAZO_HIST_MAX_NS */
 } prazo_hist;
+/* clang-format on */
 
 static inline int prazo_hist_index(int64_t ns)
 {
@@ -72,16 +75,14 @@ static inline void prazo_hist_clear(prazo_hist *h)
 static inline void prazo_hist_lower_min(prazo_hist *h, int64_t value)
 {
     int64_t seen = __atomic_load_n(&h->min, __ATOMIC_RELAXED);
-    while (value < seen &&
-           !__atomic_compare_exchange_n(&h->min, &seen, value, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    while (value < seen && !__atomic_compare_exchange_n(&h->min, &seen, value, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
 }
 
 static inline void prazo_hist_raise_max(prazo_hist *h, int64_t value)
 {
     int64_t seen = __atomic_load_n(&h->max, __ATOMIC_RELAXED);
-    while (value > seen &&
-           !__atomic_compare_exchange_n(&h->max, &seen, value, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    while (value > seen && !__atomic_compare_exchange_n(&h->max, &seen, value, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
 }
 
@@ -186,20 +187,14 @@ static inline int64_t prazo_hist_accumulate(prazo_hist *dst, prazo_hist *src)
 
 /* Epochs of the window's ring: zero the slice, *then* publish its epoch (release),
  * so a recorder that sees the new epoch (acquire) increments after the zeroing. */
-static inline int64_t prazo_epoch_load(int64_t *epoch)
-{
-    return __atomic_load_n(epoch, __ATOMIC_ACQUIRE);
-}
+static inline int64_t prazo_epoch_load(int64_t *epoch) { return __atomic_load_n(epoch, __ATOMIC_ACQUIRE); }
 
 static inline void prazo_epoch_store(int64_t *epoch, int64_t value)
 {
     __atomic_store_n(epoch, value, __ATOMIC_RELEASE);
 }
 
-static inline int64_t prazo_hist_read(int64_t *field)
-{
-    return __atomic_load_n(field, __ATOMIC_RELAXED);
-}
+static inline int64_t prazo_hist_read(int64_t *field) { return __atomic_load_n(field, __ATOMIC_RELAXED); }
 
 /* The newest epoch that has left the window at epoch `now_epoch`: now_epoch - slices,
  * clamped at INT64_MIN instead of wrapping. */

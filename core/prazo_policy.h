@@ -36,10 +36,7 @@ static inline void prazo_codel_init(struct prazo_codel *c, int64_t target_ns, in
 }
 
 /* The line is empty at now_ns. */
-static inline void prazo_codel_note_empty(struct prazo_codel *c, int64_t now_ns)
-{
-    c->last_empty_ns = now_ns;
-}
+static inline void prazo_codel_note_empty(struct prazo_codel *c, int64_t now_ns) { c->last_empty_ns = now_ns; }
 
 /* 1 when the line has been standing longer than the interval: serve LIFO. */
 static inline int prazo_codel_standing(const struct prazo_codel *c, int64_t now_ns)
@@ -77,12 +74,12 @@ static inline int64_t prazo_codel_max_sojourn(const struct prazo_codel *c, int64
 #define PRAZO_SERVICE_MIN_SAMPLES 32
 
 struct prazo_service_estimate {
-    int64_t fixed_ns;          /* > 0: the estimate, and nothing is learned */
-    int quantile_permille;     /* learned when fixed_ns == 0: 500, 900, 950, 990 */
-    int current;               /* the generation being filled: 0 or 1 */
-    int64_t count[2];          /* samples in each generation */
-    int64_t samples;           /* samples ever taken */
-    int64_t estimate_ns;       /* the last learned estimate; 0 until MIN_SAMPLES */
+    int64_t fixed_ns;      /* > 0: the estimate, and nothing is learned */
+    int quantile_permille; /* learned when fixed_ns == 0: 500, 900, 950, 990 */
+    int current;           /* the generation being filled: 0 or 1 */
+    int64_t count[2];      /* samples in each generation */
+    int64_t samples;       /* samples ever taken */
+    int64_t estimate_ns;   /* the last learned estimate; 0 until MIN_SAMPLES */
     prazo_hist gen[2];
 };
 
@@ -229,12 +226,12 @@ static inline int prazo_deadline_verdict(int64_t now_ns, int64_t deadline_ns, in
 
 struct prazo_vegas {
     int64_t min_limit, max_limit, limit;
-    int64_t rtt_noload_ns;     /* 0 = not measured yet */
-    int64_t window_sum_ns;     /* sum of the samples of the window being filled */
+    int64_t rtt_noload_ns; /* 0 = not measured yet */
+    int64_t window_sum_ns; /* sum of the samples of the window being filled */
     int64_t window_count;
-    int64_t window_demand;     /* largest in_flight seen in the window */
-    int64_t windows;           /* windows decided since the last probe */
-    int64_t probe_restore;     /* > 0: probing; the limit to return to */
+    int64_t window_demand; /* largest in_flight seen in the window */
+    int64_t windows;       /* windows decided since the last probe */
+    int64_t probe_restore; /* > 0: probing; the limit to return to */
 };
 
 static inline void prazo_vegas_init(struct prazo_vegas *v, int64_t min_limit, int64_t max_limit)
@@ -255,10 +252,7 @@ static inline void prazo_vegas_init(struct prazo_vegas *v, int64_t min_limit, in
     v->probe_restore = 0;
 }
 
-static inline int64_t prazo_vegas_limit(const struct prazo_vegas *v)
-{
-    return v->limit;
-}
+static inline int64_t prazo_vegas_limit(const struct prazo_vegas *v) { return v->limit; }
 
 /* max(1, floor(log10(limit))): Netflix's Log10RootFunction, in integers. */
 static inline int64_t prazo_vegas_log10(int64_t limit)

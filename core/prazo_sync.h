@@ -38,8 +38,7 @@ static inline void prazo_store(prazo_atomic_i64 *counter, int64_t value)
 /* Writers hold the mutex, so read-modify-write needs no lock prefix. */
 static inline void prazo_add(prazo_atomic_i64 *counter, int64_t delta)
 {
-    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + delta,
-                          memory_order_relaxed);
+    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + delta, memory_order_relaxed);
 }
 
 /* a - b, clamped to the int64 range instead of wrapping. */
@@ -69,20 +68,11 @@ static inline void prazo_raise_peak(prazo_atomic_i64 *peak, int64_t value)
 /* A one-shot flag with release/acquire ordering: "I am done touching your memory". */
 typedef _Atomic int prazo_flag;
 
-static inline void prazo_flag_set(prazo_flag *flag)
-{
-    atomic_store_explicit(flag, 1, memory_order_release);
-}
+static inline void prazo_flag_set(prazo_flag *flag) { atomic_store_explicit(flag, 1, memory_order_release); }
 
-static inline int prazo_flag_is_set(prazo_flag *flag)
-{
-    return atomic_load_explicit(flag, memory_order_acquire);
-}
+static inline int prazo_flag_is_set(prazo_flag *flag) { return atomic_load_explicit(flag, memory_order_acquire); }
 
-static inline void prazo_flag_clear(prazo_flag *flag)
-{
-    atomic_store_explicit(flag, 0, memory_order_relaxed);
-}
+static inline void prazo_flag_clear(prazo_flag *flag) { atomic_store_explicit(flag, 0, memory_order_relaxed); }
 
 static inline int prazo_cond_init_monotonic(pthread_cond_t *cond)
 {

@@ -189,7 +189,7 @@ enum pfd_msg_kind {
 };
 
 struct pfd_msg {
-    uint32_t kind;  /* enum pfd_msg_kind */
+    uint32_t kind;   /* enum pfd_msg_kind */
     int32_t verdict; /* DONE/FINISH: 1 next head, 0 polite close, -1 close now, PFD_UNDELIVERED */
     uint64_t token;  /* the triage's name of the connection, echoed back by the worker */
     int64_t deadline_ns, arrival_ns, started_ns, upstream_ns, last_read_ns;
@@ -329,8 +329,8 @@ struct pfd_server {
     /* A host's triage (pfd_host.c): the worker threads' channels. `remotes` is
      * the I/O thread's, changed under mutex (stats reads it there); `incoming`
      * and the retire requests come from other threads under mutex. */
-    int host;                                 /* 1: a triage without Python workers */
-    int worker_only;                          /* 1: a worker process's engine: no I/O thread, no line use */
+    int host;        /* 1: a triage without Python workers */
+    int worker_only; /* 1: a worker process's engine: no I/O thread, no line use */
     struct pfd_remote *remotes, *incoming;
     struct pfd_worker *host_workers; /* one per worker process with a live channel */
     uint64_t dispatch_seq;           /* connections handed to worker threads so far */

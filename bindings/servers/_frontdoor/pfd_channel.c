@@ -128,7 +128,8 @@ struct pfd_conn *pfd_channel_next(struct pfd_server *srv, struct pfd_channel *ch
     for (;;) {
         char control[CMSG_SPACE(sizeof(int) * 4)];
         struct iovec iov = {.iov_base = ch->scratch, .iov_len = ch->scratch_cap};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+        struct msghdr msg = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
         ssize_t n = recvmsg(ch->fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
             continue;

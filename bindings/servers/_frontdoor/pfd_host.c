@@ -31,9 +31,9 @@
 
 struct pfd_worker {
     int id;
-    int channels;   /* live channels of this worker process */
-    int64_t held;   /* places held by its threads (requests running there) */
-    uint64_t last;  /* the dispatch sequence number of its latest connection */
+    int channels;  /* live channels of this worker process */
+    int64_t held;  /* places held by its threads (requests running there) */
+    uint64_t last; /* the dispatch sequence number of its latest connection */
     struct pfd_worker *next;
 };
 
@@ -41,10 +41,10 @@ struct pfd_remote {
     int fd;
     int worker_id;
     struct pfd_worker *worker;
-    int asking;          /* the thread waits for a connection */
-    int stopped;         /* STOP went: nothing is sent to it again */
-    atomic_int retiring; /* set by pfd_server_retire_worker: STOP at its next ask */
-    atomic_int gone;     /* set by pfd_server_worker_gone: dropped at the I/O thread's next turn */
+    int asking;             /* the thread waits for a connection */
+    int stopped;            /* STOP went: nothing is sent to it again */
+    atomic_int retiring;    /* set by pfd_server_retire_worker: STOP at its next ask */
+    atomic_int gone;        /* set by pfd_server_worker_gone: dropped at the I/O thread's next turn */
     struct pfd_conn *conns; /* handed to it and not yet DONE, through c->next */
     struct pfd_remote *next;
 };

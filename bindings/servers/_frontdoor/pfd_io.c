@@ -550,8 +550,7 @@ void *pfd_io_main(void *arg)
             if (c->state == PFD_READING) {
                 c->armed = 0; /* EPOLLONESHOT: this event disarmed it */
                 pfd_io_read_head(srv, c, now);
-            }
-            else if (c->state == PFD_DRAINING)
+            } else if (c->state == PFD_DRAINING)
                 pfd_io_drain(srv, c);
         }
     }
