@@ -77,7 +77,7 @@ C_OWN = $(sort $(filter-out $(patsubst %.pyx,%.c,$(shell find $(C_FOLDERS) -name
 	$(shell find $(C_FOLDERS) -name vendor -prune -o \( -name '*.c' -o -name '*.h' \) -print)))
 TYPECHECK := build/typecheck/prazo
 STUBBED := prazo.core._queue_c prazo.core._histogram_c prazo.bindings._wsgi_c prazo.bindings._pool_c \
-	prazo.bindings.servers._frontdoor_c prazo.bindings.servers._heads_c
+	prazo.bindings.servers.frontdoor._engine_c prazo.bindings.servers.plumbing._heads_c
 check: build
 	$(VENV)/bin/ruff check core bindings tests bench docs/conf.py docs/_ext
 	$(VENV)/bin/ruff format --check core bindings tests bench docs/conf.py docs/_ext
@@ -247,7 +247,7 @@ $(FUZZ_STAMP): $(STAMP)
 # -fno-sanitize-recover: a UBSan finding stops the run like an ASan one.
 # -D_GNU_SOURCE: the harness includes pfd.h, which needs the POSIX socket types (the engine's
 # files define it themselves, in pfd_internal.h).
-FRONTDOOR_DIR   := bindings/servers/_frontdoor
+FRONTDOOR_DIR   := bindings/servers/frontdoor/engine
 FRONTDOOR_C     := $(wildcard $(FRONTDOOR_DIR)/*.c)
 $(FUZZ_C): tests/fuzz/c/fuzz_frontdoor.c $(FRONTDOOR_C) $(wildcard $(FRONTDOOR_DIR)/*.h) core/prazo_line.h core/prazo_sync.h \
 		core/prazo_policy.h core/prazo_budget.h $(PICO_DIR)/picohttpparser.c
@@ -283,8 +283,8 @@ fuzz fuzz-ci: $(FUZZ_STAMP) build $(FUZZ_C)
 	test -z "$$failed" || { echo "fuzz: crash in$$failed (inputs in $(FUZZ_DIR)/crashes)"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(FT_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/_frontdoor_c.c \
-		bindings/servers/_heads_c.c core/*.so bindings/*.so bindings/servers/*.so .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(FT_VENV) build *.egg-info core/_queue_c.c core/_histogram_c.c bindings/_wsgi_c.c bindings/_pool_c.c bindings/servers/frontdoor/_engine_c.c \
+		bindings/servers/plumbing/_heads_c.c core/*.so bindings/*.so bindings/servers/*/*.so .pytest_cache .hypothesis .benchmarks
 
 # The documentation site (docs/, Sphinx + MyST + furo) into build/docs/html. Every
 # warning fails it (-W; --keep-going reports them all first), broken links between pages

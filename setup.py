@@ -29,7 +29,7 @@ PACKAGE_DATA = ["py.typed", "*.pyi", "*.pxd", "*.h"]
 BANNER = "!" * 72
 PICOHTTPPARSER = "bindings/vendor/picohttpparser/picohttpparser"
 # The front door's engine, one file per concern; pfd.h is its interface.
-FRONTDOOR = "bindings/servers/_frontdoor"
+FRONTDOOR = "bindings/servers/frontdoor/engine"
 FRONTDOOR_SOURCES = [
     f"{FRONTDOOR}/pfd_{name}.c"
     for name in ("head", "chunked", "conn", "line", "io", "server", "worker", "host", "channel")
@@ -40,7 +40,7 @@ def _packages():
     """Every folder below a mapped root that holds a Python module (.py, or .pyx built into one).
 
     Derived from the tree, never listed by hand, so a new subpackage ships by existing.
-    A folder of C sources or data alone (the engine's _frontdoor/, the vendored parser,
+    A folder of C sources or data alone (the front door's engine/, the vendored parser,
     bench/results/) is not a package and stays out of the wheel.
     """
     packages = []
@@ -155,11 +155,11 @@ def _extensions():
         # The compiled per-task path of AdmissionPool (submission and the worker loop).
         Extension("prazo.bindings._pool_c", ["bindings/_pool_c.pyx"], include_dirs=["core"], **options),
         # The head reader of the socket-level embeddings (gunicorn, cheroot, werkzeug, wsgiref).
-        Extension("prazo.bindings.servers._heads_c", ["bindings/servers/_heads_c.pyx"], **options),
+        Extension("prazo.bindings.servers.plumbing._heads_c", ["bindings/servers/plumbing/_heads_c.pyx"], **options),
         # The front door (--server prazo): its engine and the vendored, unmodified picohttpparser.
         Extension(
-            "prazo.bindings.servers._frontdoor_c",
-            ["bindings/servers/_frontdoor_c.pyx", *FRONTDOOR_SOURCES, PICOHTTPPARSER + ".c"],
+            "prazo.bindings.servers.frontdoor._engine_c",
+            ["bindings/servers/frontdoor/_engine_c.pyx", *FRONTDOOR_SOURCES, PICOHTTPPARSER + ".c"],
             # core/: prazo_policy.h, the queue policies' arithmetic the engine shares with the C twin.
             include_dirs=[FRONTDOOR, "core", os.path.dirname(PICOHTTPPARSER)],
             **options,

@@ -12,8 +12,8 @@ COMPILED = (
     "prazo.core._histogram_c",
     "prazo.bindings._wsgi_c",
     "prazo.bindings._pool_c",
-    "prazo.bindings.servers._frontdoor_c",
-    "prazo.bindings.servers._heads_c",
+    "prazo.bindings.servers.frontdoor._engine_c",
+    "prazo.bindings.servers.plumbing._heads_c",
 )
 
 if __name__ == "__main__":

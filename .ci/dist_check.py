@@ -74,8 +74,8 @@ SDIST_REQUIRED = [
     "core/py.typed",
     "bindings/_wsgi_c.pyx",
     "bindings/_pool_c.pyx",
-    "bindings/servers/_frontdoor_c.pyx",
-    "bindings/servers/_frontdoor/pfd.h",
+    "bindings/servers/frontdoor/_engine_c.pyx",
+    "bindings/servers/frontdoor/engine/pfd.h",
     "bindings/vendor/picohttpparser/picohttpparser.c",
     "bindings/vendor/picohttpparser/picohttpparser.h",
     "bench/RESULTS.md",
@@ -97,7 +97,7 @@ SETUPTOOLS_WARNING = re.compile(r"^warning: |\b[A-Z]\w*Warning\b|Package would b
 CHECK_INSTALLED = "import sys, prazo.core; assert prazo.core.__file__.startswith(sys.prefix), prazo.core.__file__;"
 CHECK_COMPILED = CHECK_INSTALLED + (
     "import prazo.core._histogram_c, prazo.bindings._wsgi_c, prazo.bindings.wsgi, prazo.bindings.pool,"
-    " prazo.bindings.servers._frontdoor_c, prazo.bindings.servers._heads_c, prazo.bindings._pool_c;"
+    " prazo.bindings.servers.frontdoor._engine_c, prazo.bindings.servers.plumbing._heads_c, prazo.bindings._pool_c;"
     "assert prazo.core.IMPLEMENTATION == 'c', prazo.core.IMPLEMENTATION;"
     "assert prazo.bindings.pool.compiled_path(), 'the pool did not pick its compiled path'"
 )

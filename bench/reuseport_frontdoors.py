@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _door(args: argparse.Namespace, ready_fd: int, go_fd: int) -> None:
     """One child: import the app, listen, report ready, wait for the go, serve until SIGTERM."""
-    from prazo.bindings.servers.app_loader import load_app
     from prazo.bindings.servers.frontdoor import create_server
+    from prazo.bindings.servers.plumbing.app_loader import load_app
 
     server = create_server(
         load_app(args.app), host=args.host, port=args.port, threads=args.threads, max_queue=args.max_queue,

@@ -46,9 +46,9 @@ from cheroot import wsgi as cheroot_wsgi
 
 from ..headers import is_ambiguous_header_name
 from ..wsgi import WSGIApp
-from .connection import ConnectionAdmission
-from .dispatcher import Ticket
-from .heads import peek_bytes, peekable
+from .plumbing.connection import ConnectionAdmission
+from .plumbing.dispatcher import Ticket
+from .plumbing.heads import peek_bytes, peekable
 from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionThreadPool", "create_server"]

@@ -32,7 +32,7 @@ Several worker processes (``-w N``). Each worker has its own queue, and
 the kernel gives a new connection to whichever worker accepts first, so a
 worker could refuse (503 ``queue-full``) while a sibling has free places.
 The arbiter creates a shared-memory occupancy table before forking
-(``prazo.bindings.servers.occupancy``); every worker publishes its running,
+(``prazo.bindings.servers.plumbing.occupancy``); every worker publishes its running,
 waiting and arriving requests in its row. With ``PRAZO_YIELD_WHEN_FULL``
 (on by default) a full worker takes its listening sockets out of its poller
 while some sibling has room — new connections go to that sibling — and takes
@@ -77,9 +77,9 @@ from typing import Any, ClassVar
 from gunicorn import http
 from gunicorn.workers.gthread import DEFAULT_WORKER_DATA_TIMEOUT, TConn, ThreadWorker
 
-from .connection import ConnectionAdmission
-from .dispatcher import Ticket
-from .occupancy import (
+from .plumbing.connection import ConnectionAdmission
+from .plumbing.dispatcher import Ticket
+from .plumbing.occupancy import (
     STATE_SERVING,
     STATE_STOPPING,
     STATE_YIELDING,

@@ -27,7 +27,7 @@ Servers: ``waitress`` (the default: production-grade, pure Python),
 (the front door: accept, head parsing and admission in a C thread that never
 waits for the GIL; Linux). ``--server prazo --workers N`` runs a host: one
 triage process and N worker processes of ``--threads`` threads each, with one
-admission line for the host (``prazo.bindings.servers.host``); ``--preload``
+admission line for the host (``prazo.bindings.servers.frontdoor.supervisor``); ``--preload``
 imports the app once before forking (default: each worker imports it), and
 ``--max-requests N`` replaces a worker after N requests (plus a random number
 of at most ``--max-requests-jitter J``). SIGHUP reloads its workers one at a
@@ -57,8 +57,8 @@ from typing import TextIO
 
 from ..freethreading import GIL_LOGGER
 from ..wsgi import WSGIApp
-from .app_loader import load_app, split_app_spec
-from .process_names import name_process
+from .plumbing.app_loader import load_app, split_app_spec
+from .plumbing.process_names import name_process
 from .settings import (
     ServerSettings,
     add_setting_arguments,
@@ -299,7 +299,7 @@ def _print_log(logger: logging.Logger, stream: TextIO) -> None:
 
 def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, out: TextIO) -> int:
     """``--server prazo --workers N``: the supervisor runs here; the app is imported in the workers (or here with --preload)."""
-    from .host import HOST_LOGGER, FrontDoorHost
+    from .frontdoor.supervisor import HOST_LOGGER, FrontDoorHost
 
     name_process("supervisor")
     _print_log(logging.getLogger(HOST_LOGGER), sys.stderr)

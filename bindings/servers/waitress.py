@@ -51,7 +51,7 @@ from waitress.task import ErrorTask, WSGITask
 from waitress.utilities import Error
 
 from ..wsgi import MiddlewareCounters, WSGIApp, rejection_response
-from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
+from .plumbing.dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
 from .settings import ServerSettings, resolve_settings
 
 __all__ = ["AdmissionChannel", "WaitressDispatcher", "create_server", "serve", "shutdown"]
@@ -259,7 +259,7 @@ class WaitressDispatcher:
         self.shutdown_timeout = 5.0
 
     def wrap(self, app: WSGIApp) -> AdmittedApp:
-        """The app as waitress must call it (see ``prazo.bindings.servers.dispatcher.AdmittedApp``).
+        """The app as waitress must call it (see ``prazo.bindings.servers.plumbing.dispatcher.AdmittedApp``).
 
         A request's slot is given back once waitress's ``channel.service()``
         is done with it (``release_at_close=False``), not at the body's close:

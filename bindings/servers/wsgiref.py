@@ -33,10 +33,10 @@ from wsgiref.simple_server import WSGIServer
 
 from ..headers import is_ambiguous_header_name
 from ..wsgi import WSGIApp
-from .connection import ConnectionAdmission
-from .dispatcher import Ticket
+from .plumbing.connection import ConnectionAdmission
+from .plumbing.dispatcher import Ticket
+from .plumbing.sockets import ReadinessWatcher
 from .settings import ServerSettings, resolve_settings
-from .sockets import ReadinessWatcher
 
 __all__ = ["AdmissionServerMixin", "AdmissionWSGIRefServer", "WSGIRequestHandler", "make_server"]
 

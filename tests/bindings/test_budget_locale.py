@@ -24,7 +24,7 @@ COMMA_LOCALE = "de_DE.UTF-8"
 CHILD = textwrap.dedent(
     """
     import ctypes, locale, sys
-    from prazo.bindings.servers import _frontdoor_c as engine
+    from prazo.bindings.servers.frontdoor import _engine_c as engine
 
     locale.setlocale(locale.LC_ALL, sys.argv[1])
     assert locale.localeconv()["decimal_point"] == ",", locale.localeconv()["decimal_point"]
@@ -66,7 +66,7 @@ def _installed_locales():
 
 
 def test_a_decimal_budget_means_the_same_under_a_comma_decimal_locale(tmp_path):
-    require_compiled("prazo.bindings.servers._frontdoor_c")
+    require_compiled("prazo.bindings.servers.frontdoor._engine_c")
     env = _comma_locale_env(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, COMMA_LOCALE], check=False, env=env, capture_output=True, text=True, timeout=60

@@ -26,7 +26,7 @@ from _helpers import wait_until
 from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, Outcome, request, start_server
 from prazo.bindings.policies import CriticalClassifier, parse_expected_service_ms
 from prazo.bindings.pool import AdmissionPool
-from prazo.bindings.servers.heads import head_path
+from prazo.bindings.servers.plumbing.heads import head_path
 from prazo.bindings.servers.serve import main_serve
 from prazo.bindings.servers.settings import ServerSettings, resolve_settings
 from prazo.bindings.wsgi import AdmissionMiddleware

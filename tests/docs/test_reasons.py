@@ -1,7 +1,7 @@
 """One vocabulary of reasons: ``prazo.core.REASONS`` is what every wire, the C engine and the docs say.
 
 The front door's C engine keeps its reason strings in C (``ANSWERS`` of
-``prazo.bindings.servers._frontdoor_c``); this holds them to the registry.
+``prazo.bindings.servers.frontdoor._engine_c``); this holds them to the registry.
 The docs' table of statuses and reasons (``docs/reference/reasons.md``) is built
 from the registry when the site is built (``docs/_ext/prazo_reference.py``); here
 its rows are built the same way, and must say in words when each registered
@@ -62,7 +62,7 @@ def test_every_registered_grpc_code_is_a_grpc_status() -> None:
 
 
 def test_the_front_door_engine_spells_its_reasons_as_the_registry() -> None:
-    engine = require_compiled("prazo.bindings.servers._frontdoor_c")
+    engine = require_compiled("prazo.bindings.servers.frontdoor._engine_c")
     assert set(engine.ANSWERS) <= set(REASONS)
 
 

@@ -1,7 +1,7 @@
 """Fuzz target: the request-head peek of the socket-level server embeddings.
 
 Input: raw bytes as a client sends them, the way ``ConnectionAdmission.admit``
-sees them (``prazo.bindings.servers.heads``): ``find_head`` finds the head,
+sees them (``prazo.bindings.servers.plumbing.heads``): ``find_head`` finds the head,
 ``head_environ`` turns it into ``HTTP_*`` keys, the server's policy (plain, and
 trusting ``X-Request-Start`` from loopback) turns those into a deadline.
 
@@ -23,7 +23,13 @@ import re
 
 from prazo.bindings.headers import BudgetPolicy
 from prazo.bindings.proxy_headers import FrontProxyBudgetPolicy
-from prazo.bindings.servers.heads import find_head, find_head_py, head_environ, request_environ, request_environ_py
+from prazo.bindings.servers.plumbing.heads import (
+    find_head,
+    find_head_py,
+    head_environ,
+    request_environ,
+    request_environ_py,
+)
 
 from ._common import check_deadline
 

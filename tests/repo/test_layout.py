@@ -30,10 +30,11 @@ keep these rules (docs/design.md, "Layout"):
    The test suite (``tests/``) is held to the first half: it imports no
    private *name* of a prazo module. It reaches the two twin modules by path,
    which is what the suite is for.
-3. **No import cycles** among prazo modules through module-level imports,
-   those under ``if TYPE_CHECKING:`` included (a base module that names its
-   adapters for the type checker still knows them); imports in function
-   bodies are left out, they run after every module is loaded.
+3. **No import cycles** among prazo modules, whatever the import's place:
+   module level, under ``if TYPE_CHECKING:`` (a base module that names its
+   adapters for the type checker still knows them) or in a function body (a
+   lazy import hides a circle from Python, not from a reader following the
+   code: two modules that need each other are one concern in two files).
    ``from P import n`` counts as an import of ``P`` and, when ``P.n`` is a
    module, of ``P.n``.
 
@@ -229,8 +230,7 @@ def cycles(imports: list[Import]) -> list[list[str]]:
     """The strongly connected components (Tarjan) of more than one module, or with a self-loop."""
     graph: dict[str, set[str]] = {name: set() for name in MODULES}
     for found in imports:
-        if found.module_level:
-            graph[found.importer].update(m for m in _imported_modules(found) if m in MODULES and m != found.importer)
+        graph[found.importer].update(m for m in _imported_modules(found) if m in MODULES and m != found.importer)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -294,6 +294,13 @@ def test_the_tests_import_no_private_name() -> None:
 
 def test_no_import_cycles() -> None:
     assert cycles(ALL_IMPORTS) == []
+
+
+def test_a_lazy_import_closes_a_circle_too() -> None:
+    # The pool imports the middleware at module level, the middleware the pool in a function body.
+    real = [Import("prazo.bindings.wsgi", "prazo.bindings.pool", None, 1, True),
+            Import("prazo.bindings.pool", "prazo.bindings.wsgi", None, 9, False)]  # fmt: skip
+    assert cycles(real) == [["prazo.bindings.pool", "prazo.bindings.wsgi"]]
 
 
 @pytest.mark.parametrize(
@@ -390,9 +397,11 @@ def test_every_admission_path_runs_the_one_line() -> None:
     # The declarations once (core/prazo_line.pxd), cimported by the queue's twin and the front door's face;
     # the engine's C includes the header itself.
     assert 'cdef extern from "prazo_line.h"' in (ROOT / "core" / "prazo_line.pxd").read_text("utf-8")
-    for face in (ROOT / "core" / "_queue_c.pxd", ROOT / "bindings" / "servers" / "_frontdoor_c.pyx"):
+    for face in (ROOT / "core" / "_queue_c.pxd", ROOT / "bindings" / "servers" / "frontdoor" / "_engine_c.pyx"):
         assert "from prazo.core.prazo_line cimport *" in face.read_text("utf-8"), face
-    assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "_frontdoor" / "pfd.h").read_text("utf-8")
+    assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "frontdoor" / "engine" / "pfd.h").read_text(
+        "utf-8"
+    )
     sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxd")
                for path in (ROOT / folder).rglob(pattern)
                if "vendor" not in path.parts and not (path.suffix == ".c" and path.with_suffix(".pyx").exists())]  # fmt: skip
@@ -405,3 +414,118 @@ def test_the_one_line_rule_catches_a_second_line() -> None:
     assert _POLICY_CALL.search("if (prazo_priority_may_start(a, b, c, 1, d))")
     assert _POLICY_CALL.search("        limit = prazo_vegas_sample(&v, s, n)")
     assert not _POLICY_CALL.search("prazo_line_may_start(line, 0)")
+
+
+# -- the map: docs/development/layout.md ----------------------------------------------------------
+
+LAYOUT_MAP = ROOT / "docs" / "development" / "layout.md"
+# A line of the map: names (comma-separated, each a file, a glob, ".ext" for the previous file's
+# stem, or a folder ending in "/"), then two spaces or more and what they hold. A line whose
+# first part is not such a list goes on the description above it.
+_MAP_NAME = re.compile(r"[\w*-]*(\.[\w*]+)*/?|\.[\w]+")
+
+
+def map_entries(text: str) -> tuple[set[str], set[str]]:
+    """The files and the folders the map's tree names, as paths from the repository's root."""
+    block = text.split("```text", 1)[1].split("```", 1)[0]
+    files: set[str] = set()
+    folders: set[str] = set()
+    stack: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        names = [name.strip() for name in re.split(r"\s{2,}", line.strip())[0].split(",")]
+        if not all(name and _MAP_NAME.fullmatch(name) for name in names):
+            continue  # a description going on
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        base = "/".join(folder.rstrip("/") for _, folder in stack)
+        stem = ""
+        for name in names:
+            if name.endswith("/"):
+                folders.add(f"{base}/{name.rstrip('/')}".lstrip("/"))
+                stack.append((indent, name))
+            elif name.startswith("."):
+                files.add(f"{base}/{stem}{name}".lstrip("/"))
+            else:
+                stem = name.rsplit(".", 1)[0]
+                files.add(f"{base}/{name}".lstrip("/"))
+    return files, folders
+
+
+def _mapped(path: str, files: set[str]) -> bool:
+    return any(Path(path).match(pattern) and path.count("/") == pattern.count("/") for pattern in files)
+
+
+def test_the_map_parses_names_folders_and_descriptions() -> None:
+    text = "```text\ncore/  the core\n  a.py, .pyi  one\n  sub/  more\n    b_*.c  globbed\n                the a.py line goes on\n  c.py  two\n```"
+    assert map_entries(text) == ({"core/a.py", "core/a.pyi", "core/sub/b_*.c", "core/c.py"}, {"core", "core/sub"})
+
+
+def test_the_map_names_every_module_and_only_what_exists() -> None:
+    files, folders = map_entries(LAYOUT_MAP.read_text("utf-8"))
+    modules = sorted(str(path.relative_to(ROOT)) for path in project_files() if path.name != "__init__.py"
+                     and "vendor" not in path.parts)  # fmt: skip
+    missing = [module for module in modules if not _mapped(module, files)]
+    assert missing == [], f"modules the map (docs/development/layout.md) does not name: {missing}"
+    gone = sorted(pattern for pattern in files if not list(ROOT.glob(pattern)))
+    assert gone == [], f"files the map names that do not exist: {gone}"
+    assert sorted(folder for folder in folders if not (ROOT / folder).is_dir()) == []
+
+
+# "Why one file of about N lines" (or "1 250", "1,300") in a module's header: a claim the file keeps.
+_SIZE_CLAIM = re.compile(r"Why one (?:file|module) of about ([\d][\d ,]*) lines")
+
+
+def test_a_size_claim_is_within_a_quarter_of_the_file() -> None:
+    wrong = []
+    for path in sorted(p for folder in PACKAGE_OF_FOLDER for pattern in ("*.py", "*.pyx", "*.h")
+                       for p in (ROOT / folder).rglob(pattern)):  # fmt: skip
+        text = path.read_text("utf-8")
+        for match in _SIZE_CLAIM.finditer(text):
+            claimed = int(re.sub(r"[ ,]", "", match.group(1)))
+            actual = text.count("\n")
+            if not 0.75 * actual <= claimed <= 1.25 * actual:
+                wrong.append(f"{path.relative_to(ROOT)}: says about {claimed} lines, has {actual}")
+    assert wrong == []
+
+
+# Inside prazo.bindings.servers the imports go down this list (docs/development/layout.md):
+# the settings, what every server shares, prazo's own server, the embeddings, the command.
+SERVERS = "prazo.bindings.servers"
+_SERVER_RANKS = {
+    f"{SERVERS}.settings": 0,
+    f"{SERVERS}.plumbing": 1,
+    f"{SERVERS}.frontdoor": 2,
+    **{f"{SERVERS}.{name}": 3 for name in ("waitress", "gunicorn", "cheroot", "werkzeug", "wsgiref")},
+    f"{SERVERS}.serve": 4,
+}
+
+
+def _server_rank(module: str) -> int | None:
+    for prefix, rank in _SERVER_RANKS.items():
+        if _within(module, prefix):
+            return rank
+    return None
+
+
+def upward_server_imports(imports: list[Import]) -> list[str]:
+    problems = []
+    for found in imports:
+        rank = _server_rank(found.importer)
+        for module in _imported_modules(found):
+            target = _server_rank(module)
+            if rank is not None and target is not None and target > rank:
+                problems.append(f"{found} (servers: rank {rank} imports rank {target})")
+    return problems
+
+
+def test_every_servers_module_has_a_rank() -> None:
+    unranked = [name for name in MODULES if _within(name, SERVERS) and name != SERVERS and _server_rank(name) is None]
+    assert unranked == []
+
+
+def test_inside_servers_imports_go_down_the_list() -> None:
+    assert upward_server_imports(ALL_IMPORTS) == []
+    assert upward_server_imports([Import(f"{SERVERS}.plumbing.heads", f"{SERVERS}.frontdoor", "server", 1, False)])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 from _helpers import wait_until
-from prazo.bindings.servers.frontdoor import bound_listener, compiled_engine, engine_arguments
+from prazo.bindings.servers.frontdoor.server import bound_listener, compiled_engine, engine_arguments
 from prazo.bindings.servers.settings import resolve_settings
 
 pytestmark = pytest.mark.compiled

@@ -19,8 +19,8 @@ from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.policies import CriticalClassifier
-from prazo.bindings.servers.frontdoor import compiled_engine, engine_critical_paths
-from prazo.bindings.servers.frontdoor_worker import RequestRunner
+from prazo.bindings.servers.frontdoor.runner import RequestRunner
+from prazo.bindings.servers.frontdoor.server import compiled_engine, engine_critical_paths
 
 # compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = pytest.mark.compiled

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import compiled_engine
-from prazo.bindings.servers.heads import MAX_HEAD_BYTES
+from prazo.bindings.servers.plumbing.heads import MAX_HEAD_BYTES
 
 engine = compiled_engine()
 

@@ -1,7 +1,7 @@
-"""The engine's environ builder and response fields (``_frontdoor_c``) agree with their Python specs.
+"""The engine's environ builder and response fields (``_engine_c``) agree with their Python specs.
 
 The front door's workers build each request's PEP 3333 environ in C from the
-engine's parsed head; ``frontdoor_worker.head_environ_py`` is the readable
+engine's parsed head; ``runner.head_environ_py`` is the readable
 rule. For any head - methods, absolute-form and percent-encoded targets,
 queries, header names with underscores, dashes, any case or bytes beyond
 ASCII, repeated headers, latin-1 values - both give the same dict, keys in the
@@ -19,8 +19,8 @@ from _helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.servers.frontdoor import compiled_engine, create_server
-from prazo.bindings.servers.frontdoor_worker import head_environ_py
-from prazo.bindings.servers.frontdoor_worker import response_fields_py as head_fields_py
+from prazo.bindings.servers.frontdoor.runner import head_environ_py
+from prazo.bindings.servers.frontdoor.runner import response_fields_py as head_fields_py
 
 # compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = pytest.mark.compiled

@@ -44,8 +44,7 @@ from _server_harness import (
     request,
     statuses,
 )
-from prazo.bindings.servers.frontdoor import create_server
-from prazo.bindings.servers.host import FrontDoorHost
+from prazo.bindings.servers.frontdoor import FrontDoorHost, create_server
 from prazo.bindings.servers.settings import resolve_settings
 
 # slow: real time; compiled: its subject is the engine's C (triage and channels), so `make sanitize` runs it.
@@ -958,7 +957,7 @@ def test_the_hosts_processes_are_named_and_its_lifecycle_is_logged_with_pids(ser
 def test_without_setproctitle_a_process_is_named_for_top_by_prctl() -> None:
     script = (
         "import sys; sys.modules['setproctitle'] = None\n"  # as where the servers extra is not installed
-        "from prazo.bindings.servers.process_names import name_process\n"
+        "from prazo.bindings.servers.plumbing.process_names import name_process\n"
         "name_process('worker 1')\n"
         "print(open('/proc/self/comm').read().strip())\n"
     )

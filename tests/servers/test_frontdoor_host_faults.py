@@ -26,8 +26,7 @@ import pytest
 from _helpers import assert_conservation, wait_until
 from _host_app import app as host_app
 from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request, statuses
-from prazo.bindings.servers.frontdoor import create_server
-from prazo.bindings.servers.host import FrontDoorHost
+from prazo.bindings.servers.frontdoor import FrontDoorHost, create_server
 from prazo.bindings.servers.settings import resolve_settings
 from test_frontdoor_host import idle  # the host's at-rest wait, one definition
 

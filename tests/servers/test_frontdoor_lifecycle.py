@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 from _server_harness import APP_WAIT_S, CLIENT_TIMEOUT_S, FrontDoors, request
-from prazo.bindings.servers import frontdoor
 from prazo.bindings.servers.frontdoor import RequestBodyError
+from prazo.bindings.servers.frontdoor import server as frontdoor
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.compiled]

@@ -85,7 +85,7 @@ def test_the_front_door_and_the_queue_run_the_same_line(
     threads: int, max_queue: int, order: str, expected_ms: int, steps: list[tuple]
 ) -> None:
     queue_c = require_compiled("prazo.core._queue_c")
-    engine = require_compiled("prazo.bindings.servers._frontdoor_c")
+    engine = require_compiled("prazo.bindings.servers.frontdoor._engine_c")
     critical_tokens: set[int] = set()
     now = 1_000 * MS
     queued, served = Face(), Face()
@@ -139,6 +139,6 @@ def test_the_front_door_and_the_queue_run_the_same_line(
 def test_the_engine_line_counts_in_the_queue_order() -> None:
     # The two extensions name the line's counters in the one order of prazo_line.h.
     queue_c = require_compiled("prazo.core._queue_c")
-    engine = require_compiled("prazo.bindings.servers._frontdoor_c")
+    engine = require_compiled("prazo.bindings.servers.frontdoor._engine_c")
     stats = queue_c.AdmissionQueue(1, 1).stats()
     assert [name for name in stats if name in engine.LINE_COUNTERS] == list(engine.LINE_COUNTERS)

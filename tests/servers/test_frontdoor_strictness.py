@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 from _server_harness import CLIENT_TIMEOUT_S, FrontDoors, exchange, read_to_eof
-from prazo.bindings.servers import frontdoor
-from prazo.bindings.servers.heads import MAX_HEAD_BYTES
-from prazo.bindings.servers.refusals import DEFAULT_MAX_LINGERING
+from prazo.bindings.servers.frontdoor import server as frontdoor
+from prazo.bindings.servers.plumbing.heads import MAX_HEAD_BYTES
+from prazo.bindings.servers.plumbing.refusals import DEFAULT_MAX_LINGERING
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.compiled]

@@ -25,9 +25,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bench.multiprocess import HOST_PATH
 from prazo.bindings.freethreading import gil_enabled
-from prazo.bindings.servers.dispatcher import AdmissionDispatcher, Ticket
 from prazo.bindings.servers.gunicorn import settings_for
-from prazo.bindings.servers.occupancy import (
+from prazo.bindings.servers.plumbing.dispatcher import AdmissionDispatcher, Ticket
+from prazo.bindings.servers.plumbing.occupancy import (
     ROW_BYTES,
     STALE_HEARTBEAT_NS,
     STATE_SERVING,

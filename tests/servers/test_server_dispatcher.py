@@ -14,10 +14,10 @@ from _helpers import JOIN_TIMEOUT_S, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 from prazo.bindings.headers import BudgetPolicy
-from prazo.bindings.servers.connection import ConnectionAdmission
-from prazo.bindings.servers.dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
-from prazo.bindings.servers.heads import find_head, head_environ, peek_bytes
-from prazo.bindings.servers.refusals import LingeringCloser, rejection_bytes
+from prazo.bindings.servers.plumbing.connection import ConnectionAdmission
+from prazo.bindings.servers.plumbing.dispatcher import AdmissionDispatcher, AdmittedApp, Ticket
+from prazo.bindings.servers.plumbing.heads import find_head, head_environ, peek_bytes
+from prazo.bindings.servers.plumbing.refusals import LingeringCloser, rejection_bytes
 from prazo.bindings.servers.settings import ServerSettings
 from prazo.bindings.wsgi import MiddlewareCounters
 from prazo.core import Deadline, DeadlineExceeded, QueueFull, ShutDown

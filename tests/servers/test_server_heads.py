@@ -1,6 +1,6 @@
 """The head reader: its compiled twin against its Python specification, and an admission that takes the head off the socket.
 
-``prazo.bindings.servers._heads_c`` runs ``find_head``, ``request_environ``
+``prazo.bindings.servers.plumbing._heads_c`` runs ``find_head``, ``request_environ``
 and ``waiting_bytes`` for the socket-level embeddings; ``heads`` holds the
 readable rules (``*_py``). For any bytes both find the same head and give the
 same environ (the compiled one may decline, returning None, and the Python
@@ -25,9 +25,9 @@ from _helpers import JOIN_TIMEOUT_S, examples, wait_until
 from _required import require_compiled
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prazo.bindings.servers import heads
-from prazo.bindings.servers.connection import ConnectionAdmission
-from prazo.bindings.servers.dispatcher import Ticket
+from prazo.bindings.servers.plumbing import heads
+from prazo.bindings.servers.plumbing.connection import ConnectionAdmission
+from prazo.bindings.servers.plumbing.dispatcher import Ticket
 from prazo.bindings.servers.settings import ServerSettings
 
 # compiled: its subject is C code, so `make sanitize` runs it.
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.compiled
 
 @pytest.fixture(scope="module")
 def compiled() -> Any:
-    return require_compiled("prazo.bindings.servers._heads_c")
+    return require_compiled("prazo.bindings.servers.plumbing._heads_c")
 
 
 _METHODS = st.sampled_from([b"GET", b"POST", b"", b"g\xe9t", b"M-SEARCH"])

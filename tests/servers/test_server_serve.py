@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from _server_harness import CLIENT_TIMEOUT_S, SERVER_KINDS, TESTS_DIR, Burst, request, statuses
-from prazo.bindings.servers.app_loader import load_app
+from prazo.bindings.servers.plumbing.app_loader import load_app
 from prazo.bindings.servers.serve import main_serve
 
 # `prazo serve` as a deployment without prazo.bench runs it.

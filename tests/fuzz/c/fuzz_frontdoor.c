@@ -1,4 +1,4 @@
-/* libFuzzer harness over the front door's C engine (bindings/servers/_frontdoor/pfd.h),
+/* libFuzzer harness over the front door's C engine (bindings/servers/frontdoor/engine/pfd.h),
  * built with clang -fsanitize=fuzzer,address,undefined by `make fuzz` / `make fuzz-ci`.
  *
  * An input is the bytes a client sends on one connection. They go through the

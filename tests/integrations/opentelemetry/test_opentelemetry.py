@@ -34,7 +34,7 @@ from prazo.bindings.dependency import Dependency
 from prazo.bindings.integrations import opentelemetry as prazo_otel
 from prazo.bindings.integrations.prometheus import PrazoCollector
 from prazo.bindings.plumbing.metric_table import COUNTER, GAUGE, METRIC_NAMES, SPECS
-from prazo.bindings.servers.dispatcher import AdmissionDispatcher, Ticket
+from prazo.bindings.servers.plumbing.dispatcher import AdmissionDispatcher, Ticket
 from prazo.bindings.wsgi import AdmissionMiddleware
 from prazo.core import Deadline, extension_wanted
 
@@ -622,7 +622,7 @@ BLOCKED = textwrap.dedent(
     sys.meta_path.insert(0, Blocker())
 
     from prazo.bindings.wsgi import AdmissionMiddleware
-    from prazo.bindings.servers.dispatcher import AdmissionDispatcher
+    from prazo.bindings.servers.plumbing.dispatcher import AdmissionDispatcher
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])

@@ -20,11 +20,11 @@ from typing import Any
 
 from prazo.core import NS_PER_MS, Deadline, ShutDown
 
-from ..wsgi import MiddlewareCounters, WSGIApp
+from ...wsgi import MiddlewareCounters, WSGIApp
+from ..settings import ServerSettings
 from .dispatcher import AdmissionDispatcher, AdmittedApp, Ticket, admission_ticket
 from .heads import MAX_HEAD_BYTES, find_head, peekable, request_environ, waiting_bytes
 from .refusals import HEADER_TIMEOUT_ANSWER, LingeringCloser, rejection_bytes
-from .settings import ServerSettings
 from .sockets import hard_close, send_all
 
 __all__ = ["ConnectionAdmission"]

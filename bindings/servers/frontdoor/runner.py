@@ -1,7 +1,7 @@
 """The front door's Python workers: from an admitted connection to the app's answer on the wire.
 
 Whoever holds the engine - one front door (``FrontDoorServer``) or a worker
-process of a host (``prazo.bindings.servers.host``) - runs ``RequestRunner.work``
+process of a host (``prazo.bindings.servers.frontdoor.supervisor``) - runs ``RequestRunner.work``
 in each worker thread: it builds the PEP 3333 environ from the engine's parsed
 head, streams the body (``wsgi.input``), runs the app inside its deadline with
 ``run_admitted``, frames the response (Content-Length when the body is one
@@ -23,9 +23,9 @@ from urllib.parse import unquote_to_bytes
 
 from prazo.core import Deadline, DeadlineExceeded
 
-from ..headers import is_ambiguous_header_name
-from ..wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
-from .refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
+from ...headers import is_ambiguous_header_name
+from ...wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
+from ..plumbing.refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
 
 __all__ = ["RequestBodyError", "RequestRunner", "date_line_py", "head_environ_py", "response_fields_py"]
 
@@ -279,7 +279,7 @@ def head_environ_py(base: dict[str, Any], conn: Any) -> dict[str, Any]:
     (``is_ambiguous_header_name``); repeated headers are joined with ``,``; an
     absolute-form target's path is what follows the authority; PATH_INFO is
     percent-decoded as ``unquote_to_bytes`` does. The compiled twin,
-    ``_frontdoor_c.head_environ``, builds the same dict, keys in the same order.
+    ``_engine_c.head_environ``, builds the same dict, keys in the same order.
     """
     environ = base.copy()
     target: bytes = conn.target
@@ -339,7 +339,7 @@ def response_fields_py(status: str, headers: list[tuple[str, str]]) -> tuple[str
 
 
 try:
-    from ._frontdoor_c import head_environ, response_fields
+    from ._engine_c import head_environ, response_fields
 except ImportError:  # the front door itself needs the engine; the specs serve where only it is missing
     head_environ = head_environ_py
     response_fields = response_fields_py

@@ -16,8 +16,8 @@ import ssl
 from prazo.core import REASON_BAD_REQUEST, REASON_HEAD_TOO_LARGE, REASON_HEADER_TIMEOUT
 from prazo.core.arguments import checked_count
 
-from ..headers import REASON_HEADER_NAME
-from ..wsgi import rejection_response
+from ...headers import REASON_HEADER_NAME
+from ...wsgi import rejection_response
 from .sockets import SocketWatcher, WatchedSocket, hard_close, send_all
 
 __all__ = [

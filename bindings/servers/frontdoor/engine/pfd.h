@@ -28,7 +28,7 @@
  * message to the triage, which then owns the connection again.
  *
  * This header is the engine's interface: its types, and the calls that the
- * Cython face (_frontdoor_c.pyx) and the fuzz harness make. The engine's own
+ * Cython face (_engine_c.pyx) and the fuzz harness make. The engine's own
  * files share the rest through pfd_internal.h.
  */
 #ifndef PRAZO_PFD_H

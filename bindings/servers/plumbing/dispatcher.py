@@ -40,11 +40,11 @@ from prazo.core import (
     ShutDown,
 )
 
-from .. import wsgi as _wsgi
-from ..headers import BudgetPolicy, IncomingBudget
-from ..plumbing.reaper import DeadlineReaper
-from ..policies import CriticalClassifier
-from ..wsgi import (
+from ... import wsgi as _wsgi
+from ...headers import BudgetPolicy, IncomingBudget
+from ...plumbing.reaper import DeadlineReaper
+from ...policies import CriticalClassifier
+from ...wsgi import (
     BUDGET_SOURCE_KEY,
     OUTCOME_ADMITTED,
     OUTCOME_REFUSED,
@@ -215,7 +215,7 @@ class AdmissionDispatcher:
     occupancy (an arrival admitted or refused, a release, an expiry; for a
     refusal, before its answer is sent; not a start, which moves no figure
     of ``stats()`` but ``assigned`` and ``started``), in the thread that made it, so a server can publish the occupancy
-    elsewhere (``prazo.bindings.servers.occupancy``).
+    elsewhere (``prazo.bindings.servers.plumbing.occupancy``).
 
     >>> served = []
     >>> d = AdmissionDispatcher(1, 0, serve=served.append, reject=lambda t, e: None)

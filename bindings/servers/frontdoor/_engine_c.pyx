@@ -1,5 +1,5 @@
 # cython: freethreading_compatible = True
-# The front door's compiled half: a thin Cython face over the engine in _frontdoor/ (pfd.h).
+# The front door's compiled half: a thin Cython face over the engine in engine/ (pfd.h).
 # Everything that decides (accept, head read and parse, budget, admission,
 # canned refusals) runs in the engine's own pthread, which never holds the
 # GIL; the calls below release the GIL around every wait and every socket call.
@@ -238,7 +238,7 @@ cdef object _address(const sockaddr_storage *ss):
 
 # ------------------------------------------------------------ the PEP 3333 environ
 
-# The rules of ``frontdoor_worker.head_environ_py`` (its readable spec; a
+# The rules of ``runner.head_environ_py`` (its readable spec; a
 # Hypothesis test holds the two to the same dict, keys in the same order), in C
 # over the parsed head: the workers' Python spent more on this than on anything
 # but the app call.
@@ -364,7 +364,7 @@ cdef dict _head_environ(dict base, const char *method, Py_ssize_t method_len, co
 
 
 def head_environ(dict base, conn):
-    """A copy of ``base`` with the CGI keys of ``conn``'s head (``frontdoor_worker.head_environ_py``'s rules).
+    """A copy of ``base`` with the CGI keys of ``conn``'s head (``runner.head_environ_py``'s rules).
 
     ``conn``: a ``Connection``, or anything with its ``method``, ``target``,
     ``minor_version``, ``headers`` and ``peer``.
@@ -387,9 +387,9 @@ def head_environ(dict base, conn):
 
 # ------------------------------------------------------------ the response head
 
-# The app's part of a response head, for ``frontdoor_worker._Response._head``
+# The app's part of a response head, for ``runner._Response._head``
 # (which adds the framing and Connection lines): the rules of its spec,
-# ``frontdoor_worker.response_fields_py``, compiled.
+# ``runner.response_fields_py``, compiled.
 cdef frozenset _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                                        "proxy-authenticate", "proxy-authorization"})
 cdef long long _date_second = -1
@@ -463,7 +463,7 @@ def response_fields(status, list headers):
 
     ``text`` is those lines joined by CRLF (without a final one); ``close`` is
     True when the app's Connection field says close; a Content-Length that is
-    not digits raises ValueError. The spec: ``frontdoor_worker.response_fields_py``.
+    not digits raises ValueError. The spec: ``runner.response_fields_py``.
     """
     cdef tuple judged
     cdef int kind

@@ -1,4 +1,4 @@
-"""Type stubs for the front door's compiled engine (bindings/servers/_frontdoor_c.pyx)."""
+"""Type stubs for the front door's compiled engine (bindings/servers/frontdoor/_engine_c.pyx)."""
 
 from collections.abc import Iterable
 from ipaddress import IPv4Network, IPv6Network

@@ -1,5 +1,5 @@
 # cython: freethreading_compatible = True
-# The head reader's compiled twin (prazo.bindings.servers.heads is its
+# The head reader's compiled twin (prazo.bindings.servers.plumbing.heads is its
 # specification, and a Hypothesis test holds the two together).
 #
 # Why it exists: the socket-level embeddings look at every request head on the

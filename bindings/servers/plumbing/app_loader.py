@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Any
 
-from ..freethreading import gil_state, log_gil_state, watch_imports
-from ..wsgi import WSGIApp
+from ...freethreading import gil_state, log_gil_state, watch_imports
+from ...wsgi import WSGIApp
 
 __all__ = ["load_app", "split_app_spec"]
 

@@ -8,7 +8,7 @@ handed them, as gunicorn's parser is), find the complete head in them
 (``request_environ``: ``head_environ``, ``head_path``, ``head_method``).
 
 ``find_head``, ``request_environ`` and ``waiting_bytes`` run in C
-(``prazo.bindings.servers._heads_c``) when it is built; the Python functions
+(``prazo.bindings.servers.plumbing._heads_c``) when it is built; the Python functions
 here are their specification.
 """
 
@@ -22,7 +22,7 @@ from urllib.parse import unquote_to_bytes
 from prazo.core import IMPLEMENTATION
 from prazo.core.compiled import import_compiled
 
-from ..headers import is_ambiguous_header_name
+from ...headers import is_ambiguous_header_name
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -181,7 +181,7 @@ def _import_compiled() -> ModuleType | None:
     if IMPLEMENTATION != "c":
         return None
     return import_compiled(
-        "prazo.bindings.servers._heads_c", "the compiled head reader", "request heads are read in Python"
+        "prazo.bindings.servers.plumbing._heads_c", "the compiled head reader", "request heads are read in Python"
     )
 
 

@@ -1,69 +1,11 @@
-"""prazo's own server, the front door: triage in C, without the GIL; only admitted requests reach Python.
+"""The one-process front door, ``FrontDoorServer``, and what a host's processes share with it.
 
-Every Python server reads and parses requests in Python, so under a CPU-bound
-app its I/O loop waits for the GIL and requests wait in the kernel's listen
-backlog, where nothing can refuse or expire them. Here one C thread (started
-from ``prazo.bindings.servers._frontdoor_c``, it never takes the GIL) owns the
-listening socket and an epoll loop: it accepts, reads each request head under
-the header timeout (408 on expiry), stamps its arrival with the kernel's
-receive time of its first bytes (``SO_TIMESTAMPNS``; the read time when the
-kernel gives none), parses it with the vendored picohttpparser (400 for what
-it rejects or what is ambiguous: Content-Length with Transfer-Encoding,
-differing Content-Lengths, a Transfer-Encoding other than ``chunked``, line
-folding), reads the budget headers with the rules of ``prazo.bindings.headers``
-and decides: at most ``threads`` requests run and ``max_queue`` wait; a full
-line is answered ``503 queue-full`` at once, an expired deadline ``504
-expired-on-arrival``, and a request still waiting at its deadline ``504
-expired-in-queue`` at that moment — all written by the C thread::
-
-    from prazo.bindings.servers.frontdoor import create_server
-
-    server = create_server(app, host="0.0.0.0", port=8080, threads=4, max_queue=16)
-    server.serve_forever()          # server.shutdown(timeout=5.0) from another thread
-
-``threads`` Python workers wait (GIL released) for the next admitted
-connection, run the app inside ``deadline_scope`` with a PEP 3333 environ
-(``wsgi.input`` streams Content-Length and chunked bodies; ``prazo.deadline``,
-``prazo.queue_wait_ms``, ``prazo.budget_source``, ``prazo.server_stats``),
-write the response themselves (chunked when HTTP/1.1 and no Content-Length),
-and hand a kept-alive connection back to the C thread, so its next request is
-triaged too. Every wait on the client is bounded: a body read by the request's
-deadline (``wsgi.input`` raises ``RequestBodyError``; 408 or 400 if the app
-lets it out), a response write by the deadline, or the response's start if
-later, plus ``write_grace_ms``, all of a request's waits together by
-``max_io_wait_ms``, and each by ``io_timeout_ms`` without progress.
-Shutdown: the listening socket closes (new connections are refused),
-admitted requests — running and waiting — finish within the timeout, a
-request arriving on an open connection meanwhile gets ``503 shutting-down``,
-and what still waits at the end gets ``503 shutting-down``.
-Linux only (epoll); TLS is not supported (terminate it in front). With
-``trust_request_start`` the C thread also reads ``X-Request-Start`` /
-``X-Queue-Start`` (the formats and rules of ``prazo.bindings.proxy_headers``)
-from peers in ``trusted_proxies`` and takes the time the request queued in
-that proxy (at most ``max_upstream_ms``) off its deadline as it parses the
-head: a budget used up in the proxy is answered ``504 expired-on-arrival``
-by the C thread, and the line expires and orders by the corrected deadline.
-
-The queue policies of ``AdmissionQueue`` (docs/design.md) run in the same C
-thread and in the workers' pickup, with the same semantics and reasons:
-``expected_service_ms`` (a fixed number of ms, or ``"p50"``/``"p90"``/
-``"p95"``/``"p99"`` learned from the engine's own service times) answers a
-request whose remaining budget is smaller ``504 insufficient-budget``, on
-arrival or when it would start; ``order="lifo"`` or ``"adaptive"`` (LIFO while
-the line stands, and CoDel sheds stale waiters ``503 shed-standing-queue``);
-``limit="vegas"`` moves the concurrency limit between ``min_concurrency`` and
-``threads`` (the workers above the limit stay parked); ``reserved`` places
-are kept for critical requests (``critical_paths``, or ``critical_header``
-saying ``critical``), which are served first and push the newest normal
-waiter out (``503 evicted-by-critical``) rather than be refused::
-
-    server = create_server(app, threads=8, order="adaptive", expected_service_ms="p95",
-                           limit="vegas", min_concurrency=2, reserved=1, critical_paths=["/healthz"])
-
-Why one file of about 800 lines: this is the whole Python half of the front
-door - option checking, the workers' environ and body stream, the response
-writer, the server's life cycle - and each part is small but reads the same
-engine handle; the C half is split along its concerns in ``_frontdoor/``.
+``create_server`` (``prazo.bindings.servers.frontdoor``) builds one. Here:
+the server's life cycle (its C engine, its worker threads running
+``RequestRunner``), and the pieces the host's triage and worker processes
+build theirs from: the engine's arguments (``engine_arguments``, the canned
+refusals, the policies in the engine's units), the listening socket
+(``bound_listener``) and the environ every request shares (``base_environ``).
 """
 
 from __future__ import annotations
@@ -73,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from prazo.core import (
@@ -90,13 +32,12 @@ from prazo.core import (
     expected_service_option,
 )
 
-from ..policies import POLICY_DEFAULTS, checked_paths
-from ..proxy_headers import trusted_networks
-from ..wsgi import WSGIApp
-from .dispatcher import SERVER_STATS_KEY
-from .frontdoor_worker import RequestBodyError, RequestRunner
-from .heads import MAX_HEAD_BYTES
-from .refusals import (
+from ...policies import checked_paths
+from ...proxy_headers import trusted_networks
+from ...wsgi import WSGIApp
+from ..plumbing.dispatcher import SERVER_STATS_KEY
+from ..plumbing.heads import MAX_HEAD_BYTES
+from ..plumbing.refusals import (
     BAD_REQUEST_ANSWER,
     DEFAULT_LINGER_S,
     DEFAULT_MAX_DRAIN_BYTES,
@@ -108,18 +49,23 @@ from .refusals import (
     REASON_HEADER_TIMEOUT,
     rejection_bytes,
 )
-from .settings import ServerSettings, resolve_settings, setting
+from ..settings import ServerSettings, setting
+from .runner import RequestRunner
 
 __all__ = [
     "DEFAULT_IO_TIMEOUT_MS",
     "DEFAULT_MAX_IO_WAIT_MS",
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "DEFAULT_WRITE_GRACE_MS",
-    "POLICY_DEFAULTS",
     "FrontDoorServer",
-    "RequestBodyError",
+    "base_environ",
+    "bound_listener",
     "canned_answers",
+    "checked_timeout",
     "compiled_engine",
-    "create_server",
+    "engine_arguments",
+    "engine_critical_paths",
+    "with_policies",
 ]
 
 # A worker's body read or response write that makes no progress this long fails
@@ -130,6 +76,8 @@ DEFAULT_IO_TIMEOUT_MS = 30000.0
 # was later): an answer already computed is worth handing to a slow reader for
 # a while, not for as long as it keeps reading.
 DEFAULT_WRITE_GRACE_MS = 10000.0
+# What admitted requests get to finish when a front door stops, unless told otherwise.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 # All of one request's waits on its client (body reads and response writes)
 # together never exceed this, whatever its budget.
 DEFAULT_MAX_IO_WAIT_MS = 60000.0
@@ -198,21 +146,31 @@ def _engine_policy_args(settings: ServerSettings) -> dict[str, Any]:
 
 
 def compiled_engine() -> Any:
-    """``prazo.bindings.servers._frontdoor_c``: the engine, and its C budget and head parsers (for tests)."""
+    """``prazo.bindings.servers.frontdoor._engine_c``: the engine, and its C budget and head parsers (for tests)."""
     try:
-        from . import _frontdoor_c
+        # By its full name: "from . import" would import this package's __init__, which imports this module.
+        import prazo.bindings.servers.frontdoor._engine_c as _engine_c
     except ImportError as exc:  # pragma: no cover - depends on the build
         raise RuntimeError(
-            f"the front door needs its compiled engine prazo.bindings.servers._frontdoor_c ({exc}); "
+            f"the front door needs its compiled engine prazo.bindings.servers.frontdoor._engine_c ({exc}); "
             "rebuild with `make build` (it is not available with PRAZO_NO_EXTENSIONS=1)"
         ) from exc
-    return _frontdoor_c
+    return _engine_c
 
 
 def with_policies(settings: ServerSettings | None, policies: dict[str, Any]) -> ServerSettings | None:
     """``settings`` with the queue-policy arguments given (not None) in place of its own, each checked."""
     given = {name: setting(name).check(value, name) for name, value in policies.items() if value is not None}
     return dataclasses.replace(settings, **given) if settings is not None and given else settings
+
+
+def checked_timeout(value: object, name: str = "timeout") -> float:
+    """Seconds admitted requests get to finish: a number >= 0; ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return float(value)
 
 
 def bound_listener(host: str, port: int, backlog: int, reuse_port: bool) -> socket.socket:
@@ -301,7 +259,7 @@ class FrontDoorServer:
         io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
         write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
         max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
-        shutdown_timeout: float = 5.0,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
         reuse_port: bool = False,
     ) -> None:
         if not sys.platform.startswith("linux"):
@@ -309,7 +267,7 @@ class FrontDoorServer:
         self.policies = settings.policies()
         self.app = app
         self.settings = settings
-        self.shutdown_timeout = shutdown_timeout
+        self.shutdown_timeout = checked_timeout(shutdown_timeout, "shutdown_timeout")
         listener = bound_listener(host, port, backlog, reuse_port)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._base_environ = base_environ(host, self.server_address[1], self.stats)
@@ -359,14 +317,16 @@ class FrontDoorServer:
             while not self._stopped.wait(0.5):
                 pass
         except KeyboardInterrupt:
-            self.shutdown(self.shutdown_timeout)
+            self.shutdown()
 
-    def shutdown(self, timeout: float = 5.0) -> bool:
+    def shutdown(self, timeout: float | None = None) -> bool:
         """Stop gracefully: refuse new connections, let admitted requests finish within ``timeout``.
 
-        What still waits after ``timeout`` is answered 503 ``shutting-down``;
-        returns True when everything admitted had finished in time.
+        ``timeout`` defaults to ``shutdown_timeout``. What still waits after it
+        is answered 503 ``shutting-down``; returns True when everything admitted
+        had finished in time.
         """
+        timeout = self.shutdown_timeout if timeout is None else checked_timeout(timeout)
         with self._lock:
             if self._shut_down:
                 self._stopped.wait()
@@ -401,94 +361,3 @@ class FrontDoorServer:
         return stats
 
     # ---------------------------------------------------------------- workers
-
-
-def create_server(
-    app: WSGIApp,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    threads: int | None = None,
-    max_queue: int | None = None,
-    default_budget_ms: float | None = None,
-    max_budget_ms: float | None = None,
-    header_timeout_ms: float | None = None,
-    settings: ServerSettings | None = None,
-    backlog: int = 2048,
-    io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
-    write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
-    max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
-    shutdown_timeout: float = 5.0,
-    reuse_port: bool = False,
-    workers: int = 1,
-    max_requests: int | None = None,
-    max_requests_jitter: int = 0,
-    order: str | None = None,
-    codel_target_ms: float | None = None,
-    codel_interval_ms: float | None = None,
-    expected_service_ms: float | str | None = None,
-    limit: str | None = None,
-    min_concurrency: int | None = None,
-    reserved: int | None = None,
-    critical_header: str | None = None,
-    critical_paths: Iterable[str] | None = None,
-) -> Any:
-    """A front door serving ``app`` on ``host:port`` (``port=0``: any free port; see ``server_address``).
-
-    Every limit not given comes from the environment (``PRAZO_MAX_QUEUE``,
-    ...) or its default, or all of them from ``settings``; see
-    ``prazo.bindings.servers.settings.resolve_settings``. The queue-policy
-    options (``order`` ... ``critical_paths``, as ``AdmissionQueue``'s; see
-    the module docstring) not given come from ``settings`` when it has them,
-    else their defaults (``POLICY_DEFAULTS``). ``reuse_port=True`` sets
-    ``SO_REUSEPORT`` so that several front doors can listen on one port; each
-    still admits on its own (one host-wide line is what ``prazo serve --workers``
-    gives).
-
-    ``workers=N`` (N > 1) returns a ``prazo.bindings.servers.host.FrontDoorHost``
-    instead: one triage process and N worker processes of ``threads`` threads
-    each, one line for the host (``max_queue`` places) and ``N x threads``
-    running places; the same ``serve_forever()``/``shutdown()``/``stats()``.
-    ``max_requests`` (hosts only) retires a worker after that many requests,
-    plus a random number of at most ``max_requests_jitter``.
-    """
-    policies: dict[str, Any] = {
-        "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
-        "expected_service_ms": expected_service_ms, "limit": limit, "min_concurrency": min_concurrency,
-        "reserved": reserved, "critical_header": critical_header,
-        "critical_paths": critical_paths,
-    }  # fmt: skip
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise TypeError(f"workers must be an int, got {type(workers).__name__}")
-    # Policies given beside complete settings win over its fields; without settings they are
-    # arguments like the limits (and read from the environment when not given).
-    settings = with_policies(settings, policies)
-    settings = resolve_settings(
-        threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
-        header_timeout_ms=header_timeout_ms, settings=settings,
-        host_workers=None if settings is not None or workers < 1 else workers,
-        **({} if settings is not None else policies),
-    )  # fmt: skip
-    if workers != 1 or max_requests is not None or max_requests_jitter != 0:
-        if reuse_port:
-            raise ValueError("reuse_port is for one front door per process; workers=N shares one port already")
-        from .host import FrontDoorHost
-
-        return FrontDoorHost(
-            app, host=host, port=port, settings=settings, workers=workers, backlog=backlog,
-            io_timeout_ms=io_timeout_ms, write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
-            shutdown_timeout=shutdown_timeout, max_requests=max_requests,
-            max_requests_jitter=max_requests_jitter,
-        )  # fmt: skip
-    return FrontDoorServer(
-        app,
-        host=host,
-        port=port,
-        settings=settings,
-        backlog=backlog,
-        io_timeout_ms=io_timeout_ms,
-        write_grace_ms=write_grace_ms,
-        max_io_wait_ms=max_io_wait_ms,
-        shutdown_timeout=shutdown_timeout,
-        reuse_port=reuse_port,
-    )

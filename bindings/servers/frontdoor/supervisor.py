@@ -67,31 +67,22 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..wsgi import WSGIApp
-from .frontdoor import (
+from ...wsgi import WSGIApp
+from ..settings import ServerSettings
+from .protocol import BOOT_ERROR, READY, RETIRE, Plan, host_stats_of, receive_message, run_child, send_message
+from .server import (
     DEFAULT_IO_TIMEOUT_MS,
     DEFAULT_MAX_IO_WAIT_MS,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
     DEFAULT_WRITE_GRACE_MS,
     bound_listener,
+    checked_timeout,
     engine_arguments,
 )
-from .host_children import (
-    BOOT_ERROR,
-    READY,
-    RETIRE,
-    HostStats,
-    Plan,
-    current_host,
-    host_stats_of,
-    receive_message,
-    run_child,
-    send_message,
-    triage_main,
-    worker_main,
-)
-from .settings import ServerSettings
+from .triage import triage_main
+from .worker import worker_main
 
-__all__ = ["HOST_LOGGER", "FrontDoorHost", "HostStats", "current_host"]
+__all__ = ["HOST_LOGGER", "FrontDoorHost"]
 
 # The host's lifecycle (started, replaced, reloaded, drained); `prazo serve` prints it at INFO.
 HOST_LOGGER = "prazo.servers.host"
@@ -146,7 +137,7 @@ class FrontDoorHost:
         io_timeout_ms: float = DEFAULT_IO_TIMEOUT_MS,
         write_grace_ms: float = DEFAULT_WRITE_GRACE_MS,
         max_io_wait_ms: float = DEFAULT_MAX_IO_WAIT_MS,
-        shutdown_timeout: float = 5.0,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
         max_requests: int | None = None,
         max_requests_jitter: int = 0,
     ) -> None:
@@ -166,12 +157,10 @@ class FrontDoorHost:
             raise ValueError("max_requests_jitter spreads max_requests: give max_requests too")
         if (app is None) == (app_spec is None):
             raise TypeError("give the app or its MODULE:APP spec (app_spec), not both")
-        if not shutdown_timeout >= 0:
-            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
         self.policies = settings.policies()
         self.settings = settings
         self.workers = workers
-        self.shutdown_timeout = shutdown_timeout
+        self.shutdown_timeout = checked_timeout(shutdown_timeout, "shutdown_timeout")
         total = workers * settings.threads
         timeouts = {"io_timeout_ms": io_timeout_ms, "write_grace_ms": write_grace_ms, "max_io_wait_ms": max_io_wait_ms}
         # The line's limit is the host's: every worker thread is a place; reserved and
@@ -249,11 +238,7 @@ class FrontDoorHost:
         True when everything admitted had finished in time.
         """
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-            if not timeout >= 0:
-                raise ValueError(f"timeout must be >= 0, got {timeout!r}")
-            self.shutdown_timeout = float(timeout)
+            self.shutdown_timeout = checked_timeout(timeout)
         if not self._started:
             self._close_listener()
             self._stopped.set()
