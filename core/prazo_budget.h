@@ -1,5 +1,5 @@
 /* The incoming budget headers' wire rules, once for every C path: the front
- * door's engine (bindings/servers/_frontdoor/pfd_head.c) and the middleware's
+ * door's engine (bindings/servers/frontdoor/engine/pfd_head.c) and the middleware's
  * compiled path (bindings/_wsgi_c.pyx) both parse with these. The spec is
  * prazo.bindings.headers; tests/test_frontdoor_parsing.py, tests/test_headers.py
  * and tests/test_wsgi_fast_path.py hold both C paths to it.

@@ -1,5 +1,5 @@
 /* The admission line, once for every C path: the queue's C twin
- * (core/_queue_c.pyx) and the front door's engine (bindings/servers/_frontdoor/)
+ * (core/_queue_c.pyx) and the front door's engine (bindings/servers/frontdoor/engine/)
  * both keep their waiting entries here and ask it the same questions: does an
  * arrival start, wait or get refused; which entry starts next; what must leave
  * the line and why; what do the counters say. The arithmetic behind the

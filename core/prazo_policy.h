@@ -1,6 +1,6 @@
 /* The arithmetic of the queue policies, in plain C: no Python, no locks, no
  * allocation. The queue's C twin (_queue_c.pyx) calls it with its mutex held
- * and the front door (bindings/servers/_frontdoor/pfd_line.c) includes it too, so
+ * and the front door (bindings/servers/frontdoor/engine/pfd_line.c) includes it too, so
  * both decide exactly alike. core/_policy_py.py is the readable twin of every
  * section and gives the same integers for the same inputs.
  *
