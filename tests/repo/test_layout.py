@@ -402,7 +402,7 @@ def test_every_admission_path_runs_the_one_line() -> None:
     assert '#include "prazo_line.h"' in (ROOT / "bindings" / "servers" / "frontdoor" / "engine" / "pfd.h").read_text(
         "utf-8"
     )
-    sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxd")
+    sources = [path for folder in ("core", "bindings") for pattern in ("*.c", "*.h", "*.pyx", "*.pxi", "*.pxd")
                for path in (ROOT / folder).rglob(pattern)
                if "vendor" not in path.parts and not (path.suffix == ".c" and path.with_suffix(".pyx").exists())]  # fmt: skip
     offenders = sorted(str(path.relative_to(ROOT)) for path in sources
