@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prazo.bench.harness import Paint, plain
-from prazo.bindings.headers import checked_ms
 from prazo.core import (
     NS_PER_MS,
     REASON_EXPIRED_IN_QUEUE,
@@ -40,6 +39,7 @@ from prazo.core import (
     DeadlineExceeded,
     QueueFull,
 )
+from prazo.core.arguments import checked_ms
 
 __all__ = [
     "MAX_ARRIVALS",

@@ -46,6 +46,7 @@ from numbers import Real
 from typing import Any, NamedTuple
 
 from prazo.core import NS_PER_MS, Deadline
+from prazo.core.arguments import MAX_MS, checked_ms
 
 __all__ = [
     "BUDGET_ENVIRON_KEY",
@@ -62,7 +63,6 @@ __all__ = [
     "budget_from_environ",
     "budget_from_headers",
     "budget_limits",
-    "checked_ms",
     "environ_key",
     "format_budget_ms",
     "format_grpc_timeout",
@@ -109,7 +109,7 @@ ENVOY_TIMEOUT_ENVIRON_KEY = environ_key(ENVOY_TIMEOUT_HEADER)  # HTTP_X_ENVOY_EX
 # (99999999H, about 11 400 years) is above this bound and is taken as it is:
 # like any budget, it is capped at the policy's max_budget_ms.
 _INT64_MAX = 2**63 - 1
-MAX_WIRE_MS = _INT64_MAX // NS_PER_MS
+MAX_WIRE_MS = MAX_MS
 
 # The same bound as a float (exact: it is below 2**53), so the range check of
 # a parsed value compares two floats.
@@ -309,29 +309,6 @@ def budget_from_headers(headers: Mapping[str, Any]) -> IncomingBudget:
         key = name.lower()
         folded[key] = f"{folded[key]}, {value}" if key in folded else value
     return _incoming_budget(folded, _LOWER_NAMES)
-
-
-def checked_ms(value: object, name: str, *, positive: bool = False, allow_negative: bool = False) -> float:
-    """Check an argument that holds milliseconds; return it as a float.
-
-    It must be a finite real number (not a bool), ``>= 0`` — or ``> 0`` with
-    ``positive``, or any sign with ``allow_negative`` — and no more than
-    ``MAX_WIRE_MS``. Raises ``TypeError``/``ValueError`` naming ``name``.
-    """
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a real number of milliseconds, not {type(value).__name__}")
-    ms = float(value)
-    if math.isnan(ms):
-        raise ValueError(f"{name} must not be NaN")
-    if math.isinf(ms):
-        raise ValueError(f"{name} must be finite, got {ms}")
-    if positive and ms <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    if not allow_negative and ms < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    if abs(ms) > MAX_WIRE_MS:
-        raise ValueError(f"{name} must be at most {MAX_WIRE_MS} ms, got {value!r}")
-    return ms
 
 
 # The budget of a request that says none, where a server or middleware is not told another.

@@ -56,13 +56,13 @@ from prazo.core import (
     DownstreamOverloaded,
     current_deadline,
 )
+from prazo.core.arguments import checked_ms
 
 from .headers import (
     BUDGET_HEADER,
     ENVOY_TIMEOUT_HEADER,
     GRPC_TIMEOUT_HEADER,
     budget_from_headers,
-    checked_ms,
     outgoing_headers_for,
 )
 

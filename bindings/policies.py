@@ -20,12 +20,12 @@ them through (``queue_options``), and what they add lives here:
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prazo.core import DEFAULT_CODEL_INTERVAL_MS, DEFAULT_CODEL_TARGET_MS
+from prazo.core.arguments import checked_ms
 
 from .headers import environ_key, is_ambiguous_header_name
 
@@ -43,7 +43,6 @@ __all__ = [
     "checked_expected_service_ms",
     "checked_header_name",
     "checked_paths",
-    "checked_policy_ms",
     "parse_expected_service_ms",
     "queue_options",
 ]
@@ -105,20 +104,11 @@ def checked_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def checked_policy_ms(value: object, name: str) -> float:
-    """A finite number of milliseconds > 0 (not a bool); ``ValueError`` / ``TypeError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of milliseconds, not {type(value).__name__}")
-    if not (0 < value < math.inf):
-        raise ValueError(f"{name} must be a finite number of milliseconds > 0, got {value!r}")
-    return float(value)
-
-
 def checked_expected_service_ms(value: object, name: str) -> float | str | None:
     """None, a number of ms > 0, or one of ``EXPECTED_SERVICE_QUANTILES``; errors name ``name``."""
     if value is None or isinstance(value, str):
         return None if value is None else checked_choice(value, name, EXPECTED_SERVICE_QUANTILES)
-    return checked_policy_ms(value, name)
+    return checked_ms(value, name, positive=True)
 
 
 def parse_expected_service_ms(text: str, name: str) -> float | str:
@@ -133,7 +123,7 @@ def parse_expected_service_ms(text: str, name: str) -> float | str:
             f"{name} must be a number of milliseconds > 0 or one of {', '.join(EXPECTED_SERVICE_QUANTILES)}, "
             f"got {text!r}"
         ) from None
-    return checked_policy_ms(number, name)
+    return checked_ms(number, name, positive=True)
 
 
 def checked_header_name(value: object, name: str) -> str:

@@ -41,8 +41,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prazo.core import NS_PER_MS
+from prazo.core.arguments import checked_ms
 
-from .headers import BudgetPolicy, checked_ms, environ_key
+from .headers import BudgetPolicy, environ_key
 
 __all__ = [
     "DEFAULT_MAX_UPSTREAM_MS",

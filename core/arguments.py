@@ -1,4 +1,4 @@
-"""The argument rules every layer shares: a count, and a yes/no environment variable.
+"""The argument rules every layer shares: a count, milliseconds, and a yes/no environment variable.
 
 Standard library only: ``setup.py`` loads this file by its path to read
 ``PRAZO_NO_EXTENSIONS`` the way ``prazo.core`` reads it, before anything is built.
@@ -6,12 +6,26 @@ Standard library only: ``setup.py`` loads this file by its path to read
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from numbers import Real
 
-__all__ = ["FALSE_WORDS", "INT32_LIMIT", "TRUE_WORDS", "checked_count", "env_flag", "parse_flag"]
+__all__ = [
+    "FALSE_WORDS",
+    "INT32_LIMIT",
+    "MAX_MS",
+    "TRUE_WORDS",
+    "checked_count",
+    "checked_ms",
+    "env_flag",
+    "parse_flag",
+]
 
 # Sizes the C twins keep in a C int.
 INT32_LIMIT = 2**31
+# Every duration ends up as int64 nanoseconds (a deadline, a budget on the wire, a C field):
+# the most milliseconds that fit.
+MAX_MS = (2**63 - 1) // 1_000_000
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -34,6 +48,29 @@ def checked_count(
         limit = "2**31" if below == INT32_LIMIT else str(below)
         raise ValueError(f"{name} must be < {limit}, got {value}")
     return int(value)
+
+
+def checked_ms(value: object, name: str, *, positive: bool = False, allow_negative: bool = False) -> float:
+    """Check an argument that holds milliseconds; return it as a float.
+
+    It must be a finite real number (not a bool), ``>= 0`` — or ``> 0`` with
+    ``positive``, or any sign with ``allow_negative`` — and no more than
+    ``MAX_MS``. Raises ``TypeError``/``ValueError`` naming ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number of milliseconds, not {type(value).__name__}")
+    ms = float(value)
+    if math.isnan(ms):
+        raise ValueError(f"{name} must not be NaN")
+    if math.isinf(ms):
+        raise ValueError(f"{name} must be finite, got {ms}")
+    if positive and ms <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if not allow_negative and ms < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if abs(ms) > MAX_MS:
+        raise ValueError(f"{name} must be at most {MAX_MS} ms, got {value!r}")
+    return ms
 
 
 def parse_flag(raw: str, name: str) -> bool:

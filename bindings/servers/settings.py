@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prazo.core import IMPLEMENTATION
-from prazo.core.arguments import checked_count, parse_flag
+from prazo.core.arguments import checked_count, checked_ms, parse_flag
 
-from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits, checked_ms
+from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
 from ..policies import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
@@ -37,7 +37,6 @@ from ..policies import (
     checked_expected_service_ms,
     checked_header_name,
     checked_paths,
-    checked_policy_ms,
     parse_expected_service_ms,
 )
 from ..proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy, checked_max_upstream_ms, trusted_networks
@@ -108,7 +107,7 @@ def _count(minimum: int) -> Callable[[Any, str], int]:
     return lambda value, name: checked_count(value, name, minimum)
 
 
-def _budget_ms(value: Any, name: str) -> float:
+def _positive_ms(value: Any, name: str) -> float:
     return checked_ms(value, name, positive=True)
 
 
@@ -201,11 +200,11 @@ SETTINGS: tuple[Setting, ...] = (
             "x workers in the prazo host's one line)",
             flag="--max-queue", env="PRAZO_MAX_QUEUE", parse=_integer, metavar="M",
             default_text=f"{DEFAULT_QUEUE_PER_THREAD} × threads"),
-    Setting("default_budget_ms", _budget_ms,
+    Setting("default_budget_ms", _positive_ms,
             "budget of a request without a budget header, at most --max-budget-ms",
             flag="--default-budget-ms", env="PRAZO_DEFAULT_BUDGET_MS", parse=_milliseconds, metavar="B",
             default_text="1000, or --max-budget-ms when lower"),
-    Setting("max_budget_ms", _budget_ms, "the most any request may ask for",
+    Setting("max_budget_ms", _positive_ms, "the most any request may ask for",
             flag="--max-budget-ms", env="PRAZO_MAX_BUDGET_MS", parse=_milliseconds, metavar="C"),
     Setting("trust_request_start", _bool,
             "take the time queued in a front proxy (X-Request-Start) off the budget",
@@ -216,7 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trusted_proxies", _proxies, "only from this proxy address or network",
             flag="--trusted-proxy", env="PRAZO_TRUSTED_PROXIES", kind="list", metavar="ADDR",
             default_text="any peer"),
-    Setting("header_timeout_ms", checked_policy_ms,
+    Setting("header_timeout_ms", _positive_ms,
             "a request head not complete this long after its first byte is answered 408 (not waitress, "
             "which reads heads in its I/O thread)",
             flag="--header-timeout-ms", env="PRAZO_HEADER_TIMEOUT_MS", parse=_milliseconds, metavar="T"),
@@ -224,10 +223,10 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--no-yield-when-full", env="PRAZO_YIELD_WHEN_FULL", kind="off"),
     Setting("order", _choice(ORDERS), "who waits: fifo, lifo, or adaptive (LIFO + CoDel shedding)",
             flag="--order", env="PRAZO_ORDER", parse=_word, choices=ORDERS),
-    Setting("codel_target_ms", checked_policy_ms, "--order adaptive: the longest wait while the line stands",
+    Setting("codel_target_ms", _positive_ms, "--order adaptive: the longest wait while the line stands",
             flag="--codel-target-ms", env="PRAZO_CODEL_TARGET_MS", parse=_milliseconds, metavar="MS",
             adaptive_only=True),
-    Setting("codel_interval_ms", checked_policy_ms, "--order adaptive: how long a non-empty line counts as standing",
+    Setting("codel_interval_ms", _positive_ms, "--order adaptive: how long a non-empty line counts as standing",
             flag="--codel-interval-ms", env="PRAZO_CODEL_INTERVAL_MS", parse=_milliseconds, metavar="MS",
             adaptive_only=True),
     Setting("expected_service_ms", checked_expected_service_ms,

@@ -108,7 +108,7 @@ def test_serve_starts_with_codel_variables_meant_for_another_service(
             "default_budget_ms (--default-budget-ms, $PRAZO_DEFAULT_BUDGET_MS) must be <= max_budget_ms",
         ),
         (["_server_harness:app", "--port", "70000"], "--port must be between 0 and 65535"),
-        (["_server_harness:app", "--header-timeout-ms", "-1"], "--header-timeout-ms must be a finite number"),
+        (["_server_harness:app", "--header-timeout-ms", "-1"], "--header-timeout-ms must be > 0, got -1.0"),
         (["_server_harness:app", "--workers", "2"], "--workers is for --server gunicorn or prazo only"),
         (["_server_harness:app", "--preload"], "--preload is for --server prazo --workers N only"),
         (["_server_harness:app", "--server", "prazo", "--preload"], "--preload is for --server prazo --workers N only"),

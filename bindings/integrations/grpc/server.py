@@ -51,7 +51,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
-from prazo.bindings.headers import MAX_WIRE_MS, BudgetPolicy, IncomingBudget, budget_from_headers, checked_ms
+from prazo.bindings.headers import MAX_WIRE_MS, BudgetPolicy, IncomingBudget, budget_from_headers
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import (
     NS_PER_MS,
@@ -65,6 +65,7 @@ from prazo.core import (
     deadline_context,
     deadline_scope,
 )
+from prazo.core.arguments import checked_ms
 
 from .metadata import REASON_METADATA_KEY, budget_fields
 
