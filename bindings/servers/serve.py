@@ -55,8 +55,12 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import TextIO
 
+from prazo.core.arguments import checked_count
+
 from ..freethreading import GIL_LOGGER
 from ..wsgi import WSGIApp
+from .frontdoor.server import checked_timeout
+from .frontdoor.supervisor import checked_max_requests, checked_workers
 from .plumbing.app_loader import load_app, split_app_spec
 from .plumbing.process_names import name_process
 from .settings import (
@@ -378,24 +382,21 @@ def _check(args: argparse.Namespace) -> ServerSettings:
     """
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    host = args.server == "prazo" and args.workers != 1
+    if args.server == "prazo":
+        checked_workers(args.workers, "--workers")
+    else:
+        checked_count(args.workers, "--workers", 1)
     if args.workers != 1 and args.server not in ("gunicorn", "prazo"):
         raise ValueError("--workers is for --server gunicorn or prazo only (the other servers run one process)")
-    if args.preload and (args.server != "prazo" or args.workers == 1):
+    if args.preload and not host:
         raise ValueError("--preload is for --server prazo --workers N only")
-    if args.max_requests is not None and (args.server != "prazo" or args.workers == 1):
+    if (args.max_requests is not None or args.max_requests_jitter is not None) and not host:
         raise ValueError("--max-requests is for --server prazo --workers N only")
-    if args.max_requests is not None and args.max_requests < 1:
-        raise ValueError(f"--max-requests must be >= 1, got {args.max_requests}")
-    if args.max_requests_jitter is not None and args.max_requests is None:
-        raise ValueError("--max-requests-jitter spreads --max-requests: give --max-requests too")
-    if args.max_requests_jitter is not None and args.max_requests_jitter < 0:
-        raise ValueError(f"--max-requests-jitter must be >= 0, got {args.max_requests_jitter}")
+    checked_max_requests(args.max_requests, args.max_requests_jitter or 0, ("--max-requests", "--max-requests-jitter"))
     if args.yield_when_full is False and args.server != "gunicorn":
         raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
-    if not args.shutdown_timeout >= 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    checked_timeout(args.shutdown_timeout, "--shutdown-timeout")
     settings = resolve_settings(
         **settings_from_arguments(args),
         # A front-door host has one line for all its workers: reserved places and the default queue count them all.

@@ -87,7 +87,7 @@ from .server import (
     compiled_engine,
     with_policies,
 )
-from .supervisor import FrontDoorHost
+from .supervisor import FrontDoorHost, checked_workers
 from .worker import current_host
 
 __all__ = [
@@ -190,15 +190,14 @@ def create_server(
         "reserved": reserved, "critical_header": critical_header,
         "critical_paths": critical_paths,
     }  # fmt: skip
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise TypeError(f"workers must be an int, got {type(workers).__name__}")
+    checked_workers(workers)
     # Policies given beside complete settings win over its fields; without settings they are
     # arguments like the limits (and read from the environment when not given).
     settings = with_policies(settings, policies)
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
-        host_workers=None if settings is not None or workers < 1 else workers,
+        host_workers=None if settings is not None else workers,
         **({} if settings is not None else policies),
     )  # fmt: skip
     if workers != 1 or max_requests is not None or max_requests_jitter != 0:

@@ -67,6 +67,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from prazo.core.arguments import checked_count
+
 from ...wsgi import WSGIApp
 from ..settings import ServerSettings
 from .protocol import BOOT_ERROR, READY, RETIRE, Plan, host_stats_of, receive_message, run_child, send_message
@@ -82,7 +84,7 @@ from .server import (
 from .triage import triage_main
 from .worker import worker_main
 
-__all__ = ["HOST_LOGGER", "FrontDoorHost"]
+__all__ = ["HOST_LOGGER", "MAX_WORKERS", "FrontDoorHost", "checked_max_requests", "checked_workers"]
 
 # The host's lifecycle (started, replaced, reloaded, drained); `prazo serve` prints it at INFO.
 HOST_LOGGER = "prazo.servers.host"
@@ -98,6 +100,31 @@ _EXIT_GRACE_S = 5.0
 # short of descriptors is not asked every few milliseconds.
 _RETRY_FIRST_S = 0.25
 _RETRY_MAX_S = 8.0
+
+
+# The most worker processes one host runs: more on one machine is a typo, not a plan (and the triage's
+# worker_loads reports at most 256 live workers, replacements included while they overlap).
+MAX_WORKERS = 64
+
+
+def checked_workers(value: object, name: str = "workers") -> int:
+    """A host's worker processes: an int from 1 to ``MAX_WORKERS``; ``TypeError``/``ValueError`` naming ``name``."""
+    count = checked_count(value, name, 1)
+    if count > MAX_WORKERS:
+        raise ValueError(f"{name} must be between 1 and {MAX_WORKERS}, got {count}")
+    return count
+
+
+def checked_max_requests(
+    max_requests: object, jitter: object, names: tuple[str, str] = ("max_requests", "max_requests_jitter")
+) -> None:
+    """A worker's replacement after ``max_requests`` (None: never) plus a random 0..``jitter``; errors name ``names``."""
+    requests_name, jitter_name = names
+    if max_requests is not None:
+        checked_count(max_requests, requests_name, 1)
+    checked_count(jitter, jitter_name, 0)
+    if jitter and max_requests is None:
+        raise ValueError(f"{jitter_name} spreads {requests_name}: give {requests_name} too")
 
 
 @dataclass
@@ -141,20 +168,8 @@ class FrontDoorHost:
         max_requests: int | None = None,
         max_requests_jitter: int = 0,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int):
-            raise TypeError(f"workers must be an int, got {type(workers).__name__}")
-        if not 1 <= workers <= 64:
-            raise ValueError(f"workers must be between 1 and 64, got {workers}")
-        if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)):
-            raise TypeError(f"max_requests must be an int or None, got {type(max_requests).__name__}")
-        if max_requests is not None and max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        if isinstance(max_requests_jitter, bool) or not isinstance(max_requests_jitter, int):
-            raise TypeError(f"max_requests_jitter must be an int, got {type(max_requests_jitter).__name__}")
-        if max_requests_jitter < 0:
-            raise ValueError(f"max_requests_jitter must be >= 0, got {max_requests_jitter}")
-        if max_requests_jitter and max_requests is None:
-            raise ValueError("max_requests_jitter spreads max_requests: give max_requests too")
+        checked_workers(workers)
+        checked_max_requests(max_requests, max_requests_jitter)
         if (app is None) == (app_spec is None):
             raise TypeError("give the app or its MODULE:APP spec (app_spec), not both")
         self.policies = settings.policies()
