@@ -35,6 +35,8 @@ REASON_EXPIRED_IN_QUEUE = "expired-in-queue"
 REASON_DEADLINE_EXCEEDED = "deadline-exceeded"
 REASON_NO_BUDGET_FOR_DOWNSTREAM = "no-budget-for-downstream"
 REASON_DOWNSTREAM_OVERLOADED = "downstream-overloaded"
+# A caller's adaptive throttle refused an attempt itself (prazo.bindings.retries.throttle): a 503.
+REASON_THROTTLED_LOCALLY = "throttled-locally"
 # ShutDown has no reason of its own (it mirrors queue.ShutDown); this is the one its 503 carries.
 REASON_SHUTTING_DOWN = "shutting-down"
 # The queue policies (docs/design.md): a doomed entry, whose remaining budget is
@@ -67,6 +69,7 @@ REASONS: Mapping[str, Reason] = MappingProxyType(
             Reason(REASON_DEADLINE_EXCEEDED, 504, "DEADLINE_EXCEEDED"),
             Reason(REASON_NO_BUDGET_FOR_DOWNSTREAM, 504, "DEADLINE_EXCEEDED"),
             Reason(REASON_DOWNSTREAM_OVERLOADED, 503, "UNAVAILABLE"),
+            Reason(REASON_THROTTLED_LOCALLY, 503, "UNAVAILABLE"),
             Reason(REASON_SHUTTING_DOWN, 503, "UNAVAILABLE"),
             Reason(REASON_BULKHEAD_FULL, 503, "UNAVAILABLE"),
             Reason(REASON_BREAKER_OPEN, 503, "UNAVAILABLE"),

@@ -34,9 +34,11 @@ outcome            what happened                                       what the 
 ``bulkhead_full``  ``max_concurrent`` calls already in flight          503 ``bulkhead-full``
 ``breaker_open``   the breaker refused the call                        503 ``breaker-open``
 ``no_budget``      the caller's deadline left less than 1 ms           504 ``no-budget-for-downstream``
+``throttled``      the retry policy's adaptive throttle refused the    503 ``throttled-locally``
+                   call (the dependency has been refusing)
 =================  ==================================================  =====================================
 
-``error``, ``timeout``, ``bulkhead_full`` and ``breaker_open`` serve a
+``error``, ``timeout``, ``bulkhead_full``, ``breaker_open`` and ``throttled`` serve a
 last-known-good value instead when one is young enough (``stale_for_s``);
 ``no_budget`` never does (nobody is left to use it).
 
@@ -67,6 +69,7 @@ from prazo.core import (
     REASON_DEPENDENCY_TIMEOUT,
     REASON_DEPENDENCY_UNAVAILABLE,
     REASON_NO_BUDGET_FOR_DOWNSTREAM,
+    REASON_THROTTLED_LOCALLY,
     Deadline,
     DeadlineExceeded,
     DownstreamOverloaded,
@@ -100,11 +103,21 @@ __all__ = [
 
 T = TypeVar("T")
 
-OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget")
+OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget", "throttled")
 # The retry counters of stats() (all 0 without a retry policy).
-RETRY_STATS = ("retries", "retries_refused_by_budget", "retries_refused_by_deadline", "retry_after_honoured")
+RETRY_STATS = (
+    "retries",
+    "retries_refused_by_budget",
+    "retries_refused_by_deadline",
+    "retry_after_honoured",
+    "throttled_locally",
+)
+# Outcomes of a call that the dependency did not take, for the adaptive throttle:
+# its own bulkhead and breaker refuse because it is not keeping up.
+_NOT_TAKEN = frozenset(("bulkhead_full", "breaker_open"))
 _RETRY_COUNTER_OF = {
     "budget": "retries_refused_by_budget",
+    "throttled": "throttled_locally",
     "deadline": "retries_refused_by_deadline",
     "retry-after": "retries_refused_by_deadline",
 }
@@ -240,10 +253,12 @@ class _Tally:
     and ``endpoint`` is the endpoint index the last attempt started with.
     """
 
-    __slots__ = ("end_ns", "endpoint", "outcome", "retry")
+    __slots__ = ("end_ns", "endpoint", "outcome", "recorded", "retry")
 
     def __init__(self) -> None:
         self.outcome = "error"
+        # Whether the adaptive throttle has been told how the current attempt went.
+        self.recorded = False
         self.retry: Callable[[BaseException], bool] | None = None
         self.endpoint: int | None = None
         # Set by the first attempt: when the call's own timeout ends, which
@@ -511,6 +526,11 @@ class Dependency:
     ) -> CallResult[T]:
         """``_call`` again, on the next endpoint, while ``policy`` says a failed attempt may be retried."""
         budget: RetryBudget = policy.start_call(self._name)
+        throttle = policy.throttle_for(self._name)
+        if throttle is not None and not throttle.admit():
+            with self._lock:
+                self._retry_counts["throttled_locally"] += 1
+            return self._fallback(tally, "throttled", key, 0, REASON_THROTTLED_LOCALLY)
         caller_deadline = current_deadline()
         number = 1
 
@@ -525,13 +545,17 @@ class Dependency:
             deadline = caller_deadline
             if end_ns is not None and (deadline is None or end_ns < deadline.ns):
                 deadline = Deadline.at_ns(end_ns)
+            failure = _dependency_failure(error, policy.retryable_reasons)
+            policy.record_attempt(throttle, failure)
+            tally.recorded = True
             decision = policy.decide(
-                _dependency_failure(error, policy.retryable_reasons),
+                failure,
                 number,
                 budget,
                 idempotent=idempotent,
                 deadline=deadline,
                 expected_attempt_ns=policy.expected_attempt_ns(self._name, quantile_ns),
+                throttle=throttle,
             )
             counter = "retries" if decision.retry else _RETRY_COUNTER_OF.get(decision.why)
             with self._lock:
@@ -545,10 +569,16 @@ class Dependency:
 
         tally.retry = again
         while True:
+            tally.recorded = False
             try:
                 return self._call(fn, args, kwargs, key, idempotent, tally)
             except _Retrying:
                 number += 1
+            finally:
+                if throttle is not None and not tally.recorded:
+                    # The last attempt, not judged by a retry decision: the dependency took it
+                    # (a value, a timeout, an error of fn's own) unless its bulkhead or breaker refused.
+                    throttle.record(tally.outcome not in _NOT_TAKEN)
 
     def _now_arg(self, now: int) -> int | None:
         return now if self._own_clock else None
@@ -857,7 +887,7 @@ class Dependency:
             "saturation": in_flight / self._max,
             "threads": self._threads.threads,
             "outcomes": outcomes,
-            "rejected": outcomes["bulkhead_full"] + outcomes["breaker_open"],
+            "rejected": outcomes["bulkhead_full"] + outcomes["breaker_open"] + outcomes["throttled"],
             **counters,
             "breaker_state": "disabled" if breaker is None else breaker.current_state(self._now_arg(now)),
             "p50_ms": None if p50 is None else p50 / NS_PER_MS,

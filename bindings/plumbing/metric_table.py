@@ -62,6 +62,7 @@ _RETRY_HELP = {
     "retries_refused_by_budget": "Retries the retry budget refused.",
     "retries_refused_by_deadline": "Retries refused because the deadline (or a longer Retry-After) left no room.",
     "retry_after_honoured": "Retries that waited the Retry-After the server asked for.",
+    "throttled_locally": "Attempts the adaptive throttle refused before sending (the destination was refusing).",
 }
 
 # Every family: name (counters without _total) -> (type, labels, help).

@@ -41,11 +41,13 @@ from numbers import Real
 
 from prazo.core import NS_PER_SECOND
 
+from .destinations import PerDestination
+from .window import SlidingSums
+
 __all__ = [
     "DEFAULT_MIN_PER_S",
     "DEFAULT_PERCENT",
     "DEFAULT_TTL_S",
-    "GENERATIONS",
     "TOKEN",
     "RetryBudget",
     "RetryBudgets",
@@ -56,13 +58,8 @@ __all__ = [
 DEFAULT_TTL_S = 10.0
 DEFAULT_MIN_PER_S = 10.0
 DEFAULT_PERCENT = 0.2
-# The window is cut into this many generations (as tower does): expiry is
-# exact to one generation, and advancing costs at most this many slot resets.
-GENERATIONS = 10
 # One retry, in micro-tokens.
 TOKEN = 1_000_000
-# Destinations a RetryBudgets keeps before it forgets the least recently used.
-_MAX_DESTINATIONS = 1024
 
 
 def _check_real(value: object, name: str, *, low: float, high: float, low_open: bool) -> float:
@@ -103,17 +100,14 @@ class RetryBudget:
     __slots__ = (
         "_clock",
         "_deposits",
-        "_generation",
-        "_generation_ns",
         "_lock",
         "_min_per_s",
         "_per_call",
         "_percent",
         "_refused",
         "_reserve",
-        "_slots",
-        "_sum",
         "_ttl_s",
+        "_window",
         "_withdrawn",
     )
 
@@ -129,12 +123,10 @@ class RetryBudget:
         self._min_per_s = _check_real(min_per_s, "min_per_s", low=0.0, high=1e6, low_open=False)
         self._percent = _check_real(percent, "percent", low=0.0, high=1.0, low_open=False)
         self._clock = check_clock(clock)
-        self._generation_ns = max(1, round(self._ttl_s * NS_PER_SECOND / GENERATIONS))
         self._per_call = round(self._percent * TOKEN)
         self._reserve = round(self._min_per_s * self._ttl_s * TOKEN)
-        self._slots = [0] * GENERATIONS
-        self._sum = 0
-        self._generation = self._clock() // self._generation_ns
+        # One sum: deposits minus withdrawals, in micro-tokens, over the last ttl_s.
+        self._window = SlidingSums(1, round(self._ttl_s * NS_PER_SECOND), self._clock())
         self._lock = threading.Lock()
         self._deposits = 0
         self._withdrawn = 0
@@ -156,53 +148,31 @@ class RetryBudget:
         """This budget, whatever the destination: one budget shared by everything a policy retries."""
         return self
 
-    def _advance(self, generation: int) -> None:
-        """Move the window to ``generation``, expiring what left it (under the lock)."""
-        passed = generation - self._generation
-        if passed <= 0:  # a clock that went back (a fake one) keeps the current generation
-            return
-        slots = self._slots
-        if passed >= GENERATIONS:
-            for index in range(GENERATIONS):
-                slots[index] = 0
-            self._sum = 0
-        else:
-            for step in range(1, passed + 1):
-                index = (self._generation + step) % GENERATIONS
-                self._sum -= slots[index]
-                slots[index] = 0
-        self._generation = generation
-
     def deposit(self) -> None:
         """Count one call: adds ``percent`` of a token, for ``ttl_s``."""
-        generation = self._clock() // self._generation_ns
+        now = self._clock()
         with self._lock:
-            if generation != self._generation:
-                self._advance(generation)
-            self._slots[generation % GENERATIONS] += self._per_call
-            self._sum += self._per_call
+            self._window.add(now, 0, self._per_call)
             self._deposits += 1
 
     def try_withdraw(self) -> bool:
         """Take one token for a retry; False (nothing taken) when less than one is left."""
-        generation = self._clock() // self._generation_ns
+        now = self._clock()
         with self._lock:
-            if generation != self._generation:
-                self._advance(generation)
-            if self._sum + self._reserve < TOKEN:
+            self._window.advance(now)
+            if self._window.sums[0] + self._reserve < TOKEN:
                 self._refused += 1
                 return False
-            self._slots[generation % GENERATIONS] -= TOKEN
-            self._sum -= TOKEN
+            self._window.add(now, 0, -TOKEN)
             self._withdrawn += 1
             return True
 
     def balance(self) -> float:
         """Retries that could be taken now, in tokens (may be fractional, never below ``-reserve``)."""
-        generation = self._clock() // self._generation_ns
+        now = self._clock()
         with self._lock:
-            self._advance(generation)
-            return (self._sum + self._reserve) / TOKEN
+            self._window.advance(now)
+            return (self._window.sums[0] + self._reserve) / TOKEN
 
     def stats(self) -> dict[str, float]:
         """``deposits``, ``withdrawn`` and ``refused`` since creation, and the ``balance`` now."""
@@ -237,25 +207,15 @@ class RetryBudgets:
         # Checked once here, so a bad argument fails at construction, not at the first call.
         template = RetryBudget(ttl_s=ttl_s, min_per_s=min_per_s, percent=percent, clock=clock)
         self._arguments = {"ttl_s": template.ttl_s, "min_per_s": template.min_per_s, "percent": template.percent}
-        self._clock = clock
-        self._budgets: dict[Hashable, RetryBudget] = {}
-        self._lock = threading.Lock()
+        self._budgets = PerDestination(lambda: RetryBudget(clock=clock, **self._arguments))
 
     def for_destination(self, destination: Hashable) -> RetryBudget:
         """The budget of ``destination``, made now if it has none yet."""
-        with self._lock:
-            budget = self._budgets.pop(destination, None)
-            if budget is None:
-                budget = RetryBudget(clock=self._clock, **self._arguments)
-                if len(self._budgets) >= _MAX_DESTINATIONS:
-                    del self._budgets[next(iter(self._budgets))]
-            self._budgets[destination] = budget  # re-inserted: the dict's order is the LRU order
-            return budget
+        return self._budgets.get(destination)
 
     def destinations(self) -> list[Hashable]:
         """The destinations that have a budget now, least recently used first."""
-        with self._lock:
-            return list(self._budgets)
+        return [destination for destination, _ in self._budgets.items()]
 
     def __repr__(self) -> str:
         arguments = ", ".join(f"{name}={value:g}" for name, value in self._arguments.items())

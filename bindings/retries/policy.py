@@ -19,8 +19,13 @@ last real answer at once):
    ``grpc-retry-pushback-ms``) longer than that gives up at once too
    (``"retry-after"``); both count as ``retries_refused_by_deadline``;
 5. the destination's ``RetryBudget`` has a token (``"budget"``,
-   ``retries_refused_by_budget``) — asked last, so no token is spent on a
-   retry that another rule refuses.
+   ``retries_refused_by_budget``) — asked after the rules above, so no token
+   is spent on a retry that one of them refuses;
+6. with ``throttle``, the destination's ``AdaptiveThrottle`` lets the attempt
+   go (``"throttled"``, ``throttled_locally``). It is asked before every
+   attempt, the first included (refused: ``Throttled`` is raised and nothing
+   is sent), and told after each whether the destination took it; a retry it
+   refuses has spent its budget token (both say the destination is refusing).
 
 The wait is the ``Retry-After`` when the server sent one that fits
 (``retry_after_honoured``), else exponential backoff with full jitter:
@@ -49,6 +54,7 @@ from prazo.core import NS_PER_MS, NS_PER_SECOND, Deadline, WindowedHistogram, cu
 from ..outgoing import DEFAULT_MARGIN_MS, validate_margin_ms
 from .budget import RetryBudget, RetryBudgets, check_clock
 from .failures import RETRYABLE_KINDS, RETRYABLE_REASONS, Failure
+from .throttle import NOT_ACCEPTED_KINDS, AdaptiveThrottle, AdaptiveThrottles, Throttled
 
 __all__ = [
     "DEFAULT_ATTEMPT_QUANTILE",
@@ -77,6 +83,7 @@ RETRY_COUNTERS = (
     "retries_refused_by_budget",
     "retries_refused_by_deadline",
     "retry_after_honoured",
+    "throttled_locally",
 )
 
 
@@ -139,6 +146,9 @@ class RetryPolicy:
         rng: the ``random.Random`` the jitter draws from (tests seed one).
         sleep: waits between attempts (``time.sleep``; tests pass a fake one).
         clock: monotonic nanoseconds for the deadline arithmetic and the budgets' clock.
+        throttle: an ``AdaptiveThrottle`` shared by every destination, or
+            ``AdaptiveThrottles`` (one per destination); None (the default): no
+            attempt is refused here.
     """
 
     def __init__(
@@ -155,6 +165,7 @@ class RetryPolicy:
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], int] | None = None,
+        throttle: AdaptiveThrottle | AdaptiveThrottles | None = None,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise TypeError(f"max_attempts must be an int, not {type(max_attempts).__name__}")
@@ -194,6 +205,11 @@ class RetryPolicy:
             raise TypeError(f"sleep must be callable, not {type(sleep).__name__}")
         self._sleep = sleep
         self._clock = check_clock(clock)
+        if throttle is not None and not isinstance(throttle, (AdaptiveThrottle, AdaptiveThrottles)):
+            raise TypeError(
+                f"throttle must be an AdaptiveThrottle, AdaptiveThrottles or None, not {type(throttle).__name__}"
+            )
+        self.throttle = throttle
         self._lock = threading.Lock()
         self._counters = dict.fromkeys(RETRY_COUNTERS, 0)
         self._refused: dict[str, int] = {}
@@ -274,6 +290,23 @@ class RetryPolicy:
             self._counters["calls"] += 1
         return budget
 
+    def throttle_for(self, destination: Hashable) -> AdaptiveThrottle | None:
+        """The adaptive throttle of ``destination``; None without ``throttle``."""
+        return None if self.throttle is None else self.throttle.for_destination(destination)
+
+    def admit_first(self, throttle: AdaptiveThrottle | None, destination: Hashable) -> None:
+        """Before a call's first attempt: ``Throttled`` when ``throttle`` refuses it (nothing is sent)."""
+        if throttle is not None and not throttle.admit():
+            with self._lock:
+                self._counters["throttled_locally"] += 1
+            raise Throttled(destination)
+
+    @staticmethod
+    def record_attempt(throttle: AdaptiveThrottle | None, failure: Failure | None) -> None:
+        """After an attempt that was sent: tell ``throttle`` whether the destination took it."""
+        if throttle is not None:
+            throttle.record(failure is None or failure.kind not in NOT_ACCEPTED_KINDS)
+
     def decide(
         self,
         failure: Failure | None,
@@ -284,12 +317,14 @@ class RetryPolicy:
         replayable: bool = True,
         deadline: Deadline | None = None,
         expected_attempt_ns: int | None = None,
+        throttle: AdaptiveThrottle | None = None,
     ) -> RetryDecision:
         """Whether attempt ``attempt`` (1 = the first), which failed with ``failure``, is followed by another.
 
         ``expected_attempt_ns``: what the next attempt should take (None: the
         fixed ``attempt_ms``, 0 for a quantile). A retry decision has taken
-        its token from ``budget`` and been counted.
+        its token from ``budget``, been let through by ``throttle`` (when
+        given) and been counted.
         """
         if expected_attempt_ns is None:
             expected_attempt_ns = self._fixed_attempt_ns
@@ -317,6 +352,8 @@ class RetryPolicy:
             return self._no("retry-after", "retries_refused_by_deadline")
         if not budget.try_withdraw():
             return self._no("budget", "retries_refused_by_budget")
+        if throttle is not None and not throttle.admit():
+            return self._no("throttled", "throttled_locally")
         with self._lock:
             self._counters["retries"] += 1
             if retry_after_ns is not None:
@@ -356,6 +393,8 @@ class RetryPolicy:
         once it is certain to be retried. The deadline is the caller's current one.
         """
         budget = self.start_call(destination)
+        throttle = self.throttle_for(destination)
+        self.admit_first(throttle, destination)
         deadline = current_deadline()
         number = 1
         while True:
@@ -364,18 +403,20 @@ class RetryPolicy:
                 result = attempt(number)
             except Exception as exc:
                 failure: Failure | None = classify(exc)
-                if not self._again(failure, number, budget, destination, idempotent, replayable, deadline):
+                self.record_attempt(throttle, failure)
+                if not self._again(failure, number, budget, destination, idempotent, replayable, deadline, throttle):
                     raise
                 if discard is not None:
                     discard(exc)
                 number += 1
                 continue
             failure = None if judge is None else judge(result)
+            self.record_attempt(throttle, failure)
             if failure is None:
                 ended = self._clock()
                 self.record_success(destination, max(0, ended - began), ended)
                 return result
-            if not self._again(failure, number, budget, destination, idempotent, replayable, deadline):
+            if not self._again(failure, number, budget, destination, idempotent, replayable, deadline, throttle):
                 return result
             number += 1
 
@@ -388,6 +429,7 @@ class RetryPolicy:
         idempotent: bool,
         replayable: bool,
         deadline: Deadline | None,
+        throttle: AdaptiveThrottle | None,
     ) -> bool:
         """Decide after a failed attempt; wait the delay when the answer is yes."""
         decision = self.decide(
@@ -398,6 +440,7 @@ class RetryPolicy:
             replayable=replayable,
             deadline=deadline,
             expected_attempt_ns=self.expected_attempt_ns(destination),
+            throttle=throttle,
         )
         if decision.retry:
             self.wait(decision.delay_s)
@@ -409,4 +452,8 @@ class RetryPolicy:
             return {**self._counters, "not_retried": dict(self._refused)}
 
     def __repr__(self) -> str:
-        return f"RetryPolicy(max_attempts={self.max_attempts}, budget={self.budget!r}, attempt_ms={self.attempt_ms!r})"
+        throttle = "" if self.throttle is None else f", throttle={self.throttle!r}"
+        return (
+            f"RetryPolicy(max_attempts={self.max_attempts}, budget={self.budget!r}, "
+            f"attempt_ms={self.attempt_ms!r}{throttle})"
+        )

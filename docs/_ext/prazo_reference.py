@@ -49,6 +49,11 @@ OUTCOMES: dict[str, tuple[str, str, str]] = {
         "the call is not made",
     ),
     "downstream-overloaded": ("a downstream answered 503", "DownstreamOverloaded", "stays a 503 up the chain"),
+    "throttled-locally": (
+        "the caller's adaptive throttle refused the attempt (its destination has been refusing)",
+        "Throttled (a DownstreamOverloaded)",
+        "is never sent; a 503 up the chain",
+    ),
     "shutting-down": (
         "the queue or the server was shut down",
         "ShutDown (a queue.ShutDown on 3.13+)",

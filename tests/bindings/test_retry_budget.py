@@ -13,7 +13,8 @@ from _helpers import SecondsClock, examples, run_checked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.retries import RetryBudget, RetryBudgets
-from prazo.bindings.retries.budget import GENERATIONS, TOKEN
+from prazo.bindings.retries.budget import TOKEN
+from prazo.bindings.retries.window import GENERATIONS
 
 
 class Model:

@@ -81,6 +81,8 @@ EXPECTED = [
     ["200", "2"],  # several instances: each refuses its first /report
     ["200", "2"],  # Dependency: each instance refuses its first /recs/42
     [],  # gRPC: builds the channel
+    ["200", "0.8"],  # the adaptive throttle's arithmetic: 2 x what the destination takes
+    ["200", "0"],  # a throttled session: one refusal in a quiet window throttles nothing
 ]
 
 

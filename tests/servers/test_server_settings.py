@@ -132,7 +132,11 @@ def test_untrusted_proxy_list_argument_is_validated() -> None:
         ({"threads": 1, "max_queue": 1, "trust_request_start": "yes"}, TypeError, "trust_request_start"),
         ({"threads": 1, "max_queue": 1, "header_timeout_ms": 0}, ValueError, "header_timeout_ms must be > 0, got 0"),
         ({"threads": 1, "max_queue": 1, "header_timeout_ms": float("inf")}, ValueError, "header_timeout_ms"),
-        ({"threads": 1, "max_queue": 1, "header_timeout_ms": "5s"}, TypeError, "header_timeout_ms must be a real number"),
+        (
+            {"threads": 1, "max_queue": 1, "header_timeout_ms": "5s"},
+            TypeError,
+            "header_timeout_ms must be a real number",
+        ),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict, error: type, message: str) -> None:
