@@ -399,14 +399,16 @@ def _add_demo(commands: Commands) -> Commands:
     retries = _add_topic(
         topics,
         "retries",
-        "retry amplification at an overloaded B: naive retries vs a retry budget (≈ 1 min)",
+        "retry amplification at an overloaded B: naive retries vs a retry budget, and callers that throttle "
+        "themselves (≈ 1.5 min)",
         "Clients send 60 requests/s to A, which calls B (4 at once, queue 20, 300 ms of work) and retries: "
         "first with urllib3's Retry (3 attempts, fixed 2 s timeout), then with prazo's RetryPolicy and a 10 % "
         "RetryBudget. Prints B's offered load as a multiple of the client requests, B's wasted work and the "
-        "clients' goodput; then a light-faults run (B not overloaded, 5 % random 503s).",
+        "clients' goodput; then a light-faults run (B not overloaded, 5 % random 503s); then 40 requests/s "
+        "(3x B's capacity) without and with RetryPolicy(throttle=AdaptiveThrottles()): the load reaching B.",
         _run_demo_retries,
     )
-    _add_quick(retries, "4 s overloaded runs and an 8 s light-faults run instead of 10 s and 25 s")
+    _add_quick(retries, "4 s overloaded and throttling runs and an 8 s light-faults run instead of 10 s and 25 s")
     retries.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     retries.add_argument(
         "--plot", metavar="FILE.png", help="draw offered load, wasted work and goodput over time (needs prazo[plot])"

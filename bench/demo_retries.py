@@ -30,6 +30,12 @@ The *light faults* run checks the other side: B not overloaded
 (``light_rate_per_s``), 5 % of its answers a random 503, clients through
 prazo's ``RetryPolicy``: nearly every request must succeed.
 
+*Callers that throttle themselves*: two more runs at ``throttle_rate_per_s``
+(3× B's capacity), both with prazo's ``RetryPolicy``, the second with
+``throttle=AdaptiveThrottles(k=throttle_k)`` at A: the arrivals reaching B
+per second, as a multiple of B's capacity, with and without the throttle, and
+the clients' goodput in each (B's answers that reached a client in time).
+
 ``run_experiment(params)`` returns the data, ``render_report`` the tables,
 ``plot_experiment`` draws it (matplotlib, the ``plot`` extra).
 """
@@ -47,7 +53,7 @@ from typing import Any
 
 from prazo.bench.demo_cascade import DEMO_ID_HEADER, LoopbackServers
 from prazo.bindings.headers import BUDGET_HEADER, format_budget_ms
-from prazo.bindings.retries import RetryBudget, RetryPolicy
+from prazo.bindings.retries import AdaptiveThrottles, RetryBudget, RetryPolicy
 from prazo.bindings.wsgi import DEADLINE_KEY, AdmissionMiddleware
 from prazo.core import NS_PER_MS, NS_PER_SECOND, Deadline, DeadlineExceeded
 
@@ -85,10 +91,14 @@ class RetryExperimentParams:
     light_rate_per_s: float = 8.0
     light_duration_s: float = 25.0
     light_fault_rate: float = 0.05
+    # 3x B's capacity (4 places x 1000/300 ms = 13.3/s).
+    throttle_rate_per_s: float = 40.0
+    throttle_k: float = 2.0
     seed: int = 24
 
     def __post_init__(self) -> None:
-        for name in ("rate_per_s", "duration_s", "budget_ms", "work_ms", "light_rate_per_s", "light_duration_s"):
+        for name in ("rate_per_s", "duration_s", "budget_ms", "work_ms", "light_rate_per_s", "light_duration_s",
+                     "throttle_rate_per_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.light_fault_rate <= 1.0:
@@ -138,6 +148,10 @@ class SetupRun:
 
     def offered_multiple(self) -> float:
         return len(self.arrivals) / max(1, len(self.requests))
+
+    def arrivals_per_s(self) -> float:
+        """Attempts that reached B per second of the run (what B had to read, refuse or serve)."""
+        return len(self.arrivals) / self.duration_s
 
     def goodput_per_s(self) -> float:
         return len(self.good()) / self.duration_s
@@ -219,6 +233,13 @@ class RetryExperimentResult:
     naive: SetupRun
     prazo: SetupRun
     light: SetupRun
+    # At 3x B's capacity: the budget alone, then the budget and the adaptive throttle.
+    unthrottled: SetupRun
+    throttled: SetupRun
+
+    @property
+    def capacity_per_s(self) -> float:
+        return self.params.concurrency * 1000 / self.params.work_ms
 
     def to_json(self) -> dict[str, Any]:
         def summary(run: SetupRun) -> dict[str, Any]:
@@ -236,9 +257,11 @@ class RetryExperimentResult:
                 **run.notes,
             }
 
+        runs = (self.naive, self.prazo, self.light, self.unthrottled, self.throttled)
         return {
             "params": vars(self.params),
-            **{run.setup: summary(run) for run in (self.naive, self.prazo, self.light)},
+            "capacity_per_s": self.capacity_per_s,
+            **{run.setup: {**summary(run), "arrivals_per_s": run.arrivals_per_s()} for run in runs},
         }
 
 
@@ -366,10 +389,12 @@ def _run_setup(
     )
     policy: RetryPolicy | None = None
     if setup != "naive":
+        throttle = AdaptiveThrottles(k=params.throttle_k, rng=random.Random(params.seed))
         policy = RetryPolicy(
             max_attempts=params.attempts,
             budget=RetryBudget(percent=params.percent, min_per_s=params.min_per_s),
             rng=random.Random(params.seed),
+            throttle=throttle if setup == "throttled" else None,
         )
     servers = LoopbackServers()
     requests_sent: list[_ClientRequest] = []
@@ -433,12 +458,14 @@ def _drain(log: _BLog) -> None:
 
 
 def run_experiment(params: RetryExperimentParams | None = None) -> RetryExperimentResult:
-    """Run naive, prazo (both overloaded) and the light-faults run with prazo; return what each observed."""
+    """Run naive, prazo (both overloaded), the light-faults run, and 3x without and with the throttle."""
     params = RetryExperimentParams() if params is None else params
     naive = _run_setup("naive", params, params.rate_per_s, params.duration_s, 0.0)
     prazo = _run_setup("prazo", params, params.rate_per_s, params.duration_s, 0.0)
     light = _run_setup("light", params, params.light_rate_per_s, params.light_duration_s, params.light_fault_rate)
-    return RetryExperimentResult(params, naive, prazo, light)
+    unthrottled = _run_setup("unthrottled", params, params.throttle_rate_per_s, params.duration_s, 0.0)
+    throttled = _run_setup("throttled", params, params.throttle_rate_per_s, params.duration_s, 0.0)
+    return RetryExperimentResult(params, naive, prazo, light, unthrottled, throttled)
 
 
 def render_report(result: RetryExperimentResult) -> str:
@@ -486,6 +513,19 @@ def render_report(result: RetryExperimentResult) -> str:
         f"{100 * light.success_share():.1f} % of {len(light.requests)} client requests succeeded "
         f"(offered load at B {light.offered_multiple():.2f}×)"
     )
+    lines.append("")
+    capacity = result.capacity_per_s
+    lines.append(
+        f"callers that throttle themselves: {p.throttle_rate_per_s:g} requests/s "
+        f"({p.throttle_rate_per_s / capacity:.1f}× B's capacity of {capacity:.1f}/s) for {p.duration_s:g} s, "
+        f"A with RetryPolicy (budget as above), without and with throttle=AdaptiveThrottles(k={p.throttle_k:g}):"
+    )
+    for run in (result.unthrottled, result.throttled):
+        refused = (run.notes.get("policy") or {}).get("throttled_locally", 0)
+        lines.append(
+            f"  {run.setup:<12} arrivals at B {run.arrivals_per_s():5.1f}/s = {run.arrivals_per_s() / capacity:4.2f}× "
+            f"capacity; client goodput {run.goodput_per_s():5.1f}/s; refused at A without sending: {refused}"
+        )
     return "\n".join(lines)
 
 

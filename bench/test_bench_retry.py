@@ -10,6 +10,17 @@ The competitors, each run in the same local loop:
   full path (each reads the clock and updates the window under the lock);
 * ``deposit`` — ``budget.deposit()`` alone, what every call pays.
 
+And what an ``AdaptiveThrottle`` costs (group ``adaptive throttle``): every
+attempt asks ``admit()``; a refused one is all a caller pays for a request
+it does not send (the issue's bound: under 10 µs), an admitted one adds its
+``record()``:
+
+* ``lock`` — the same floor;
+* ``refused`` — ``admit()`` on a throttle whose window is full of refusals
+  (p at its 0.9 cap): the clock, the window, the formula and a draw;
+* ``admit+record`` — ``admit()`` then ``record(True)`` while the destination
+  takes everything (p = 0, no draw).
+
 ::
 
     .venv/bin/python -m pytest bench/test_bench_retry.py --benchmark-only
@@ -17,14 +28,16 @@ The competitors, each run in the same local loop:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
 import pytest
 from prazo.bench.harness import LoopRunner
-from prazo.bindings.retries import RetryBudget
+from prazo.bindings.retries import AdaptiveThrottle, RetryBudget
 
 GROUP_RETRY_BUDGET = "retry budget"
+GROUP_THROTTLE = "adaptive throttle"
 
 
 def _lock(loops: int) -> None:
@@ -60,6 +73,32 @@ def _deposit(loops: int) -> None:
         deposit()
 
 
+@functools.cache
+def _refusing() -> AdaptiveThrottle:
+    """Made once, outside the timed loops: a window of 10 000 refusals (p at the cap for the run's length)."""
+    throttle = AdaptiveThrottle(min_requests=0)
+    for _ in range(10_000):
+        throttle.admit()
+        throttle.record(False)
+    return throttle
+
+
+def _refused(loops: int) -> None:
+    admit = _refusing().admit
+    for _ in range(loops):
+        admit()
+
+
+def _admit_record(loops: int) -> None:
+    throttle = AdaptiveThrottle(min_requests=0)
+    admit, record = throttle.admit, throttle.record
+    for _ in range(loops):
+        admit()
+        record(True)
+
+
+THROTTLE_RUNNERS: dict[str, LoopRunner] = {"lock": _lock, "refused": _refused, "admit+record": _admit_record}
+
 RUNNERS: dict[str, LoopRunner] = {
     "lock": _lock,
     "lock pair": _lock_pair,
@@ -71,3 +110,8 @@ RUNNERS: dict[str, LoopRunner] = {
 @pytest.mark.parametrize("name", list(RUNNERS))
 def test_retry_budget(loop_benchmark: Callable[[LoopRunner, str], None], name: str) -> None:
     loop_benchmark(RUNNERS[name], GROUP_RETRY_BUDGET)
+
+
+@pytest.mark.parametrize("name", list(THROTTLE_RUNNERS))
+def test_adaptive_throttle(loop_benchmark: Callable[[LoopRunner, str], None], name: str) -> None:
+    loop_benchmark(THROTTLE_RUNNERS[name], GROUP_THROTTLE)

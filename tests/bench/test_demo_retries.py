@@ -43,11 +43,23 @@ def test_no_retry_after_a_deadline_and_none_of_a_504(short_run: Any) -> None:
     assert short_run.light.retries_after_deadline() == 0
 
 
+def test_a_throttled_a_sends_b_no_more_first_attempts_than_it_did_not_refuse(short_run: Any) -> None:
+    # Without the throttle every client request reaches B; with it, a request A refused itself never does,
+    # and each such refusal is counted. How many it refuses depends on how overloaded B gets here: not asserted.
+    unthrottled, throttled = short_run.unthrottled, short_run.throttled
+    assert len({a.request_id for a in unthrottled.arrivals}) == len(unthrottled.requests)
+    never_sent = len(throttled.requests) - len({a.request_id for a in throttled.arrivals})
+    assert 0 <= never_sent <= throttled.notes["policy"]["throttled_locally"]
+    assert unthrottled.notes["policy"]["throttled_locally"] == 0
+    assert len(throttled.arrivals) <= len(throttled.requests) * (1 + SHORT.percent)
+
+
 def test_the_report_and_the_plot(short_run: Any, tmp_path: Path) -> None:
     report = render_report(short_run)
     assert "offered load at B (× client requests)" in report and "light faults" in report
+    assert "callers that throttle themselves" in report
     summary = short_run.to_json()
-    assert set(summary) >= {"params", "naive", "prazo", "light"}
+    assert set(summary) >= {"params", "naive", "prazo", "light", "unthrottled", "throttled"}
     assert summary["prazo"]["buckets"][0]["sent"] > 0
     json.dumps(summary)
     require("matplotlib")

@@ -18,7 +18,7 @@ import pytest
 from _loopback import LoopbackServer
 from prazo.bindings.clients.requests import DeadlineSession
 from prazo.bindings.dependency import Breaker, Dependency, DependencyUnavailable, current_attempt
-from prazo.bindings.retries import RetryBudget, RetryPolicy
+from prazo.bindings.retries import AdaptiveThrottle, RetryBudget, RetryPolicy
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, deadline_scope
 
 
@@ -183,3 +183,47 @@ def test_through_a_real_server_with_a_deadline_session() -> None:
 def test_retry_must_be_a_retry_policy() -> None:
     with pytest.raises(TypeError, match="retry"):
         Dependency("x", max_concurrent=1, timeout_ms=10, retry=3)  # type: ignore[arg-type]
+
+
+class ScriptedThrottle(AdaptiveThrottle):
+    """An adaptive throttle whose decisions are given in order; it keeps what it is told."""
+
+    def __init__(self, *decisions: bool) -> None:
+        super().__init__(min_requests=0)
+        self.decisions = list(decisions)
+        self.records: list[bool] = []
+
+    def admit(self) -> bool:
+        return self.decisions.pop(0)
+
+    def record(self, accepted: bool) -> None:
+        self.records.append(accepted)
+
+
+def test_a_call_the_throttle_refuses_never_runs_and_is_served_stale_or_refused() -> None:
+    throttle = ScriptedThrottle(True, False, False)
+    dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, stale_for_s=60, retry=policy(throttle=throttle))
+    assert dep.call(lambda: "fresh", key="k") == "fresh"
+    ran: list[str] = []
+    stale = dep.call_detailed(lambda: ran.append("x"), key="k")
+    assert (stale.value, stale.stale, stale.outcome) == ("fresh", True, "throttled")
+    with pytest.raises(DependencyUnavailable) as refused:
+        dep.call(lambda: ran.append("y"), key="other")
+    assert refused.value.reason == "throttled-locally" and refused.value.status == 503
+    assert ran == [] and throttle.records == [True]
+    stats = dep.stats()
+    assert stats["outcomes"]["throttled"] == 2 and stats["throttled_locally"] == 2 and stats["rejected"] == 2
+
+
+def test_the_throttle_is_told_of_every_attempt_a_call_makes() -> None:
+    # A refused attempt (a 503 that did no work), its retry refused by the throttle: one record, one refusal.
+    throttle = ScriptedThrottle(True, False, True, True)
+    dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, retry=policy(max_attempts=2, throttle=throttle))
+    flaky = Flaky(DownstreamOverloaded("queue-full"))
+    with pytest.raises(DownstreamOverloaded):
+        dep.call(flaky, idempotent=True)
+    assert throttle.records == [False] and dep.stats()["throttled_locally"] == 1
+    # The next call: refused once, retried, then fine — two records, the first not taken.
+    flaky = Flaky(DownstreamOverloaded("queue-full"))
+    assert dep.call(flaky, idempotent=True) == "ok"
+    assert throttle.records == [False, False, True]

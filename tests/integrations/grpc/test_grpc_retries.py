@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from prazo.bindings.integrations.grpc.client import PUSHBACK_KEY, DeadlineClientInterceptor
-from prazo.bindings.retries import RetryBudget, RetryPolicy
+from prazo.bindings.retries import AdaptiveThrottles, RetryBudget, RetryPolicy, Throttled
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, deadline_scope
 
 SERVICE = "prazo.test.Retry"
@@ -153,3 +153,31 @@ def test_wrong_arguments_name_themselves() -> None:
         DeadlineClientInterceptor(retry=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="idempotent"):
         DeadlineClientInterceptor(idempotent="/pkg.S/M")
+
+
+def test_a_throttled_channel_stops_calling_a_method_that_keeps_refusing(served: tuple[Handlers, str]) -> None:
+    # Every call refused (UNAVAILABLE): a plain channel would make all 120; this one refuses
+    # most of them itself once its window is full of refusals, and never sends those.
+    handlers, target = served
+    handlers.failures_left = 10**6
+    throttle = AdaptiveThrottles(min_requests=10, rng=random.Random(4))
+    policy = RetryPolicy(max_attempts=1, throttle=throttle)
+    channel = grpc.intercept_channel(
+        grpc.insecure_channel(target, options=OPTIONS), DeadlineClientInterceptor(retry=policy, idempotent=True)
+    )
+    outcomes: dict[str, int] = {}
+    for _ in range(120):
+        try:
+            with deadline_scope(Deadline.after(5.0)):
+                channel.unary_unary(FLAKY)(b"")
+        except Throttled as exc:
+            outcomes[exc.reason] = outcomes.get(exc.reason, 0) + 1
+        except DownstreamOverloaded as exc:
+            assert isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+            outcomes["unavailable"] = outcomes.get("unavailable", 0) + 1
+    channel.close()
+    sent = len(handlers.budgets)
+    assert outcomes == {"unavailable": sent, "throttled-locally": 120 - sent}
+    assert policy.stats()["throttled_locally"] == 120 - sent
+    assert 10 <= sent < 60
+    assert throttle.for_destination(FLAKY).stats()["accepts"] == 0
