@@ -2,17 +2,17 @@
 
 The flag, the variable and the check of a setting used to be written in up to
 eight places (the settings, the command, the front door); a value checked in
-one and not another went through. Here: every flag and variable string occurs
-in one source file, every row's check names whatever the user wrote (the
-argument, the flag or the variable), and the variables a parent writes for its
-workers read back as the same settings.
+one and not another went through. Here: every row's check names whatever the
+user wrote (the argument, the flag or the variable), and the variables a
+parent writes for its workers read back as the same settings. That each flag
+and variable is written in one source file is ``tests/repo/test_one_declaration.py``
+(it reads the source tree).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +27,6 @@ from prazo.bindings.servers.settings import (
     settings_environment,
     settings_from_arguments,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted(path for folder in ("core", "bindings") for pattern in ("*.py", "*.pyx")
-                 for path in (ROOT / folder).rglob(pattern))  # fmt: skip
 
 # A text each setting's parser or check refuses, for the rows a flag or a variable can bring in.
 BAD_TEXT = {
@@ -55,34 +51,8 @@ BAD_TEXT = {
 }
 
 
-def files_holding(literal: str) -> list[str]:
-    quoted = re.compile(rf"""["']{re.escape(literal)}["']""")
-    return [str(path.relative_to(ROOT)) for path in SOURCES if quoted.search(path.read_text("utf-8"))]
-
-
 def test_every_field_has_one_row_in_field_order() -> None:
     assert [row.field for row in SETTINGS] == [field.name for field in dataclasses.fields(ServerSettings)]
-
-
-@pytest.mark.parametrize(
-    "flag",
-    [
-        option
-        for action in build_serve_parser()._actions
-        for option in action.option_strings
-        if option.startswith("--") and option != "--help"
-    ],
-)
-def test_every_flag_of_prazo_serve_is_written_in_one_source_file(flag: str) -> None:
-    assert len(files_holding(flag)) == 1, files_holding(flag)
-
-
-@pytest.mark.parametrize("variable", [row.env for row in SETTINGS if row.env is not None])
-def test_every_variable_is_written_in_one_source_file(variable: str) -> None:
-    # Django's settings module names two of its settings as the variables are named (PRAZO_*_BUDGET_MS):
-    # a Django setting, read from django.conf.settings, not from the environment.
-    holders = [path for path in files_holding(variable) if not path.startswith("bindings/integrations/")]
-    assert holders == ["bindings/servers/settings.py"]
 
 
 def test_every_row_a_flag_or_variable_brings_in_has_a_bad_example() -> None:
