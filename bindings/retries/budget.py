@@ -42,7 +42,7 @@ from numbers import Real
 from prazo.core import NS_PER_SECOND
 
 from .destinations import PerDestination
-from .window import SlidingSums
+from .window import GENERATIONS, SlidingSums
 
 __all__ = [
     "DEFAULT_MIN_PER_S",
@@ -125,7 +125,8 @@ class RetryBudget:
         self._clock = check_clock(clock)
         self._per_call = round(self._percent * TOKEN)
         self._reserve = round(self._min_per_s * self._ttl_s * TOKEN)
-        # One sum: deposits minus withdrawals, in micro-tokens, over the last ttl_s.
+        # One sum (width 1: generation g's slot is g % GENERATIONS): deposits minus withdrawals,
+        # in micro-tokens, over the last ttl_s.
         self._window = SlidingSums(1, round(self._ttl_s * NS_PER_SECOND), self._clock())
         self._lock = threading.Lock()
         self._deposits = 0
@@ -150,20 +151,28 @@ class RetryBudget:
 
     def deposit(self) -> None:
         """Count one call: adds ``percent`` of a token, for ``ttl_s``."""
-        now = self._clock()
+        window = self._window
+        generation = self._clock() // window.generation_ns
         with self._lock:
-            self._window.add(now, 0, self._per_call)
+            # The window's add, written out: this runs on every call.
+            if generation != window.generation:
+                window.move(generation)
+            window.slots[generation % GENERATIONS] += self._per_call
+            window.sums[0] += self._per_call
             self._deposits += 1
 
     def try_withdraw(self) -> bool:
         """Take one token for a retry; False (nothing taken) when less than one is left."""
-        now = self._clock()
+        window = self._window
+        generation = self._clock() // window.generation_ns
         with self._lock:
-            self._window.advance(now)
-            if self._window.sums[0] + self._reserve < TOKEN:
+            if generation != window.generation:
+                window.move(generation)
+            if window.sums[0] + self._reserve < TOKEN:
                 self._refused += 1
                 return False
-            self._window.add(now, 0, -TOKEN)
+            window.slots[generation % GENERATIONS] -= TOKEN
+            window.sums[0] -= TOKEN
             self._withdrawn += 1
             return True
 
@@ -171,8 +180,7 @@ class RetryBudget:
         """Retries that could be taken now, in tokens (may be fractional, never below ``-reserve``)."""
         now = self._clock()
         with self._lock:
-            self._window.advance(now)
-            return (self._window.sums[0] + self._reserve) / TOKEN
+            return (self._window.current(now)[0] + self._reserve) / TOKEN
 
     def stats(self) -> dict[str, float]:
         """``deposits``, ``withdrawn`` and ``refused`` since creation, and the ``balance`` now."""

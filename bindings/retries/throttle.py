@@ -145,9 +145,9 @@ class AdaptiveThrottle:
         """This throttle, whatever the destination: one shared by everything a policy sends."""
         return self
 
-    def _probability(self) -> float:
-        """``p`` of the window as it is (under the lock)."""
-        requests, accepts = self._window.sums
+    def _probability(self, now: int) -> float:
+        """``p`` of the window at ``now`` (under the lock)."""
+        requests, accepts = self._window.current(now)
         if requests < self._min_requests:
             return 0.0
         return min(self._max_rejection, max(0.0, (requests - self._k * accepts) / (requests + 1)))
@@ -156,8 +156,7 @@ class AdaptiveThrottle:
         """Count an attempt and say whether to send it (False: refused here, with probability ``p``)."""
         now = self._clock()
         with self._lock:
-            self._window.advance(now)
-            probability = self._probability()
+            probability = self._probability(now)
             self._window.add(now, _REQUESTS, 1)
             self._stats["requests"] += 1
             if probability > 0.0 and self._rng.random() < probability:
@@ -178,8 +177,7 @@ class AdaptiveThrottle:
         """``p`` now: the share of attempts this throttle would refuse."""
         now = self._clock()
         with self._lock:
-            self._window.advance(now)
-            return self._probability()
+            return self._probability(now)
 
     def stats(self) -> dict[str, float]:
         """``requests``, ``accepts`` and ``throttled`` since creation, and the ``rejection_probability`` now."""
