@@ -34,7 +34,7 @@ from prazo.bindings.clients.httpx import IDEMPOTENT_EXTENSION, DeadlineTransport
 from prazo.bindings.clients.requests import DeadlineSession
 from prazo.bindings.clients.urllib import deadline_urlopen
 from prazo.bindings.clients.urllib3 import DeadlinePoolManager
-from prazo.bindings.retries import RetryBudget, RetryPolicy
+from prazo.bindings.retries import AdaptiveThrottle, RetryBudget, RetryPolicy, Throttled
 from prazo.core import Deadline, DownstreamOverloaded, deadline_scope
 
 BODY = b"hello"
@@ -360,3 +360,24 @@ def test_urllib3_a_refused_connection_under_a_deadline_is_no_timeout() -> None:
     with deadline_scope(Deadline.after(5.0)), pytest.raises(urllib3.exceptions.MaxRetryError) as info:
         http.request("GET", f"http://127.0.0.1:{_refused_port()}/")
     assert isinstance(info.value.reason, urllib3.exceptions.NewConnectionError)
+
+
+def test_a_throttled_client_stops_sending_to_a_destination_that_keeps_refusing(
+    adapter: str, server: LoopbackServer
+) -> None:
+    # Every request refused (503 queue-full): a plain client sends all 60. With the throttle, once its
+    # window holds min_requests refusals each attempt is refused here with p at its 0.9 cap, never sent.
+    retry = policy(max_attempts=1, throttle=AdaptiveThrottle(min_requests=5, rng=random.Random(3)))
+    client = client_for(adapter, retry)
+    statuses: dict[object, int] = {}
+    for _ in range(60):
+        try:
+            status: object = client.call("GET", server.url("/busy?fail=1000&reason=queue-full"))[0]
+        except Throttled as exc:
+            status = exc.reason
+        statuses[status] = statuses.get(status, 0) + 1
+    client.close()
+    sent = server.count
+    assert statuses == {503: sent, "throttled-locally": 60 - sent}
+    assert retry.stats()["throttled_locally"] == 60 - sent
+    assert 5 <= sent < 30
