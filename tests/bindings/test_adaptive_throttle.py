@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from _helpers import SecondsClock, examples, run_checked
+from _helpers import SecondsClock, examples, run_checked, scripted_throttle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prazo.bindings.clients.requests import DeadlineSession
@@ -151,23 +151,8 @@ def test_throttled_is_a_503_with_its_own_registered_reason() -> None:
     assert "b.internal" in str(error)
 
 
-class Scripted(AdaptiveThrottle):
-    """A throttle whose decisions are given in order (what each attempt meets), counting as the real one does."""
-
-    def __init__(self, *decisions: bool) -> None:
-        super().__init__(min_requests=0)
-        self.decisions = list(decisions)
-        self.records: list[bool] = []
-
-    def admit(self) -> bool:
-        return self.decisions.pop(0)
-
-    def record(self, accepted: bool) -> None:
-        self.records.append(accepted)
-
-
 def test_the_first_attempt_refused_raises_throttled_and_sends_nothing() -> None:
-    policy = RetryPolicy(throttle=Scripted(False))
+    policy = RetryPolicy(throttle=scripted_throttle(False))
     sent: list[int] = []
 
     def attempt(number: int) -> str:
@@ -181,7 +166,7 @@ def test_the_first_attempt_refused_raises_throttled_and_sends_nothing() -> None:
 
 
 def test_a_retry_refused_by_the_throttle_ends_with_the_last_real_answer() -> None:
-    throttle = Scripted(True, False)
+    throttle = scripted_throttle(True, False)
     policy = RetryPolicy(throttle=throttle, sleep=lambda _s: None)
     sent: list[int] = []
 
@@ -198,7 +183,7 @@ def test_a_retry_refused_by_the_throttle_ends_with_the_last_real_answer() -> Non
 
 
 def test_a_retry_the_throttle_lets_go_is_sent_and_each_attempt_is_told() -> None:
-    throttle = Scripted(True, True)
+    throttle = scripted_throttle(True, True)
     policy = RetryPolicy(throttle=throttle, sleep=lambda _s: None)
     answers = iter(["503 queue-full", "200"])
     judged = {"503 queue-full": Failure("overloaded", None, "queue-full"), "200": None}
@@ -221,7 +206,7 @@ def test_a_retry_the_throttle_lets_go_is_sent_and_each_attempt_is_told() -> None
     ],
 )
 def test_what_counts_as_taken(failure: Failure | None, taken: bool) -> None:
-    throttle = Scripted()
+    throttle = scripted_throttle()
     RetryPolicy.record_attempt(throttle, failure)
     assert throttle.records == [taken]
 

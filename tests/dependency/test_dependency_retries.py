@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import scripted_throttle
 from _loopback import LoopbackServer
 from prazo.bindings.clients.requests import DeadlineSession
 from prazo.bindings.dependency import Breaker, Dependency, DependencyUnavailable, current_attempt
-from prazo.bindings.retries import AdaptiveThrottle, RetryBudget, RetryPolicy
+from prazo.bindings.retries import RetryBudget, RetryPolicy
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, deadline_scope
 
 
@@ -185,23 +186,8 @@ def test_retry_must_be_a_retry_policy() -> None:
         Dependency("x", max_concurrent=1, timeout_ms=10, retry=3)  # type: ignore[arg-type]
 
 
-class ScriptedThrottle(AdaptiveThrottle):
-    """An adaptive throttle whose decisions are given in order; it keeps what it is told."""
-
-    def __init__(self, *decisions: bool) -> None:
-        super().__init__(min_requests=0)
-        self.decisions = list(decisions)
-        self.records: list[bool] = []
-
-    def admit(self) -> bool:
-        return self.decisions.pop(0)
-
-    def record(self, accepted: bool) -> None:
-        self.records.append(accepted)
-
-
 def test_a_call_the_throttle_refuses_never_runs_and_is_served_stale_or_refused() -> None:
-    throttle = ScriptedThrottle(True, False, False)
+    throttle = scripted_throttle(True, False, False)
     dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, stale_for_s=60, retry=policy(throttle=throttle))
     assert dep.call(lambda: "fresh", key="k") == "fresh"
     ran: list[str] = []
@@ -217,7 +203,7 @@ def test_a_call_the_throttle_refuses_never_runs_and_is_served_stale_or_refused()
 
 def test_the_throttle_is_told_of_every_attempt_a_call_makes() -> None:
     # A refused attempt (a 503 that did no work), its retry refused by the throttle: one record, one refusal.
-    throttle = ScriptedThrottle(True, False, True, True)
+    throttle = scripted_throttle(True, False, True, True)
     dep = Dependency("recs", max_concurrent=2, timeout_ms=2000, retry=policy(max_attempts=2, throttle=throttle))
     flaky = Flaky(DownstreamOverloaded("queue-full"))
     with pytest.raises(DownstreamOverloaded):

@@ -325,3 +325,22 @@ def recorder() -> tuple[Dropped, Callable[[Any, BaseException], None]]:
 def reasons(seen: Dropped) -> list[tuple[Any, str, int]]:
     """``(item, error.reason, error.status)`` for each dropped item heard."""
     return [(item, error.reason, error.status) for item, error in seen]  # type: ignore[attr-defined]
+
+
+def scripted_throttle(*decisions: bool) -> Any:
+    """An ``AdaptiveThrottle`` whose ``admit()`` answers ``decisions`` in order; ``records`` keeps what it is told."""
+    from prazo.bindings.retries import AdaptiveThrottle
+
+    class ScriptedThrottle(AdaptiveThrottle):
+        def __init__(self) -> None:
+            super().__init__(min_requests=0)
+            self.decisions = list(decisions)
+            self.records: list[bool] = []
+
+        def admit(self) -> bool:
+            return self.decisions.pop(0)
+
+        def record(self, accepted: bool) -> None:
+            self.records.append(accepted)
+
+    return ScriptedThrottle()
