@@ -53,7 +53,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import TextIO
+from typing import Any, TextIO
 
 from prazo.core.arguments import checked_count
 
@@ -61,6 +61,7 @@ from ..freethreading import GIL_LOGGER
 from ..wsgi import WSGIApp
 from .frontdoor.server import checked_timeout
 from .frontdoor.supervisor import checked_max_requests, checked_workers
+from .plumbing.agent_check import AgentCheck
 from .plumbing.app_loader import load_app, split_app_spec
 from .plumbing.process_names import name_process
 from .settings import (
@@ -154,10 +155,36 @@ def _startup_line(args: argparse.Namespace, settings: ServerSettings, port: obje
     )
 
 
-def _on_sigterm(action: Callable[[], object]) -> None:
-    """Run ``action`` when SIGTERM arrives (from the main thread, which owns signal handlers)."""
+def _on_sigterm(action: Callable[[], object], agent: AgentCheck | None = None) -> None:
+    """Run ``action`` when SIGTERM arrives (from the main thread, which owns signal handlers).
+
+    The agent check answers ``drain`` from that moment: the balancer stops sending before the port closes.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        if agent is not None:
+            agent.mark_draining()
+        action()
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: action())
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _agent_check(
+    args: argparse.Namespace,
+    settings: ServerSettings,
+    stats: Callable[[], Any],
+    draining: Callable[[], bool] | None = None,
+) -> AgentCheck | None:
+    """The agent-check responder of ``--agent-port``, answering from ``stats`` (None without the option)."""
+    if settings.agent_port is None:
+        return None
+    with _listening(args, settings.agent_port):
+        return AgentCheck(stats, host=args.host, port=settings.agent_port, draining=draining).start()
+
+
+def _with_agent(line: str, agent: AgentCheck | None) -> str:
+    return line if agent is None else f"{line} agent-check on port {agent.port}"
 
 
 def _raise_system_exit() -> None:
@@ -193,15 +220,16 @@ def _reason(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def _listening(args: argparse.Namespace) -> Iterator[None]:
-    """Around the step that binds the port: the system's refusal (in use, not allowed) becomes one line.
+def _listening(args: argparse.Namespace, port: int | None = None) -> Iterator[None]:
+    """Around the step that binds a port (``--port``, or ``port``): the system's refusal becomes one line.
 
     Only that step: an OSError once the server runs is no fault of the address.
     """
     try:
         yield
     except OSError as exc:
-        raise _CannotListen(f"cannot listen on {_address(args.host, args.port)}: {_reason(exc)}") from None
+        where = _address(args.host, args.port if port is None else port)
+        raise _CannotListen(f"cannot listen on {where}: {_reason(exc)}") from None
 
 
 def _checked_host(host: str, port: int) -> None:
@@ -224,11 +252,16 @@ def _serve_waitress(app: WSGIApp, args: argparse.Namespace, settings: ServerSett
     with _listening(args):
         server = create_server(app, host=args.host, port=args.port, settings=settings)
     server.task_dispatcher.shutdown_timeout = args.shutdown_timeout
-    print(_startup_line(args, settings, server.effective_port), file=out, flush=True)
+    agent = _agent_check(args, settings, server.task_dispatcher.stats)
+    print(_with_agent(_startup_line(args, settings, server.effective_port), agent), file=out, flush=True)
     # waitress's run() ends on SystemExit/KeyboardInterrupt by draining its
     # dispatcher: prazo's finishes every admitted request first.
-    _on_sigterm(_raise_system_exit)
-    server.run()
+    _on_sigterm(_raise_system_exit, agent)
+    try:
+        server.run()
+    finally:
+        if agent is not None:
+            agent.stop()
     return 0
 
 
@@ -240,14 +273,17 @@ def _serve_socketserver(app: WSGIApp, args: argparse.Namespace, settings: Server
     with _listening(args):
         server = make_server(args.host, args.port, app, settings=settings)
     server.shutdown_timeout = args.shutdown_timeout
-    print(_startup_line(args, settings, server.server_address[1]), file=out, flush=True)
-    _on_sigterm(_in_background(server.shutdown))
+    agent = _agent_check(args, settings, server.stats)
+    print(_with_agent(_startup_line(args, settings, server.server_address[1]), agent), file=out, flush=True)
+    _on_sigterm(_in_background(server.shutdown), agent)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()  # waits until admitted requests are done
+        if agent is not None:
+            agent.stop()
     return 0
 
 
@@ -257,19 +293,22 @@ def _serve_cheroot(app: WSGIApp, args: argparse.Namespace, settings: ServerSetti
     server = create_server(app, (args.host, args.port), shutdown_timeout=args.shutdown_timeout, settings=settings)
     with _listening(args):
         server.prepare()
-    print(_startup_line(args, settings, server.bind_addr[1]), file=out, flush=True)
+    agent = _agent_check(args, settings, server.requests.stats)
+    print(_with_agent(_startup_line(args, settings, server.bind_addr[1]), agent), file=out, flush=True)
     stopped = threading.Event()
 
     def stop() -> None:
         server.stop()
         stopped.set()
 
-    _on_sigterm(_in_background(stop))
+    _on_sigterm(_in_background(stop), agent)
     try:
         server.serve()
     except KeyboardInterrupt:
         stop()
     stopped.wait()
+    if agent is not None:
+        agent.stop()
     return 0
 
 
@@ -280,9 +319,14 @@ def _serve_frontdoor(app: WSGIApp, args: argparse.Namespace, settings: ServerSet
         server = create_server(
             app, host=args.host, port=args.port, settings=settings, shutdown_timeout=args.shutdown_timeout
         )
-    print(_startup_line(args, settings, server.port), file=out, flush=True)
-    _on_sigterm(_in_background(lambda: server.shutdown(args.shutdown_timeout)))
-    server.serve_forever()
+    agent = _agent_check(args, settings, server.stats, lambda: server.draining)
+    print(_with_agent(_startup_line(args, settings, server.port), agent), file=out, flush=True)
+    _on_sigterm(_in_background(lambda: server.shutdown(args.shutdown_timeout)), agent)
+    try:
+        server.serve_forever()
+    finally:
+        if agent is not None:
+            agent.stop()
     return 0
 
 
@@ -314,13 +358,18 @@ def _serve_frontdoor_host(args: argparse.Namespace, settings: ServerSettings, ou
             workers=args.workers, shutdown_timeout=args.shutdown_timeout, max_requests=args.max_requests,
             max_requests_jitter=args.max_requests_jitter or 0,
         )  # fmt: skip
+    # Before the workers serve the host cannot count, and the agent answers drain: nothing is sent yet.
+    agent = _agent_check(args, settings, host.stats, lambda: host.draining)
     line = _startup_line(args, settings, host.port)
     line += f" host: {args.workers * settings.threads} running places, one line"
     try:
         # Printed once every worker serves; SIGTERM and Ctrl-C drain the host, SIGHUP reloads the workers.
-        host.serve_forever(serving=lambda: print(line, file=out, flush=True))
+        host.serve_forever(serving=lambda: print(_with_agent(line, agent), file=out, flush=True))
     except RuntimeError as exc:  # a worker could not start (its app did not import): the host stopped
         return _error(exc, 1)
+    finally:
+        if agent is not None:
+            agent.stop()
     return 0
 
 
@@ -394,6 +443,11 @@ def _check(args: argparse.Namespace) -> ServerSettings:
     if (args.max_requests is not None or args.max_requests_jitter is not None) and not host:
         raise ValueError("--max-requests is for --server prazo --workers N only")
     checked_max_requests(args.max_requests, args.max_requests_jitter or 0, ("--max-requests", "--max-requests-jitter"))
+    if args.agent_port is not None and args.server == "gunicorn":
+        raise ValueError(
+            "--agent-port is not for --server gunicorn (each worker has a line of its own; "
+            "--server prazo --workers N has one for the host)"
+        )
     if args.yield_when_full is False and args.server != "gunicorn":
         raise ValueError("--no-yield-when-full is for --server gunicorn only (the other servers run one process)")
     checked_timeout(args.shutdown_timeout, "--shutdown-timeout")

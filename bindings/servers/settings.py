@@ -134,6 +134,15 @@ def _paths(value: Any, name: str) -> tuple[str, ...]:
     return checked_paths(value, name)
 
 
+def _optional_port(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    port = checked_count(value, name, 0)
+    if port > 65535:
+        raise ValueError(f"{name} must be a port (0 to 65535), got {port}")
+    return port
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting of ``ServerSettings``, declared once: everything that reads or writes it uses this row.
@@ -246,6 +255,10 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--critical-header", env="PRAZO_CRITICAL_HEADER", metavar="NAME", default_text="none"),
     Setting("critical_paths", _paths, "a path whose requests are critical, e.g. /healthz",
             flag="--critical-path", env="PRAZO_CRITICAL_PATHS", kind="list", metavar="PATH", default_text="none"),
+    Setting("agent_port", _optional_port,
+            "answer HAProxy's agent-check on this port: the free share of the line as a weight, drain on SIGTERM "
+            "(prazo serve, not gunicorn; 0: any free port)",
+            flag="--agent-port", env="PRAZO_AGENT_PORT", parse=_integer, metavar="P", default_text="none"),
     Setting("host_workers", _count(1),
             "a front-door host's worker processes, each of threads threads behind its one line "
             "(prazo serve --server prazo --workers N)"),
@@ -280,6 +293,8 @@ class ServerSettings:
     gives those that differ. A request is critical (served first, may use the
     ``reserved`` slots) when its path is one of ``critical_paths`` or its
     ``critical_header`` says ``critical``; ``classifier()`` decides it.
+    ``prazo serve`` answers HAProxy's agent check on ``agent_port`` (None:
+    not at all; ``prazo.bindings.servers.plumbing.agent_check``).
     Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
@@ -301,6 +316,7 @@ class ServerSettings:
     reserved: int = 0
     critical_header: str | None = None
     critical_paths: tuple[str, ...] = ()
+    agent_port: int | None = None
     host_workers: int = 1
 
     def __post_init__(self) -> None:
@@ -411,6 +427,7 @@ def resolve_settings(
     reserved: int | None = None,
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
+    agent_port: int | None = None,
     host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.

@@ -48,6 +48,7 @@ BAD_TEXT = {
     "reserved": "-1",
     "critical_header": "X_Priority",
     "critical_paths": "healthz",
+    "agent_port": "70000",
 }
 
 

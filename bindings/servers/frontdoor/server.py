@@ -343,6 +343,11 @@ class FrontDoorServer:
 
     server_close = shutdown
 
+    @property
+    def draining(self) -> bool:
+        """True once the server drains (``shutdown()``): it takes nothing new."""
+        return bool(self._engine.draining)
+
     def stats(self) -> dict[str, int]:
         """The engine's counters (``offered``, ``rejected_full``, ``expired_in_queue``, ...) and the workers'.
 

@@ -264,6 +264,11 @@ class FrontDoorHost:
 
     server_close = shutdown
 
+    @property
+    def draining(self) -> bool:
+        """True once the host drains (SIGTERM, Ctrl-C, ``shutdown()``): it takes nothing new."""
+        return self._stopping
+
     def reload(self) -> None:
         """Replace the workers one at a time (a new one serves before an old one retires): SIGHUP does this."""
         self._command(b"h")
