@@ -149,7 +149,7 @@ def test_every_server_answers_its_weight_and_drains_on_sigterm(
 
 
 # The page's backend lines (docs/how-to/load-balancers.md), the addresses and the interval replaced.
-(BACKEND,) = fenced_blocks(section("## Telling HAProxy how full each server is: the agent check", GUIDE), "haproxy")
+(BACKEND,) = fenced_blocks(section("## Telling HAProxy how full each server is: the agent check", GUIDE), "cfg")
 HAPROXY_CONFIG = """
 global
     stats socket {socket} mode 600 level admin
