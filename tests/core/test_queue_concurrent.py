@@ -1188,9 +1188,17 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
     report = run_child(script, twin_name(impl), signame)
     assert report["thread_errors"] == []
     assert report["alive"] == []
+    # The pure-Python twin can lose the one work item whose handover a signal interrupted
+    # (between its grant and get()'s return, the limit the comment below and
+    # docs/reference/core.md, "Interrupts", describe): neither started nor dropped, so the
+    # counters miss exactly that arrival and the item has no fate. Seen once, on a
+    # free-threaded build. The C twin hands over in C: nothing can be lost there.
+    lost = 0 if twin_name(impl) == "c" else unaccounted(report["work"])
+    assert lost in (0, 1), report["work"]
     for name in ("gate", "work"):
         stats = report[name]
-        assert_conservation(stats)
+        if name == "gate" or lost == 0:
+            assert_conservation(stats)
         assert (stats["queued"], stats["assigned"]) == (0, 0), f"{name}: {stats}"
         if twin_name(impl) == "c":
             assert stats["in_flight"] == 0, f"{name}: {stats}"
@@ -1206,7 +1214,7 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
             # unbalance the counters.
             assert stats["in_flight"] <= stats["max_concurrency"], f"{name}: {stats}"
     assert report["duplicated_fates"] == 0
-    assert report["items_without_fate"] == 0
+    assert report["items_without_fate"] == lost
     assert report["fates_never_accepted"] == 0
     assert report["work"]["started"] == report["consumed"]
     assert report["work"]["expired_in_queue"] == report["expired"]

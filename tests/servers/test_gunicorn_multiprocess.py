@@ -307,7 +307,9 @@ def test_a_dead_workers_row_is_reset_when_the_arbiter_replaces_it(servers: list[
     survivors = 4 - held_by_victim
     assert statuses(outcomes) == ({200: survivors} if survivors else {})
     time.sleep(SETTLE_S)
-    assert _host(server)["totals"]["in_flight"] == 1
+    # The one asking, whose admission is published at the end of the main loop's turn: without a
+    # GIL its thread may read the table first (as in the test above).
+    assert _host(server)["totals"]["in_flight"] in ({1} if gil_enabled() else {0, 1})
 
 
 def _one_full_worker_then_requests(
