@@ -85,10 +85,15 @@ def cgi_environ(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def budget_options(options: Mapping[str, str]) -> dict[str, int]:
-    """The options' ``default`` and ``max`` budgets (ms, at least 1), as keyword arguments of a policy."""
+    """The options' ``default`` and ``max`` budgets (ms, at least 1), as keyword arguments of a policy.
+
+    The default never exceeds the maximum: a policy, a middleware or a server refuses
+    that configuration at construction (a ValueError naming both), which is no input's fault.
+    """
+    max_budget_ms = option_int(options, "max", 30000, 1, 10**12)
     return {
-        "default_budget_ms": option_int(options, "default", 1000, 1, 10**12),
-        "max_budget_ms": option_int(options, "max", 30000, 1, 10**12),
+        "default_budget_ms": min(option_int(options, "default", 1000, 1, 10**12), max_budget_ms),
+        "max_budget_ms": max_budget_ms,
     }
 
 
