@@ -77,6 +77,7 @@ from _helpers import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prazo.bindings.freethreading import gil_enabled
 from prazo.core import NS_PER_MS, Deadline, DeadlineExceeded, QueueFull, ShutDown
 from prazo.core._queue_py import NO_DEADLINE_NS
 
@@ -1188,16 +1189,17 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
     report = run_child(script, twin_name(impl), signame)
     assert report["thread_errors"] == []
     assert report["alive"] == []
-    # The pure-Python twin can lose the one work item whose handover a signal interrupted
-    # (between its grant and get()'s return, the limit the comment below and
-    # docs/reference/core.md, "Interrupts", describe): neither started nor dropped, so the
-    # counters miss exactly that arrival and the item has no fate. Seen once, on a
-    # free-threaded build. The C twin hands over in C: nothing can be lost there.
-    lost = 0 if twin_name(impl) == "c" else unaccounted(report["work"])
-    assert lost in (0, 1), report["work"]
+    # The pure-Python twin hands over in Python, where a handler can raise at any call (the
+    # limit the comment below and docs/reference/core.md, "Interrupts", describe). With a GIL its
+    # counters still balance; without one (a free-threaded build) one arrival of a run can be
+    # counted twice or not at all, and its item have no fate or two (seen twice in CI, on the
+    # work and on the gate face). The C twin hands over in C: exact everywhere.
+    slack = 0 if twin_name(impl) == "c" or gil_enabled() else 1
     for name in ("gate", "work"):
         stats = report[name]
-        if name == "gate" or lost == 0:
+        if slack:
+            assert abs(unaccounted(stats)) <= slack, f"{name}: {stats}"
+        else:
             assert_conservation(stats)
         assert (stats["queued"], stats["assigned"]) == (0, 0), f"{name}: {stats}"
         if twin_name(impl) == "c":
@@ -1213,8 +1215,8 @@ def test_a_signal_raising_in_a_waiting_main_thread_never_deadlocks_or_leaks(impl
             # completed). It must still never hang, corrupt its lock or
             # unbalance the counters.
             assert stats["in_flight"] <= stats["max_concurrency"], f"{name}: {stats}"
-    assert report["duplicated_fates"] == 0
-    assert report["items_without_fate"] == lost
+    assert report["duplicated_fates"] <= slack
+    assert report["items_without_fate"] <= slack
     assert report["fates_never_accepted"] == 0
     assert report["work"]["started"] == report["consumed"]
     assert report["work"]["expired_in_queue"] == report["expired"]
