@@ -17,6 +17,7 @@ This is the one conftest: the helpers it imports live in ``tests/support``
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -164,3 +165,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _unjustified_skips and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts (``prazo serve``, ...): any still running at the end is killed and reaped."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

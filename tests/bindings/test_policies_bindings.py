@@ -534,16 +534,6 @@ def test_classifier_checks_its_arguments() -> None:
 _SERVE = (sys.executable, "-m", "prazo.bindings.servers.serve")
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait(CLIENT_TIMEOUT_S)
-
-
 def _first_answer(port: int, process: subprocess.Popen[str]) -> None:
     end = time.monotonic() + CLIENT_TIMEOUT_S
     while True:  # gunicorn's worker boots after the line is printed

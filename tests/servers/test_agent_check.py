@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,23 +98,13 @@ def test_gunicorn_is_refused_the_agent_port(capsys: pytest.CaptureFixture[str]) 
     assert "--agent-port is not for --server gunicorn" in capsys.readouterr().err
 
 
-@pytest.fixture
-def served() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait(CLIENT_TIMEOUT_S)
-
-
-def serve(served: list[subprocess.Popen[str]], *options: str) -> tuple[subprocess.Popen[str], int, int]:
+def serve(processes: list[subprocess.Popen[str]], *options: str) -> tuple[subprocess.Popen[str], int, int]:
     """``prazo serve`` with ``--agent-port 0`` and ``options``; the process, its port and its agent's port."""
     command = [*_SERVE, "_server_harness:app", "--port", "0", "--agent-port", "0", *options]
     process = subprocess.Popen(
         command, cwd=TESTS_DIR, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ)
     )
-    served.append(process)
+    processes.append(process)
     assert process.stdout is not None
     line = process.stdout.readline()
     found = re.search(r"http://127\.0\.0\.1:(\d+) .* agent-check on port (\d+)", line)
@@ -132,11 +121,11 @@ def test_the_page_runs_the_agent_port_and_the_backend_line_the_test_runs() -> No
     "server", ["waitress", "werkzeug", "wsgiref", "cheroot", "prazo", "prazo-host"], ids=lambda name: name
 )
 def test_every_server_answers_its_weight_and_drains_on_sigterm(
-    server: str, served: list[subprocess.Popen[str]]
+    server: str, processes: list[subprocess.Popen[str]]
 ) -> None:
     options = ["--server", "prazo", "--workers", "2", "--threads", "1"] if server == "prazo-host" else [
         "--server", server, "--threads", "2"]  # fmt: skip
-    process, port, agent_port = serve(served, *options, "--max-queue", "2", "--shutdown-timeout", "30")
+    process, port, agent_port = serve(processes, *options, "--max-queue", "2", "--shutdown-timeout", "30")
     assert ask(agent_port) == "ready up 100%"
     # Two requests hold both places for a while: half the line is taken.
     held = Burst(port, ["/work?ms=4000"] * 2)
@@ -182,9 +171,9 @@ def haproxy_server_state(control: Path) -> dict[str, str]:
     raise AssertionError(data)
 
 
-def test_haproxy_moves_the_weight_and_drains_the_server(served: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+def test_haproxy_moves_the_weight_and_drains_the_server(processes: list[subprocess.Popen[str]], tmp_path: Path) -> None:
     process, port, agent_port = serve(
-        served, "--server", "prazo", "--threads", "2", "--max-queue", "2", "--shutdown-timeout", "30"
+        processes, "--server", "prazo", "--threads", "2", "--max-queue", "2", "--shutdown-timeout", "30"
     )
     control = tmp_path / "haproxy.sock"
     config = tmp_path / "haproxy.cfg"

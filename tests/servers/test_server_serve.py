@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,6 @@ from prazo.bindings.servers.serve import main_serve
 
 # `prazo serve` as a deployment without prazo.bench runs it.
 _SERVE = (sys.executable, "-m", "prazo.bindings.servers.serve")
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.wait(CLIENT_TIMEOUT_S)
 
 
 # "prazo": the front door, which is no embedding of another server but serves the same way.
