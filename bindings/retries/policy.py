@@ -403,7 +403,8 @@ class RetryPolicy:
                 result = attempt(number)
             except Exception as exc:
                 failure: Failure | None = classify(exc)
-                self.record_attempt(throttle, failure)
+                if throttle is not None:  # no call per attempt without a throttle
+                    self.record_attempt(throttle, failure)
                 if not self._again(failure, number, budget, destination, idempotent, replayable, deadline, throttle):
                     raise
                 if discard is not None:
@@ -411,7 +412,8 @@ class RetryPolicy:
                 number += 1
                 continue
             failure = None if judge is None else judge(result)
-            self.record_attempt(throttle, failure)
+            if throttle is not None:
+                self.record_attempt(throttle, failure)
             if failure is None:
                 ended = self._clock()
                 self.record_success(destination, max(0, ended - began), ended)
