@@ -48,5 +48,6 @@ class CompiledPath:
         counters: MiddlewareCounters,
         retry_after_s: int,
         critical: CriticalClassifier | None = None,
+        measured_retry_after: bool = False,
     ) -> None: ...
     def record_latency(self, request_duration: LatencyHistogram, queue_wait: LatencyHistogram) -> None: ...

@@ -308,11 +308,13 @@ cdef class CompiledPath:
     cdef double _max_budget_ms
     cdef object _counters
     cdef object _retry_after_s
+    cdef bint _measured_retry_after
     cdef LatencyHistogram _duration     # the C twin's histograms, None while latency recording is off
     cdef LatencyHistogram _queue_wait
     cdef object _critical               # the middleware's CriticalClassifier, None when no request is critical
 
-    def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s, critical=None):
+    def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s, critical=None,
+                 measured_retry_after=False):
         _bind_python_side()
         self._critical = critical
         self._app = app
@@ -323,6 +325,7 @@ cdef class CompiledPath:
         self._max_budget_ms = policy.max_budget_ms
         self._counters = counters
         self._retry_after_s = retry_after_s
+        self._measured_retry_after = measured_retry_after
         self._duration = None
         self._queue_wait = None
 
@@ -375,7 +378,8 @@ cdef class CompiledPath:
             observer = _observer
             if observer is not None:
                 observer(env, _OUTCOME_REFUSED, arrival_ns, deadline_ns, prazo_monotonic_ns() - arrival_ns, exc)
-            return _reject(exc, start_response, self._counters, self._retry_after_s)
+            return _reject(exc, start_response, self._counters, self._retry_after_s,
+                           self._queue.retry_after_ns if self._measured_retry_after else 0)
         return self._run_admitted(env, start_response, deadline_ns, arrival_ns, started_ns)
 
     cdef object _run_admitted(

@@ -58,6 +58,7 @@ __all__ = [
     "GRPC_TIMEOUT_HEADER",
     "MAX_WIRE_MS",
     "REASON_HEADER_NAME",
+    "RETRY_AFTER_MS_HEADER_NAME",
     "BudgetPolicy",
     "IncomingBudget",
     "budget_from_environ",
@@ -78,6 +79,9 @@ GRPC_TIMEOUT_HEADER = "grpc-timeout"
 ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
 # Names the cause of a 503/504 produced by prazo (queue-full, expired-in-queue, ...).
 REASON_HEADER_NAME = "X-Prazo-Reason"
+# Beside an overload 503's Retry-After (whole seconds, as HTTP has them): the
+# same measured wait in ms, which prazo's own callers prefer.
+RETRY_AFTER_MS_HEADER_NAME = "X-Prazo-Retry-After-Ms"
 
 
 def environ_key(header: str) -> str:

@@ -75,7 +75,13 @@ from functools import partial
 from types import GeneratorType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from prazo.bindings.headers import REASON_HEADER_NAME, BudgetPolicy, IncomingBudget, budget_limits
+from prazo.bindings.headers import (
+    REASON_HEADER_NAME,
+    RETRY_AFTER_MS_HEADER_NAME,
+    BudgetPolicy,
+    IncomingBudget,
+    budget_limits,
+)
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
@@ -99,6 +105,7 @@ from prazo.core.compiled import import_compiled
 __all__ = [
     "BUDGET_SOURCE_KEY",
     "DEADLINE_KEY",
+    "DEFAULT_RETRY_AFTER_S",
     "OUTCOME_ADMITTED",
     "OUTCOME_BYPASSED",
     "OUTCOME_REFUSED",
@@ -114,8 +121,10 @@ __all__ = [
     "TimedRelease",
     "WSGIApp",
     "admission_observer",
+    "measured_or_fixed_retry_after",
     "rejection_response",
     "request_deadline",
+    "retry_after_headers",
     "run_admitted",
     "send_rejection",
     "set_admission_observer",
@@ -177,6 +186,10 @@ def status_and_reason(exc: BaseException) -> tuple[int, str]:
     return status, fallback
 
 
+# A 503's Retry-After when nothing else is known (a fixed retry_after_s, or the line before its first measurement).
+DEFAULT_RETRY_AFTER_S = 1
+
+
 def _validate_retry_after(retry_after_s: object) -> int:
     if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int):
         raise TypeError(f"retry_after_s must be an int of seconds, not {type(retry_after_s).__name__}")
@@ -185,13 +198,45 @@ def _validate_retry_after(retry_after_s: object) -> int:
     return retry_after_s
 
 
-def rejection_response(exc: BaseException, *, retry_after_s: int = 1) -> tuple[str, list[tuple[str, str]], bytes]:
+def measured_or_fixed_retry_after(retry_after_s: object) -> tuple[bool, int]:
+    """``retry_after_s=`` of a binding: None measures the wait from the line (True, with 1 s before the
+    first measurement); an int of seconds is the fixed value of every 503 (False, it)."""
+    if retry_after_s is None:
+        return True, DEFAULT_RETRY_AFTER_S
+    if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int):
+        raise TypeError(
+            f"retry_after_s must be None (measured) or an int of seconds, not {type(retry_after_s).__name__}"
+        )
+    return False, _validate_retry_after(retry_after_s)
+
+
+def retry_after_headers(exc: BaseException, retry_after_s: int, retry_after_ns: int = 0) -> list[tuple[str, str]]:
+    """The wait a 503 asks for: the line's measured wait for its overload refusals (``QueueFull``: queue-full,
+    shed, evicted) when ``retry_after_ns`` > 0, in whole seconds (at least 1) and in ms beside it; else the fixed
+    ``retry_after_s``.
+
+    >>> retry_after_headers(QueueFull(), 1, 1_500_000_000)
+    [('Retry-After', '2'), ('X-Prazo-Retry-After-Ms', '1500')]
+    >>> retry_after_headers(QueueFull(), 1)
+    [('Retry-After', '1')]
+    """
+    if retry_after_ns > 0 and isinstance(exc, QueueFull):
+        seconds = max(1, -(-retry_after_ns // 1_000_000_000))
+        return [("Retry-After", str(seconds)), (RETRY_AFTER_MS_HEADER_NAME, str(-(-retry_after_ns // 1_000_000)))]
+    return [("Retry-After", str(retry_after_s))]
+
+
+def rejection_response(
+    exc: BaseException, *, retry_after_s: int = 1, retry_after_ns: int = 0
+) -> tuple[str, list[tuple[str, str]], bytes]:
     """The ``(status, headers, body)`` answering a refusal.
 
     ``DeadlineExceeded`` gives 504; ``QueueFull``, ``DownstreamOverloaded``
-    and ``ShutDown`` give 503 with ``Retry-After: retry_after_s``. The reason
-    goes into ``X-Prazo-Reason`` and a short text body; ``Content-Length`` is
-    set. Any other exception raises ``TypeError``.
+    and ``ShutDown`` give 503 with ``Retry-After: retry_after_s``, or for a
+    ``QueueFull`` the line's measured wait ``retry_after_ns`` when it is > 0
+    (``retry_after_headers``). The reason goes into ``X-Prazo-Reason`` and a
+    short text body; ``Content-Length`` is set. Any other exception raises
+    ``TypeError``.
 
     >>> status, headers, body = rejection_response(QueueFull())
     >>> status, dict(headers)["X-Prazo-Reason"], body
@@ -209,7 +254,7 @@ def rejection_response(exc: BaseException, *, retry_after_s: int = 1) -> tuple[s
         (REASON_HEADER_NAME, reason),
     ]
     if status == 503:
-        headers.append(("Retry-After", str(retry_after_s)))
+        headers.extend(retry_after_headers(exc, retry_after_s, retry_after_ns))
     return status_line, headers, body
 
 
@@ -218,6 +263,7 @@ def send_rejection(
     exc: BaseException,
     *,
     retry_after_s: int = 1,
+    retry_after_ns: int = 0,
     exc_info: ExcInfo | None = None,
 ) -> list[bytes]:
     """Start the refusal response for ``exc`` and return its body iterable.
@@ -226,7 +272,7 @@ def send_rejection(
     (PEP 3333: the server then replaces the headers, or re-raises if they
     were already sent).
     """
-    status, headers, body = rejection_response(exc, retry_after_s=retry_after_s)
+    status, headers, body = rejection_response(exc, retry_after_s=retry_after_s, retry_after_ns=retry_after_ns)
     if exc_info is None:
         start_response(status, headers)
     else:
@@ -301,10 +347,11 @@ def _reject(
     start_response: StartResponse,
     counters: MiddlewareCounters,
     retry_after_s: int,
+    retry_after_ns: int = 0,
 ) -> list[bytes]:
-    """Answer and count a refusal by the queue: the app is never called."""
+    """Answer and count a refusal by the queue (with its measured wait, when > 0): the app is never called."""
     counters.count_response(exc)
-    return send_rejection(start_response, exc, retry_after_s=retry_after_s)
+    return send_rejection(start_response, exc, retry_after_s=retry_after_s, retry_after_ns=retry_after_ns)
 
 
 def _refuse(
@@ -632,6 +679,7 @@ def _compiled_path_for(
     counters: MiddlewareCounters,
     retry_after_s: int,
     critical: CriticalClassifier | None,
+    measured_retry_after: bool,
 ) -> Any:
     """The ``_wsgi_c.CompiledPath`` a middleware runs on, or None for the Python path (see ``fast_path``)."""
     if fast_path is not None and not isinstance(fast_path, bool):
@@ -643,7 +691,9 @@ def _compiled_path_for(
     elif not _COMPILED_PATH.supports(queue):
         missing = f"the C twin of the admission queue, not {type(queue).__module__}.{type(queue).__qualname__}"
     else:
-        return _COMPILED_PATH.CompiledPath(app, queue, policy, bypass, counters, retry_after_s, critical)
+        return _COMPILED_PATH.CompiledPath(
+            app, queue, policy, bypass, counters, retry_after_s, critical, measured_retry_after
+        )
     if fast_path:
         raise ValueError(f"fast_path=True needs {missing}")
     return None
@@ -724,7 +774,7 @@ class AdmissionMiddleware:
         max_budget_ms: float = 30000,
         bypass: Iterable[str] = (),
         order: str = "fifo",
-        retry_after_s: int = 1,
+        retry_after_s: int | None = None,
         fast_path: bool | None = None,
         record_latency: bool = False,
         codel_target_ms: float | None = None,
@@ -761,10 +811,18 @@ class AdmissionMiddleware:
         self._acquire = self._queue.acquire
         self._release = self._queue.release
         self._bypass = frozenset(checked_paths(bypass, "bypass"))
-        self._retry_after_s = _validate_retry_after(retry_after_s)
+        self._measured_retry_after, self._retry_after_s = measured_or_fixed_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
         self._compiled = _compiled_path_for(
-            fast_path, app, self._queue, self._policy, self._bypass, self._counters, self._retry_after_s, self._critical
+            fast_path,
+            app,
+            self._queue,
+            self._policy,
+            self._bypass,
+            self._counters,
+            self._retry_after_s,
+            self._critical,
+            self._measured_retry_after,
         )
         if self._compiled is not None and record_latency:
             self._compiled.record_latency(self._request_duration, self._queue_wait)
@@ -843,7 +901,13 @@ class AdmissionMiddleware:
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:
             if _observer is not None:
                 _observer(environ, OUTCOME_REFUSED, arrival_ns, deadline.ns, time.monotonic_ns() - arrival_ns, exc)
-            return _reject(exc, start_response, self._counters, self._retry_after_s)
+            return _reject(
+                exc,
+                start_response,
+                self._counters,
+                self._retry_after_s,
+                self._queue.retry_after_ns if self._measured_retry_after else 0,
+            )
         queue_wait_ns = time.monotonic_ns() - arrival_ns
         # started_ns makes the request's service time a sample for the
         # learned doomed-work skip and the Vegas limit.

@@ -399,3 +399,63 @@ def priority_may_start(in_flight: int, limit: int, reserved: int, critical: bool
     if critical or critical_active == 0:
         return True
     return in_flight < limit - reserved
+
+
+# -- drain rate and Retry-After (owner: core-admission) ----------------------------
+
+__all__ += ["DRAIN_STALE_WINDOWS", "DRAIN_WINDOW_NS", "RETRY_AFTER_MAX_NS", "DrainRate", "retry_after_ns"]
+
+DRAIN_WINDOW_NS = 250_000_000
+DRAIN_STALE_WINDOWS = 4
+RETRY_AFTER_MAX_NS = 60_000_000_000
+
+
+class DrainRate:
+    """``struct prazo_drain``: the line's measured time between completions, sampled at arrivals.
+
+    At an arrival, once a window of ``DRAIN_WINDOW_NS`` has passed, the
+    completions since it opened give one sample (elapsed / completions),
+    averaged with the previous interval. A window with running work and no
+    completion stays open up to ``DRAIN_STALE_WINDOWS`` windows, then is
+    itself the sample; a longer window with completions spanned a quiet
+    stretch and is dropped. ``interval_ns`` is 0 until the first sample.
+    """
+
+    __slots__ = ("interval_ns", "mark_completed", "mark_ns")
+
+    def __init__(self) -> None:
+        self.mark_ns = 0  # no window open: the first arrival opens one
+        self.mark_completed = 0
+        self.interval_ns = 0
+
+    def note(self, now_ns: int, completed: int, in_flight: int) -> int:
+        """``prazo_drain_note``: close the window if it has run long enough; the interval now."""
+        elapsed = now_ns - self.mark_ns
+        if self.mark_ns == 0 or elapsed < 0:  # the first arrival, or a caller's clock behind the window
+            self.mark_ns = now_ns
+            self.mark_completed = completed
+            return self.interval_ns
+        if elapsed < DRAIN_WINDOW_NS:
+            return self.interval_ns
+        freed = completed - self.mark_completed
+        stale = elapsed > DRAIN_STALE_WINDOWS * DRAIN_WINDOW_NS
+        sample = 0
+        if freed > 0 and not stale:
+            sample = elapsed // freed
+        elif freed == 0 and in_flight > 0 and not stale:
+            return self.interval_ns  # nothing freed yet: the window stays open
+        elif freed == 0 and in_flight > 0:
+            sample = elapsed
+        if sample > 0:
+            # Halved separately, as C does to stay clear of overflow.
+            self.interval_ns = self.interval_ns // 2 + sample // 2 if self.interval_ns > 0 else sample
+        self.mark_ns = now_ns
+        self.mark_completed = completed
+        return self.interval_ns
+
+
+def retry_after_ns(interval_ns: int, queued: int) -> int:
+    """``prazo_retry_after_ns``: (queued + 1) intervals within [interval, max]; 0 without a measurement."""
+    if interval_ns <= 0:
+        return 0
+    return min((max(queued, 0) + 1) * interval_ns, RETRY_AFTER_MAX_NS)

@@ -511,6 +511,17 @@ cdef class AdmissionQueue:
         return shutdown
 
     @property
+    def retry_after_ns(self):
+        """The wait to suggest to a caller refused now, in ns; 0 before the line has measured its drain.
+
+        The line ahead (waiting entries + 1) at the measured time between
+        completions, within [that time, 60 s]; the overload refusals'
+        ``Retry-After`` (docs/design.md, "Retry-After from the drain rate").
+        """
+        _check_initialised(self)
+        return prazo_line_retry_after_ns(self._line)
+
+    @property
     def limit(self):
         """The current concurrency limit (``max_concurrency`` unless ``limit="vegas"`` moves it)."""
         _check_initialised(self)

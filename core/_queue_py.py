@@ -94,6 +94,7 @@ from ._policy_py import (
     VERDICT_EXPIRED,
     VERDICT_LIVE,
     CoDel,
+    DrainRate,
     ServiceEstimate,
     Vegas,
     checked_started_ns,
@@ -105,6 +106,7 @@ from ._policy_py import (
     limit_option,
     priority_may_start,
     reserved_option,
+    retry_after_ns,
 )
 from .arguments import INT32_LIMIT, checked_count
 from .deadline import Deadline
@@ -390,6 +392,9 @@ class AdmissionQueue:
         )
         self._codel = CoDel(target_ns, interval_ns, time.monotonic_ns()) if adaptive else None
         self._estimate = ServiceEstimate(fixed_ns, permille) if fixed_ns or permille else None
+        self._drain = DrainRate()
+        # The drain's interval, written at arrivals under the lock; retry_after_ns reads it without.
+        self._drain_interval_ns = 0
         self._min_concurrency = floor
         self._vegas = Vegas(floor, concurrency) if vegas else None
         # The current concurrency limit: max_concurrency unless Vegas moves it.
@@ -472,6 +477,17 @@ class AdmissionQueue:
         self._check_initialised()
         with self._lock:
             return self._expected_ns()
+
+    @property
+    def retry_after_ns(self) -> int:
+        """The wait to suggest to a caller refused now, in ns; 0 before the line has measured its drain.
+
+        The line ahead (waiting entries + 1) at the measured time between
+        completions, within [that time, 60 s]; the overload refusals'
+        ``Retry-After`` (docs/design.md, "Retry-After from the drain rate").
+        """
+        self._check_initialised()
+        return retry_after_ns(self._drain_interval_ns, self._queued)
 
     @property
     def limit(self) -> int:
@@ -591,6 +607,7 @@ class AdmissionQueue:
         """
         if self._shutdown:
             raise ShutDown("the admission queue is shut down")
+        self._drain_interval_ns = self._drain.note(now, self._completed, self._in_flight)
         if self._codel is not None and not self._waiting:
             self._codel.note_empty(now)
         verdict = deadline_verdict(now, deadline_ns, self._expected_ns())

@@ -122,6 +122,8 @@ struct prazo_line {
     struct prazo_codel codel;
     struct prazo_vegas vegas;
     struct prazo_service_estimate estimate;
+    struct prazo_drain drain;           /* written under the caller's mutex at each arrival */
+    prazo_atomic_i64 drain_interval_ns; /* drain.interval_ns, readable without the mutex */
     struct prazo_line_counters c;
     struct prazo_line_entry ring[];
 };
@@ -221,6 +223,7 @@ static inline void prazo_line_init(struct prazo_line *line, int64_t capacity, in
     line->use_vegas = use_vegas;
     prazo_vegas_init(&line->vegas, min_concurrency, max_concurrency);
     prazo_store(&line->limit, use_vegas ? prazo_vegas_limit(&line->vegas) : max_concurrency);
+    prazo_drain_init(&line->drain);
 }
 
 /* ------------------------------------------------------------ reading */
@@ -231,6 +234,14 @@ static inline int64_t prazo_line_in_flight(struct prazo_line *line) { return pra
 static inline int64_t prazo_line_expected_ns(const struct prazo_line *line)
 {
     return line->use_estimate ? prazo_service_estimate_ns(&line->estimate) : 0;
+}
+
+/* The wait to suggest to a caller refused now (Retry-After), in ns; 0 before
+ * the first measurement. Reads atomics only: callable without the mutex, as
+ * the front door's I/O thread does while it writes a refusal. */
+static inline int64_t prazo_line_retry_after_ns(struct prazo_line *line)
+{
+    return prazo_retry_after_ns(prazo_load(&line->drain_interval_ns), prazo_load(&line->c.queued));
 }
 
 /* The entry `i` places from the oldest (0 <= i < count). */
@@ -449,6 +460,8 @@ static inline int prazo_line_admit(struct prazo_line *line, int64_t deadline_ns,
 {
     if (line->shutdown)
         return PRAZO_ADMIT_SHUTDOWN;
+    prazo_store(&line->drain_interval_ns,
+                prazo_drain_note(&line->drain, now, prazo_load(&line->c.completed), prazo_line_in_flight(line)));
     if (line->order == PRAZO_LINE_ADAPTIVE && line->count == 0)
         prazo_codel_note_empty(&line->codel, now);
     prazo_add(&line->c.offered, 1);

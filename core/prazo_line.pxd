@@ -80,6 +80,7 @@ cdef extern from "prazo_line.h" nogil:
                          int, int64_t, int64_t)
     int64_t prazo_line_in_flight(prazo_line *)
     int64_t prazo_line_expected_ns(const prazo_line *)
+    int64_t prazo_line_retry_after_ns(prazo_line *)
     prazo_line_entry *prazo_line_at(prazo_line *, int64_t)
     bint prazo_line_full(prazo_line *)
     void prazo_line_count_drop(prazo_line *, int)

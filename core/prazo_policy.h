@@ -364,4 +364,79 @@ static inline int prazo_priority_may_start(int64_t in_flight, int64_t limit, int
     return in_flight < limit - reserved;
 }
 
+/* -- drain rate and Retry-After (owner: core-admission) -----------------------
+ *
+ * How long a refused caller should wait: the time the line ahead of it takes
+ * to drain, (queued + 1) places at the line's measured interval between
+ * completions. The interval is measured, not assumed: at each arrival, once a
+ * window of PRAZO_DRAIN_WINDOW_NS has passed, the completions counted since
+ * the window opened give one sample, elapsed / completions, averaged with the
+ * previous interval (one slow window does not swing it). Measuring at
+ * arrivals costs nothing on the completion path (no clock read at release)
+ * and is fresh exactly when it is needed: refusals happen at arrivals.
+ *
+ * A window that saw no completion while work was running stays open (nothing
+ * freed yet) up to 4 windows; then elapsed itself is the sample (a place takes
+ * at least that long). A window longer than that with completions spanned a
+ * quiet stretch with no arrivals (or the line was idle): it says nothing about
+ * now and is dropped. The wait is never below one interval (what one place
+ * takes to free) and never above PRAZO_RETRY_AFTER_MAX_NS; 0 until the first
+ * sample, when the caller falls back to its fixed value. */
+#define PRAZO_DRAIN_WINDOW_NS 250000000LL
+#define PRAZO_DRAIN_STALE_WINDOWS 4
+#define PRAZO_RETRY_AFTER_MAX_NS 60000000000LL
+
+struct prazo_drain {
+    int64_t mark_ns;        /* when the window opened; 0: none open yet */
+    int64_t mark_completed; /* the completed count then */
+    int64_t interval_ns;    /* the measured time between completions; 0: none yet */
+};
+
+static inline void prazo_drain_init(struct prazo_drain *d)
+{
+    d->mark_ns = 0; /* no window open: the first arrival opens one */
+    d->mark_completed = 0;
+    d->interval_ns = 0;
+}
+
+/* At an arrival: close the window when it has run long enough. Returns the interval now. */
+static inline int64_t prazo_drain_note(struct prazo_drain *d, int64_t now_ns, int64_t completed, int64_t in_flight)
+{
+    int64_t elapsed = now_ns - d->mark_ns;
+    if (d->mark_ns == 0 || elapsed < 0) { /* the first arrival, or a caller's clock behind the window */
+        d->mark_ns = now_ns;
+        d->mark_completed = completed;
+        return d->interval_ns;
+    }
+    if (elapsed < PRAZO_DRAIN_WINDOW_NS)
+        return d->interval_ns;
+    int64_t freed = completed - d->mark_completed;
+    int stale = elapsed > PRAZO_DRAIN_STALE_WINDOWS * PRAZO_DRAIN_WINDOW_NS;
+    int64_t sample = 0;
+    if (freed > 0 && !stale)
+        sample = elapsed / freed;
+    else if (freed == 0 && in_flight > 0 && !stale)
+        return d->interval_ns; /* nothing freed yet: the window stays open */
+    else if (freed == 0 && in_flight > 0)
+        sample = elapsed;
+    if (sample > 0)
+        d->interval_ns = d->interval_ns > 0 ? d->interval_ns / 2 + sample / 2 : sample;
+    d->mark_ns = now_ns;
+    d->mark_completed = completed;
+    return d->interval_ns;
+}
+
+/* The wait for a caller refused now: (queued + 1) intervals, within [interval, max]; 0 without a measurement. */
+static inline int64_t prazo_retry_after_ns(int64_t interval_ns, int64_t queued)
+{
+    int64_t wait;
+    if (interval_ns <= 0)
+        return 0;
+    if (queued < 0)
+        queued = 0;
+    if (__builtin_mul_overflow(interval_ns, queued + 1, &wait) || wait > PRAZO_RETRY_AFTER_MAX_NS)
+        return PRAZO_RETRY_AFTER_MAX_NS;
+    return wait;
+}
+
 #endif

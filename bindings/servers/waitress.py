@@ -71,15 +71,16 @@ _PUMP_INTERVAL_S = 0.02
 class _Refusal(Error):
     """A waitress request error that carries prazo's refusal (503/504)."""
 
-    def __init__(self, exc: BaseException) -> None:
+    def __init__(self, exc: BaseException, retry_after_ns: int = 0) -> None:
         status, _, body = rejection_response(exc)
         super().__init__(body.decode("ascii"))
         self.exc = exc
+        self.retry_after_ns = retry_after_ns
         self.code = int(status[:3])
         self.reason = status[4:]
 
     def to_response(self, ident: str | None = None) -> tuple[str, list[tuple[str, str]], bytes]:
-        return rejection_response(self.exc)
+        return rejection_response(self.exc, retry_after_ns=self.retry_after_ns)
 
 
 # The largest first body chunk that is copied behind the response head to go
@@ -361,7 +362,7 @@ class WaitressDispatcher:
         requests = channel.requests
         if not requests:
             return  # the channel was cancelled meanwhile: nobody to answer
-        requests[0].error = _Refusal(exc)
+        requests[0].error = _Refusal(exc, self.dispatcher.queue.retry_after_ns)
         with self._refused_lock:
             self._refused.append(channel)
             schedule = not self._answering_scheduled

@@ -297,7 +297,8 @@ class ConnectionAdmission:
 
     def _reject(self, ticket: Ticket, exc: BaseException) -> None:
         self.counters.count_response(exc)
-        self._answer_and_close(ticket.item, self._socket_of(ticket.item), rejection_bytes(exc))
+        answer = rejection_bytes(exc, retry_after_ns=self.dispatcher.queue.retry_after_ns)
+        self._answer_and_close(ticket.item, self._socket_of(ticket.item), answer)
 
     def _answer_and_close(self, item: Any, sock: socket.socket, answer: bytes) -> None:
         send_all(sock, answer)

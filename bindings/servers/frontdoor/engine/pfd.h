@@ -287,6 +287,9 @@ struct pfd_stats {
 
 struct pfd_server {
     struct pfd_config cfg;
+    /* Where each answer's "Retry-After: " line starts and ends (0: it has none
+     * to compute): the overload refusals carry the line's measured wait. */
+    size_t wait_at[PFD_A_COUNT][2], wait_end[PFD_A_COUNT][2];
     int listen_fds[8];
     int n_listen;
     int epfd, evfd;

@@ -74,6 +74,29 @@ static void pfd_io_linger(struct pfd_server *srv, struct pfd_conn *c, int64_t no
     pfd_list_push(&srv->lingering, c);
 }
 
+/* An overload refusal with the line's measured wait in place of the canned
+ * Retry-After: whole seconds (at least 1, as HTTP has no smaller unit) and the
+ * same wait in ms beside it. Returns its length in `out`, or 0 to send the
+ * canned answer as it is (no measurement yet, or no room). */
+static size_t pfd_io_answer_with_wait(const struct pfd_server *srv, int answer, int keep, char *out, size_t cap)
+{
+    size_t at = srv->wait_at[answer][keep], end = srv->wait_end[answer][keep];
+    size_t len = srv->cfg.answer_len[answer][keep];
+    int64_t wait_ns = at ? prazo_line_retry_after_ns(srv->line) : 0;
+    if (wait_ns <= 0)
+        return 0;
+    long long seconds = (wait_ns + 999999999LL) / 1000000000LL, ms = (wait_ns + 999999LL) / 1000000LL;
+    char lines[96];
+    int n = snprintf(lines, sizeof lines, "Retry-After: %lld\r\nX-Prazo-Retry-After-Ms: %lld\r\n", seconds, ms);
+    if (n <= 0 || (size_t)n >= sizeof lines || at + (size_t)n + (len - end) > cap)
+        return 0;
+    const char *bytes = srv->cfg.answer[answer][keep];
+    memcpy(out, bytes, at);
+    memcpy(out + at, lines, (size_t)n);
+    memcpy(out + at + (size_t)n, bytes + end, len - end);
+    return at + (size_t)n + (len - end);
+}
+
 /* Write a canned answer; then keep the connection for its next head, or close it politely.
  * The connection is out of every list (or PFD_READING) when this is called. */
 static void pfd_io_answer(struct pfd_server *srv, struct pfd_conn *c, int answer, int64_t now)
@@ -82,6 +105,12 @@ static void pfd_io_answer(struct pfd_server *srv, struct pfd_conn *c, int answer
                !pfd_has_body(c) && !srv->draining;
     const char *bytes = srv->cfg.answer[answer][keep];
     size_t len = srv->cfg.answer_len[answer][keep];
+    char waited[1024];
+    size_t waited_len = pfd_io_answer_with_wait(srv, answer, keep, waited, sizeof waited);
+    if (waited_len) {
+        bytes = waited;
+        len = waited_len;
+    }
     if (pfd_send_all_nb(c->fd, bytes, len) != 0) {
         if (c->state == PFD_READING)
             pfd_list_remove(&srv->heads, c);

@@ -2,6 +2,24 @@
  * free) and its statistics. */
 #include "pfd_internal.h"
 
+/* The "Retry-After: " line of a canned answer: *at its first byte, *end past
+ * its CRLF; both 0 when the answer has none (shutting-down keeps its fixed one). */
+static void pfd_find_wait_line(const char *bytes, size_t len, size_t *at, size_t *end)
+{
+    static const char name[] = "\r\nRetry-After: ";
+    *at = *end = 0;
+    if (bytes == NULL)
+        return;
+    const char *found = memmem(bytes, len, name, sizeof name - 1);
+    if (found == NULL)
+        return;
+    const char *line_end = memmem(found + 2, len - (size_t)(found + 2 - bytes), "\r\n", 2);
+    if (line_end == NULL)
+        return;
+    *at = (size_t)(found + 2 - bytes);
+    *end = (size_t)(line_end + 2 - bytes);
+}
+
 /* A server with its configuration copied, its line, locks, epoll and eventfd, and no listener yet. */
 struct pfd_server *pfd_server_alloc(const struct pfd_config *cfg)
 {
@@ -24,6 +42,10 @@ struct pfd_server *pfd_server_alloc(const struct pfd_config *cfg)
             srv->cfg.answer[a][1] = srv->cfg.answer[a][0];
             srv->cfg.answer_len[a][1] = srv->cfg.answer_len[a][0];
         }
+        if (a == PFD_A_QUEUE_FULL || a == PFD_A_SHED || a == PFD_A_EVICTED)
+            for (int k = 0; k < 2; k++)
+                pfd_find_wait_line(srv->cfg.answer[a][k], srv->cfg.answer_len[a][k], &srv->wait_at[a][k],
+                                   &srv->wait_end[a][k]);
     }
     srv->cfg.critical_header = NULL;
     srv->cfg.critical_paths = NULL;
