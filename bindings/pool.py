@@ -399,6 +399,11 @@ class AdmissionPool(Executor):
         return self._state.request_duration
 
     @property
+    def retry_after_ns(self) -> int:
+        """The wait to suggest to a caller the pool refuses now, in ns (its line's measured drain; 0: not yet)."""
+        return self._queue.retry_after_ns
+
+    @property
     def queue_wait(self) -> LatencyHistogram | None:
         """How long tasks that ran waited for a worker, in ns (None unless ``record_latency``)."""
         return self._state.queue_wait

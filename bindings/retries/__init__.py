@@ -14,7 +14,7 @@ adapters (``prazo.bindings.clients``), the gRPC client interceptor and
 from .budget import RetryBudget, RetryBudgets
 from .failures import Failure, connection_failure, overloaded_failure, response_failure, returned_failure
 from .policy import IDEMPOTENT_METHODS, RETRY_COUNTERS, RetryDecision, RetryPolicy, idempotent_request, replayable_body
-from .retry_after import retry_after_seconds
+from .retry_after import retry_after_ms_seconds, retry_after_seconds
 from .throttle import AdaptiveThrottle, AdaptiveThrottles, Throttled
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "overloaded_failure",
     "replayable_body",
     "response_failure",
+    "retry_after_ms_seconds",
     "retry_after_seconds",
     "returned_failure",
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 from typing import Any, NamedTuple
 
+from prazo.bindings.headers import RETRY_AFTER_MS_HEADER_NAME
 from prazo.core import (
     REASON_BULKHEAD_FULL,
     REASON_EVICTED,
@@ -32,7 +33,7 @@ from prazo.core import (
     DownstreamOverloaded,
 )
 
-from .retry_after import retry_after_seconds
+from .retry_after import retry_after_ms_seconds, retry_after_seconds
 
 __all__ = [
     "KINDS",
@@ -73,13 +74,20 @@ def _header(headers: Any, name: str) -> Any:
     return getter(name) if callable(getter) else None
 
 
-def overloaded_failure(reason: str | None, retry_after: object, *, retryable_reasons: frozenset[str]) -> Failure:
-    """A 503's ``Failure``: ``"overloaded"`` when its reason says no work was done, else ``"other"``."""
+def overloaded_failure(
+    reason: str | None, retry_after: object, *, retryable_reasons: frozenset[str], retry_after_ms: object = None
+) -> Failure:
+    """A 503's ``Failure``: ``"overloaded"`` when its reason says no work was done, else ``"other"``.
+
+    The wait is ``retry_after_ms`` (a prazo server's measured wait in ms)
+    when it is a whole number of ms, else the ``Retry-After`` value.
+    """
     if isinstance(reason, bytes):
         reason = reason.decode("latin-1")
     reason = reason.strip() if isinstance(reason, str) and reason.strip() else None
     kind = "overloaded" if reason is None or reason in retryable_reasons else "other"
-    return Failure(kind, retry_after_seconds(retry_after), reason)
+    wait_s = retry_after_ms_seconds(retry_after_ms)
+    return Failure(kind, retry_after_seconds(retry_after) if wait_s is None else wait_s, reason)
 
 
 def _walk(exc: BaseException) -> list[BaseException]:
@@ -133,6 +141,9 @@ def response_failure(exc: BaseException, *, retryable_reasons: frozenset[str]) -
         if headers is None:
             return Failure("overloaded", None, None)
         return overloaded_failure(
-            _header(headers, REASON_HEADER), _header(headers, RETRY_AFTER_HEADER), retryable_reasons=retryable_reasons
+            _header(headers, REASON_HEADER),
+            _header(headers, RETRY_AFTER_HEADER),
+            retryable_reasons=retryable_reasons,
+            retry_after_ms=_header(headers, RETRY_AFTER_MS_HEADER_NAME),
         )
     return None

@@ -13,7 +13,7 @@ import email.utils
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_RETRY_AFTER_S", "retry_after_seconds"]
+__all__ = ["MAX_RETRY_AFTER_S", "retry_after_ms_seconds", "retry_after_seconds"]
 
 # Beyond a day a Retry-After is a maintenance notice, not a retry hint.
 MAX_RETRY_AFTER_S = 86_400.0
@@ -37,3 +37,19 @@ def retry_after_seconds(value: object, *, wall_clock: Callable[[], float] = time
     if when.tzinfo is None:  # "-0000" or no zone: HTTP-dates are GMT
         return None
     return min(max(0.0, when.timestamp() - wall_clock()), MAX_RETRY_AFTER_S)
+
+
+def retry_after_ms_seconds(value: object) -> float | None:
+    """The wait a prazo server's ``X-Prazo-Retry-After-Ms`` (or gRPC's pushback) asks for, in seconds, or None.
+
+    Only a whole number of ms counts: the same value as the ``Retry-After``
+    beside it, finer than its whole seconds.
+    """
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not text.isdigit() or not text.isascii():
+        return None
+    return min(int(text) / 1000.0, MAX_RETRY_AFTER_S)

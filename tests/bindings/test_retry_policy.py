@@ -14,8 +14,9 @@ import pytest
 from _helpers import SecondsClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prazo.bindings.retries import Failure, RetryBudget, RetryPolicy, retry_after_seconds
+from prazo.bindings.retries import Failure, RetryBudget, RetryPolicy, retry_after_ms_seconds, retry_after_seconds
 from prazo.bindings.retries.failures import connection_failure, overloaded_failure
+from prazo.bindings.retries.retry_after import MAX_RETRY_AFTER_S
 from prazo.core import Deadline, DeadlineExceeded, DownstreamOverloaded, deadline_scope
 
 OVERLOADED = Failure("overloaded")
@@ -218,6 +219,16 @@ def test_a_503_is_retryable_only_when_it_did_no_work() -> None:
     assert overloaded_failure(None, None, retryable_reasons=reasons).kind == "overloaded"
     assert overloaded_failure("queue-full", "3", retryable_reasons=reasons) == Failure("overloaded", 3.0, "queue-full")
     assert overloaded_failure("dependency-timeout", None, retryable_reasons=reasons).kind == "other"
+
+
+def test_a_measured_wait_in_ms_wins_over_the_whole_seconds_beside_it() -> None:
+    reasons = frozenset({"queue-full"})
+    assert overloaded_failure("queue-full", "1", retryable_reasons=reasons, retry_after_ms="180").retry_after_s == 0.18
+    # A malformed ms value is ignored, never trusted: the Retry-After beside it stands.
+    for garbage in ("", "-5", "1.5", "soon", "١٢", None):
+        failure = overloaded_failure("queue-full", "2", retryable_reasons=reasons, retry_after_ms=garbage)
+        assert failure.retry_after_s == 2.0, garbage
+    assert retry_after_ms_seconds("999999999999") == MAX_RETRY_AFTER_S
 
 
 def test_connection_failures_are_found_in_the_cause_chain() -> None:

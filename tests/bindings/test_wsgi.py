@@ -26,6 +26,7 @@ from prazo.bindings.headers import (
     ENVOY_TIMEOUT_ENVIRON_KEY,
     GRPC_TIMEOUT_ENVIRON_KEY,
     REASON_HEADER_NAME,
+    RETRY_AFTER_MS_HEADER_NAME,
     BudgetPolicy,
 )
 from prazo.bindings.wsgi import (
@@ -287,6 +288,36 @@ def test_queue_full_is_503_and_the_app_is_not_called(fast_path):
     assert (stats["rejected_full"], stats["responses_503"], stats["in_flight"]) == (1, 1, 0)
 
 
+def test_queue_full_carries_the_lines_measured_wait_by_default(fast_path):
+    probe = Probe()
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0)
+    # Traffic for longer than one measuring window (250 ms) closes a window at an arrival.
+    until = time.monotonic() + 0.4
+    while time.monotonic() < until:
+        call(app)
+    held = hold_slot(middleware)
+    server, body = call(app)
+    held.close()
+    wait_ns = middleware.queue.retry_after_ns
+    assert wait_ns > 0, "the line measured its drain"
+    ms = -(-wait_ns // 1_000_000)
+    assert server.header[RETRY_AFTER_MS_HEADER_NAME] == str(ms)
+    assert_refusal(server, body, "503 Service Unavailable", "queue-full", retry_after=str(max(1, -(-ms // 1000))))
+
+
+def test_a_fixed_retry_after_is_sent_as_it_is(fast_path):
+    probe = Probe()
+    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0, retry_after_s=3)
+    until = time.monotonic() + 0.4
+    while time.monotonic() < until:
+        call(app)
+    held = hold_slot(middleware)
+    server, _ = call(app)
+    held.close()
+    assert middleware.queue.retry_after_ns > 0
+    assert (server.header["Retry-After"], server.header.get(RETRY_AFTER_MS_HEADER_NAME)) == ("3", None)
+
+
 @pytest.mark.parametrize("budget", ["0", "-25", "0.0"])
 def test_no_budget_left_is_504_expired_on_arrival(budget, fast_path):
     probe = Probe()
@@ -324,6 +355,7 @@ def test_shut_down_queue_answers_503(fast_path):
     middleware.queue.shutdown()
     server, body = call(app)
     assert_refusal(server, body, "503 Service Unavailable", "shutting-down", retry_after="1")
+    assert RETRY_AFTER_MS_HEADER_NAME not in server.header, "a drain is not measured: the fixed second"
     assert probe.calls == 0
 
 
@@ -761,6 +793,7 @@ def test_random_headers_never_500_and_never_beyond_policy(extra, fast_path):
         ({"order": "random"}, ValueError, "order"),
         ({"retry_after_s": -1}, ValueError, "retry_after_s"),
         ({"retry_after_s": 1.5}, TypeError, "retry_after_s"),
+        ({"retry_after_s": "measured"}, TypeError, "retry_after_s"),
     ],
 )
 def test_constructor_validation(kwargs, error, argument):

@@ -134,9 +134,7 @@ def test_the_wait_is_never_below_one_interval_nor_above_the_cap(interval: int, q
 
 
 @given(
-    steps=st.lists(
-        st.tuples(st.integers(0, 2 * DRAIN_WINDOW_NS), st.integers(0, 20), st.integers(0, 8)), max_size=60
-    )
+    steps=st.lists(st.tuples(st.integers(0, 2 * DRAIN_WINDOW_NS), st.integers(0, 20), st.integers(0, 8)), max_size=60)
 )
 @settings(max_examples=examples(200))
 def test_the_interval_is_a_mean_of_what_the_windows_measured(steps: list[tuple[int, int, int]]) -> None:

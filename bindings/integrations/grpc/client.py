@@ -37,14 +37,12 @@ from prazo.bindings.outgoing import DEFAULT_MARGIN_MS, downstream_timed_out, out
 from prazo.bindings.retries import Failure, RetryPolicy, overloaded_failure
 from prazo.core import DeadlineExceeded, DownstreamOverloaded
 
-from .metadata import BUDGET_KEY, BUDGET_KEYS, REASON_METADATA_KEY, budget_fields
+from .metadata import BUDGET_KEY, BUDGET_KEYS, PUSHBACK_KEY, REASON_METADATA_KEY, budget_fields
 
 __all__ = ["PUSHBACK_KEY", "DeadlineClientInterceptor", "DeadlineExceededRpcError", "DownstreamOverloadedRpcError"]
 
 # What a client reads as a 503 ("overloaded, retry elsewhere"), never as a 504.
 _OVERLOADED_CODES = frozenset((grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
-# gRPC's Retry-After: the server's pushback, in ms (negative: do not retry).
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 class _RpcErrorView:
@@ -136,22 +134,11 @@ def rpc_failure(exc: BaseException, retryable_reasons: frozenset[str]) -> Failur
     if not isinstance(exc, DownstreamOverloadedRpcError):
         return None
     pushback = _trailer(exc.rpc_error, PUSHBACK_KEY)
-    retry_after: str | None = None
-    if pushback is not None:
-        try:
-            pushback_ms = int(pushback)
-        except ValueError:
-            pushback_ms = None
-        if pushback_ms is not None and pushback_ms < 0:
-            return Failure("other", None, "pushback")  # the server said: do not retry
-        if pushback_ms is not None:
-            # Whole seconds would round a short pushback away: the failure keeps ms.
-            failure = overloaded_failure(
-                _trailer(exc.rpc_error, REASON_METADATA_KEY), None, retryable_reasons=retryable_reasons
-            )
-            return failure._replace(retry_after_s=pushback_ms / 1000.0)
+    if isinstance(pushback, str) and pushback.strip().startswith("-") and pushback.strip()[1:].isdigit():
+        return Failure("other", None, "pushback")  # the server said: do not retry
+    # In ms, as it came: whole seconds would round a short pushback away.
     return overloaded_failure(
-        _trailer(exc.rpc_error, REASON_METADATA_KEY), retry_after, retryable_reasons=retryable_reasons
+        _trailer(exc.rpc_error, REASON_METADATA_KEY), None, retryable_reasons=retryable_reasons, retry_after_ms=pushback
     )
 
 

@@ -11,10 +11,14 @@ from typing import Any
 
 from prazo.bindings.headers import BUDGET_HEADER, ENVOY_TIMEOUT_HEADER, GRPC_TIMEOUT_HEADER, REASON_HEADER_NAME
 
-__all__ = ["BUDGET_KEY", "BUDGET_KEYS", "REASON_METADATA_KEY", "budget_fields"]
+__all__ = ["BUDGET_KEY", "BUDGET_KEYS", "PUSHBACK_KEY", "REASON_METADATA_KEY", "budget_fields"]
 
 # The reason of a refusal rides in the trailers.
 REASON_METADATA_KEY = REASON_HEADER_NAME.lower()
+
+# gRPC's Retry-After: the server's pushback, in ms (negative: do not retry).
+# prazo's server sends the line's measured wait with an overload refusal.
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 # Budget fields a gRPC peer may put in the metadata (grpc-timeout itself is
 # consumed by grpc and arrives as the call's deadline).

@@ -67,7 +67,7 @@ from prazo.core import (
 )
 from prazo.core.arguments import checked_ms
 
-from .metadata import REASON_METADATA_KEY, budget_fields
+from .metadata import PUSHBACK_KEY, REASON_METADATA_KEY, budget_fields
 
 __all__ = [
     "REASON_METADATA_KEY",
@@ -98,7 +98,7 @@ def metadata_budget(metadata: Sequence[tuple[str, Any]] | None) -> IncomingBudge
 class _Ticket:
     """One RPC's admission state, left by the interceptor in the RPC's context."""
 
-    __slots__ = ("arrival_ns", "deadline", "incoming", "policy", "refusal", "resolved", "started")
+    __slots__ = ("arrival_ns", "deadline", "incoming", "policy", "refusal", "resolved", "retry_after_ns", "started")
 
     def __init__(self, arrival_ns: int, incoming: IncomingBudget, policy: RpcBudgetPolicy) -> None:
         self.arrival_ns = arrival_ns
@@ -106,8 +106,10 @@ class _Ticket:
         self.policy = policy
         self.deadline: Deadline | None = None
         self.resolved = False
-        # Set by the executor when the pool refused the RPC: the handler then answers it.
+        # Set by the executor when the pool refused the RPC: the handler then
+        # answers it, with the pool's measured wait for an overload refusal.
         self.refusal: BaseException | None = None
+        self.retry_after_ns = 0
         self.started = False
 
     def resolve(self, grpc_remaining_s: float | None, now_ns: int) -> Deadline | None:
@@ -172,10 +174,18 @@ def _status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.UNAVAILABLE
 
 
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    """Answer the RPC with the status of a prazo refusal; raises, as ``context.abort`` does."""
+def _abort(context: grpc.ServicerContext, exc: BaseException, retry_after_ns: int = 0) -> None:
+    """Answer the RPC with the status of a prazo refusal; raises, as ``context.abort`` does.
+
+    An overload refusal by the pool (``QueueFull``) carries the line's
+    measured wait ``retry_after_ns`` (when > 0) as ``grpc-retry-pushback-ms``,
+    the HTTP ``Retry-After`` of gRPC's retry policy and of prazo's client.
+    """
     reason = getattr(exc, "reason", None) or type(exc).__name__
-    context.set_trailing_metadata(((REASON_METADATA_KEY, reason),))
+    trailers: tuple[tuple[str, str], ...] = ((REASON_METADATA_KEY, reason),)
+    if retry_after_ns > 0 and isinstance(exc, QueueFull):
+        trailers += ((PUSHBACK_KEY, str(-(-retry_after_ns // 1_000_000))),)
+    context.set_trailing_metadata(trailers)
     context.abort(_status_for(exc), str(exc))
 
 
@@ -248,7 +258,7 @@ def _admitted(context: grpc.ServicerContext, budget: RpcBudgetPolicy) -> Deadlin
         ticket = _Ticket(time.monotonic_ns(), metadata_budget(context.invocation_metadata()), budget)
     ticket.started = True
     if ticket.refusal is not None:
-        _abort(context, ticket.refusal)
+        _abort(context, ticket.refusal, ticket.retry_after_ns)
     deadline = ticket.deadline if ticket.resolved else ticket.resolve(context.time_remaining(), time.monotonic_ns())
     if deadline is not None and deadline.expired():
         _abort(context, DeadlineExceeded(REASON_EXPIRED_IN_QUEUE))
@@ -368,6 +378,7 @@ class _Submission:
 
     def refuse(self, exc: BaseException) -> None:
         self.ticket.refusal = exc
+        self.ticket.retry_after_ns = self.executor.pool.retry_after_ns
         try:
             refusal = self.executor.refusals.submit(self.fn, *self.args, **self.kwargs)
         except RuntimeError:

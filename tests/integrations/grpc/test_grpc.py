@@ -24,7 +24,7 @@ from prazo.bindings.integrations.grpc.client import (
     DeadlineExceededRpcError,
     DownstreamOverloadedRpcError,
 )
-from prazo.bindings.integrations.grpc.metadata import REASON_METADATA_KEY
+from prazo.bindings.integrations.grpc.metadata import PUSHBACK_KEY, REASON_METADATA_KEY
 from prazo.bindings.integrations.grpc.server import (
     AdmissionExecutor,
     DeadlineServerInterceptor,
@@ -284,6 +284,40 @@ def test_full_pool_answers_resource_exhausted_at_once_and_keeps_serving(serve: C
     # The serving thread is alive: a plain AdmissionPool would have killed it.
     assert served.method("Echo")(b"again", timeout=WAIT_S) == b"again"
     assert served.pool is not None and served.pool.stats()["rejected_full"] == 1
+
+
+def _trailer(error: grpc.RpcError, key: str) -> str | None:
+    return dict(error.trailing_metadata() or ()).get(key)  # type: ignore[attr-defined]
+
+
+def test_a_full_pool_pushes_back_with_its_measured_wait(serve: Callable[..., Served]) -> None:
+    served = serve(max_workers=1, max_queue=0)
+    assert served.pool is not None
+    # Calls for longer than one measuring window (250 ms): the pool's line measures its drain.
+    until = time.monotonic() + 0.4
+    while time.monotonic() < until:
+        assert served.method("Echo")(b"x", timeout=WAIT_S) == b"x"
+    first = served.method("Block").future(b"x", timeout=WAIT_S)
+    assert served.rec.entered.wait(WAIT_S)
+    with pytest.raises(grpc.RpcError) as caught:
+        served.method("Echo")(b"refused", timeout=WAIT_S)
+    served.rec.gate.set()
+    assert first.result(WAIT_S) == b"released"
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    pushback = _trailer(caught.value, PUSHBACK_KEY)
+    assert pushback is not None and int(pushback) >= 1
+
+
+def test_a_pool_that_has_not_measured_its_drain_sends_no_pushback(serve: Callable[..., Served]) -> None:
+    served = serve(max_workers=1, max_queue=0)
+    first = served.method("Block").future(b"x", timeout=WAIT_S)
+    assert served.rec.entered.wait(WAIT_S)
+    with pytest.raises(grpc.RpcError) as caught:
+        served.method("Echo")(b"refused", timeout=WAIT_S)
+    served.rec.gate.set()
+    assert first.result(WAIT_S) == b"released"
+    assert _reason(caught.value) == REASON_QUEUE_FULL
+    assert _trailer(caught.value, PUSHBACK_KEY) is None
 
 
 def test_metadata_deadline_passing_in_line_answers_deadline_exceeded(serve: Callable[..., Served]) -> None:
