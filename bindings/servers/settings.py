@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prazo.core import IMPLEMENTATION
+from prazo.core import IMPLEMENTATION, AdmissionQueue
 from prazo.core.arguments import checked_count, checked_ms, parse_flag
 
 from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
@@ -40,6 +40,7 @@ from ..policies import (
     parse_expected_service_ms,
 )
 from ..proxy_headers import DEFAULT_MAX_UPSTREAM_MS, FrontProxyBudgetPolicy, checked_max_upstream_ms, trusted_networks
+from ..wsgi import DEFAULT_RETRY_AFTER_S
 
 __all__ = [
     "DEFAULT_BUDGET_MS",
@@ -68,6 +69,8 @@ DEFAULT_MAX_BUDGET_MS = 30000.0
 # one round trip, and every second a slow one is allowed is a connection a
 # slow-loris client keeps open for free.
 DEFAULT_HEADER_TIMEOUT_MS = 5000.0
+# A Retry-After longer than a day is a maintenance notice, not a wait.
+MAX_FIXED_RETRY_AFTER_S = 86_400
 
 _log = logging.getLogger("prazo.settings")
 
@@ -141,6 +144,25 @@ def _optional_port(value: Any, name: str) -> int | None:
     if port > 65535:
         raise ValueError(f"{name} must be a port (0 to 65535), got {port}")
     return port
+
+
+def _optional_seconds(value: Any, name: str) -> int | None:
+    # None: the wait is measured from the line; an int: the fixed Retry-After of every overload 503.
+    if value is None:
+        return None
+    seconds = checked_count(value, name, 0)
+    if seconds > MAX_FIXED_RETRY_AFTER_S:
+        raise ValueError(f"{name} must be at most {MAX_FIXED_RETRY_AFTER_S} seconds, got {seconds}")
+    return seconds
+
+
+def _seconds_or_measured(text: str, name: str) -> int | None:
+    if text.strip().lower() == "measured":
+        return None
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of seconds or 'measured', got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -259,6 +281,11 @@ SETTINGS: tuple[Setting, ...] = (
             "answer HAProxy's agent-check on this port: the free share of the line as a weight, drain on SIGTERM "
             "(prazo serve, not gunicorn; 0: any free port)",
             flag="--agent-port", env="PRAZO_AGENT_PORT", parse=_integer, metavar="P", default_text="none"),
+    Setting("retry_after_s", _optional_seconds,
+            "a fixed Retry-After (seconds) on every overload 503 instead of the line's measured wait; "
+            "'measured' in the variable is the default",
+            flag="--retry-after-s", env="PRAZO_RETRY_AFTER_S", parse=_seconds_or_measured, metavar="S",
+            default_text="measured"),
     Setting("host_workers", _count(1),
             "a front-door host's worker processes, each of threads threads behind its one line "
             "(prazo serve --server prazo --workers N)"),
@@ -294,7 +321,9 @@ class ServerSettings:
     ``reserved`` slots) when its path is one of ``critical_paths`` or its
     ``critical_header`` says ``critical``; ``classifier()`` decides it.
     ``prazo serve`` answers HAProxy's agent check on ``agent_port`` (None:
-    not at all; ``prazo.bindings.servers.plumbing.agent_check``).
+    not at all; ``prazo.bindings.servers.plumbing.agent_check``). An
+    overload 503 asks for the line's measured wait (``retry_after_s`` None)
+    or a fixed ``Retry-After`` of ``retry_after_s`` seconds.
     Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
@@ -317,6 +346,7 @@ class ServerSettings:
     critical_header: str | None = None
     critical_paths: tuple[str, ...] = ()
     agent_port: int | None = None
+    retry_after_s: int | None = None
     host_workers: int = 1
 
     def __post_init__(self) -> None:
@@ -380,6 +410,14 @@ class ServerSettings:
             if name not in ("critical_header", "critical_paths") and value != POLICY_DEFAULTS[name]
         }
 
+    def fixed_retry_after_s(self) -> int:
+        """The ``Retry-After`` of a 503 whose wait is not measured: ``retry_after_s``, else the default second."""
+        return DEFAULT_RETRY_AFTER_S if self.retry_after_s is None else self.retry_after_s
+
+    def measured_wait_ns(self, queue: AdmissionQueue) -> int:
+        """The wait an overload 503 asks for now: ``queue``'s measured one, or 0 when ``retry_after_s`` fixes it."""
+        return queue.retry_after_ns if self.retry_after_s is None else 0
+
     def classifier(self) -> CriticalClassifier | None:
         """What says a request is critical (``critical_paths``, ``critical_header``); None when none is."""
         if self.critical_header is None and not self.critical_paths:
@@ -428,6 +466,7 @@ def resolve_settings(
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
     agent_port: int | None = None,
+    retry_after_s: int | None = None,
     host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.

@@ -71,16 +71,17 @@ _PUMP_INTERVAL_S = 0.02
 class _Refusal(Error):
     """A waitress request error that carries prazo's refusal (503/504)."""
 
-    def __init__(self, exc: BaseException, retry_after_ns: int = 0) -> None:
+    def __init__(self, exc: BaseException, retry_after_s: int, retry_after_ns: int) -> None:
         status, _, body = rejection_response(exc)
         super().__init__(body.decode("ascii"))
         self.exc = exc
+        self.retry_after_s = retry_after_s
         self.retry_after_ns = retry_after_ns
         self.code = int(status[:3])
         self.reason = status[4:]
 
     def to_response(self, ident: str | None = None) -> tuple[str, list[tuple[str, str]], bytes]:
-        return rejection_response(self.exc, retry_after_ns=self.retry_after_ns)
+        return rejection_response(self.exc, retry_after_s=self.retry_after_s, retry_after_ns=self.retry_after_ns)
 
 
 # The largest first body chunk that is copied behind the response head to go
@@ -362,7 +363,9 @@ class WaitressDispatcher:
         requests = channel.requests
         if not requests:
             return  # the channel was cancelled meanwhile: nobody to answer
-        requests[0].error = _Refusal(exc, self.dispatcher.queue.retry_after_ns)
+        requests[0].error = _Refusal(
+            exc, self.settings.fixed_retry_after_s(), self.settings.measured_wait_ns(self.dispatcher.queue)
+        )
         with self._refused_lock:
             self._refused.append(channel)
             schedule = not self._answering_scheduled

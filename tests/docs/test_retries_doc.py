@@ -3,7 +3,7 @@
 The recipes call ``http://b.internal:8080`` (and ``http://b-2.internal:8080``);
 the test starts two servers on 127.0.0.1 that behave as the guide says — the
 first request to each path answered ``503`` with ``X-Prazo-Reason:
-queue-full``, the next ones ``200`` — and runs each block with those
+queue-full`` (``/drain``'s with a measured wait of 150 ms), the next ones ``200`` — and runs each block with those
 addresses in place of the names. The gRPC block only builds a channel; the
 retrying interceptor itself is ``tests/integrations/grpc/test_grpc_retries.py``.
 """
@@ -42,6 +42,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(503 if refuse else 200)
         if refuse:
             self.send_header("X-Prazo-Reason", "queue-full")
+            if self.path == "/drain":  # the guide's measured wait: 150 ms, beside the whole second
+                self.send_header("Retry-After", "1")
+                self.send_header("X-Prazo-Retry-After-Ms", "150")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -83,6 +86,8 @@ EXPECTED = [
     [],  # gRPC: builds the channel
     ["200", "0.8"],  # the adaptive throttle's arithmetic: 2 x what the destination takes
     ["200", "0"],  # a throttled session: one refusal in a quiet window throttles nothing
+    ["503 Service Unavailable 2 1500"],  # a measured wait as the two headers
+    ["200", "1"],  # the retry waited the 150 ms
 ]
 
 

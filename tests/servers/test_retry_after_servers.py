@@ -82,3 +82,20 @@ def test_an_embeddings_overload_refusals_carry_the_measured_wait(kind: str, serv
 def test_the_front_doors_overload_refusals_carry_the_measured_wait(frontdoors: Any) -> None:
     server = frontdoors(threads=1, max_queue=2)
     assert_measured_waits(refusals_under_load(server.port))
+
+
+@pytest.mark.parametrize("kind", ["frontdoor", *SERVER_KINDS])
+def test_a_fixed_retry_after_is_every_overload_refusals_wait(
+    kind: str, servers: list[RunningServer], frontdoors: Any
+) -> None:
+    if kind == "frontdoor":
+        from prazo.bindings.servers.settings import resolve_settings
+
+        port = frontdoors(settings=resolve_settings(threads=1, max_queue=2, retry_after_s=3)).port
+    else:
+        server = start_server(kind, threads=1, max_queue=2, policies={"retry_after_s": 3})
+        servers.append(server)
+        port = server.port
+    seen = refusals_under_load(port)
+    assert seen, "the line was never full"
+    assert set(seen) == {("3", None)}

@@ -49,6 +49,7 @@ BAD_TEXT = {
     "critical_header": "X_Priority",
     "critical_paths": "healthz",
     "agent_port": "70000",
+    "retry_after_s": "soon",
 }
 
 

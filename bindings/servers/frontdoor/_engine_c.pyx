@@ -111,6 +111,7 @@ cdef extern from "pfd.h" nogil:
         size_t critical_paths_len
         int trust_request_start
         int64_t max_upstream_ns
+        int measured_retry_after
         const pfd_net *trusted
         int n_trusted
         const char *answer[11][2]
@@ -561,7 +562,7 @@ cdef class Engine:
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
                   bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
-                  int64_t max_upstream_ns=0, trusted_networks=None, str role="single"):
+                  int64_t max_upstream_ns=0, trusted_networks=None, str role="single", bint measured_retry_after=True):
         # FrontDoorServer checks the options under the names users know; these
         # checks only keep the engine's own invariants, whoever calls it.
         if order not in ORDERS:
@@ -635,6 +636,7 @@ cdef class Engine:
             fds[i] = fd
         cfg.trust_request_start = trust_request_start
         cfg.max_upstream_ns = max_upstream_ns
+        cfg.measured_retry_after = measured_retry_after
         _trusted_config(&cfg, trusted_networks, &nets)
         # Each copies the answers and the networks.
         if role == "worker":

@@ -34,7 +34,7 @@ from prazo.core import (
 
 from ...policies import checked_paths
 from ...proxy_headers import trusted_networks
-from ...wsgi import WSGIApp
+from ...wsgi import DEFAULT_RETRY_AFTER_S, WSGIApp
 from ..plumbing.dispatcher import SERVER_STATS_KEY
 from ..plumbing.heads import MAX_HEAD_BYTES
 from ..plumbing.refusals import (
@@ -83,11 +83,13 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_MAX_IO_WAIT_MS = 60000.0
 
 
-def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
+def canned_answers(retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> dict[str, tuple[bytes, bytes | None]]:
     """The front door's refusals as bytes, ``reason -> (close variant, keep-alive variant or None)``.
 
     The same statuses, headers and bodies as every embedding's refusals
-    (``prazo.bindings.wsgi.rejection_response`` and ``refusals``).
+    (``prazo.bindings.wsgi.rejection_response`` and ``refusals``), with
+    ``Retry-After: retry_after_s``; the engine puts the line's measured wait
+    in the overload refusals' place when it measures.
     """
     refusals: dict[str, BaseException] = {
         "queue-full": QueueFull(),
@@ -99,7 +101,11 @@ def canned_answers() -> dict[str, tuple[bytes, bytes | None]]:
         REASON_EVICTED: QueueFull(REASON_EVICTED),
     }
     answers: dict[str, tuple[bytes, bytes | None]] = {
-        reason: (rejection_bytes(exc), rejection_bytes(exc, keep_alive=True)) for reason, exc in refusals.items()
+        reason: (
+            rejection_bytes(exc, retry_after_s=retry_after_s),
+            rejection_bytes(exc, keep_alive=True, retry_after_s=retry_after_s),
+        )
+        for reason, exc in refusals.items()
     }
     answers[REASON_HEADER_TIMEOUT] = (HEADER_TIMEOUT_ANSWER, None)
     answers[REASON_BAD_REQUEST] = (BAD_REQUEST_ANSWER, None)
@@ -229,7 +235,8 @@ def engine_arguments(
         "max_drain_bytes": DEFAULT_MAX_DRAIN_BYTES,
         "max_lingering": DEFAULT_MAX_LINGERING,
         "max_head": MAX_HEAD_BYTES,
-        "answers": canned_answers(),
+        "answers": canned_answers(settings.fixed_retry_after_s()),
+        "measured_retry_after": settings.retry_after_s is None,
         # The front-proxy correction is the engine's: it needs the peer and
         # the arrival stamp, both C-side, and must act before the line does.
         "trust_request_start": settings.trust_request_start,

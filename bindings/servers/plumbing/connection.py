@@ -297,7 +297,11 @@ class ConnectionAdmission:
 
     def _reject(self, ticket: Ticket, exc: BaseException) -> None:
         self.counters.count_response(exc)
-        answer = rejection_bytes(exc, retry_after_ns=self.dispatcher.queue.retry_after_ns)
+        answer = rejection_bytes(
+            exc,
+            retry_after_s=self.settings.fixed_retry_after_s(),
+            retry_after_ns=self.settings.measured_wait_ns(self.dispatcher.queue),
+        )
         self._answer_and_close(ticket.item, self._socket_of(ticket.item), answer)
 
     def _answer_and_close(self, item: Any, sock: socket.socket, answer: bytes) -> None:

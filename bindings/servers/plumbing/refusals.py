@@ -52,9 +52,13 @@ def _response_bytes(status: str, headers: list[tuple[str, str]], body: bytes, ke
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def rejection_bytes(exc: BaseException, *, keep_alive: bool = False, retry_after_ns: int = 0) -> bytes:
-    """A complete HTTP/1.1 response refusing a request, from ``rejection_response`` (with the line's measured wait)."""
-    return _response_bytes(*rejection_response(exc, retry_after_ns=retry_after_ns), keep_alive)
+def rejection_bytes(
+    exc: BaseException, *, keep_alive: bool = False, retry_after_s: int = 1, retry_after_ns: int = 0
+) -> bytes:
+    """A complete HTTP/1.1 response refusing a request, from ``rejection_response`` (its Retry-After arguments)."""
+    return _response_bytes(
+        *rejection_response(exc, retry_after_s=retry_after_s, retry_after_ns=retry_after_ns), keep_alive
+    )
 
 
 def status_answer(status: str, reason: str, *, keep_alive: bool = False) -> bytes:

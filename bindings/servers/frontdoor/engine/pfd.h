@@ -135,6 +135,9 @@ struct pfd_config {
     /* [answer][keep]: keep = 1 for the keep-alive variant (only below PFD_A_COUNT_KEEPABLE) */
     const char *answer[PFD_A_COUNT][2];
     size_t answer_len[PFD_A_COUNT][2];
+    /* 1: the overload refusals (queue-full, shed, evicted) carry the line's
+     * measured wait in place of their canned Retry-After; 0: it stays fixed. */
+    int measured_retry_after;
 };
 
 /* Where a chunked body's decoder stands (pfd_chunked_decode). */

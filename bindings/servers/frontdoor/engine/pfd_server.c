@@ -42,7 +42,7 @@ struct pfd_server *pfd_server_alloc(const struct pfd_config *cfg)
             srv->cfg.answer[a][1] = srv->cfg.answer[a][0];
             srv->cfg.answer_len[a][1] = srv->cfg.answer_len[a][0];
         }
-        if (a == PFD_A_QUEUE_FULL || a == PFD_A_SHED || a == PFD_A_EVICTED)
+        if (cfg->measured_retry_after && (a == PFD_A_QUEUE_FULL || a == PFD_A_SHED || a == PFD_A_EVICTED))
             for (int k = 0; k < 2; k++)
                 pfd_find_wait_line(srv->cfg.answer[a][k], srv->cfg.answer_len[a][k], &srv->wait_at[a][k],
                                    &srv->wait_end[a][k]);
