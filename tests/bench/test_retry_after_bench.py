@@ -21,7 +21,7 @@ def test_each_refused_call_is_retried_once_or_gives_up() -> None:
     assert point.first_refused > 0, "at twice the capacity the line refuses"
     assert point.retries + point.gave_up <= point.first_refused
     assert point.refused_again <= point.retries
-    assert 0 < point.good_per_s
+    assert point.good_per_s > 0
 
 
 def test_an_unknown_profile_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
