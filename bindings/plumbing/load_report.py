@@ -155,7 +155,7 @@ class LoadReport:
     def __init__(
         self,
         stats: Callable[[], Mapping[str, Any]],
-        format: str = "text",  # noqa: A002 - the header's own word for it
+        format: str = "text",
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
@@ -284,7 +284,7 @@ class LoadReportingStartResponse:
 
 
 def optional_load_report(
-    format: str | None,  # noqa: A002 - the option's value
+    format: str | None,
     stats: Callable[[], Mapping[str, Any]],
     name: str = "load_report",
 ) -> LoadReport | None:

@@ -25,6 +25,7 @@ from prazo.core import IMPLEMENTATION
 from prazo.core.arguments import checked_count, checked_ms, parse_flag
 
 from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
+from ..plumbing.load_report import LOAD_REPORT_FORMATS, checked_load_report_format
 from ..policies import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
@@ -143,6 +144,10 @@ def _optional_port(value: Any, name: str) -> int | None:
     return port
 
 
+def _optional_load_report(value: Any, name: str) -> str | None:
+    return None if value is None else checked_load_report_format(value, name)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting of ``ServerSettings``, declared once: everything that reads or writes it uses this row.
@@ -259,6 +264,11 @@ SETTINGS: tuple[Setting, ...] = (
             "answer HAProxy's agent-check on this port: the free share of the line as a weight, drain on SIGTERM "
             "(prazo serve, not gunicorn; 0: any free port)",
             flag="--agent-port", env="PRAZO_AGENT_PORT", parse=_integer, metavar="P", default_text="none"),
+    Setting("load_report", _optional_load_report,
+            "add the ORCA endpoint-load-metrics header, in this format, to the app's responses: the line's "
+            "utilization, answers and refusals per second, CPU, queue (Envoy's client-side weighted round robin)",
+            flag="--load-report", env="PRAZO_LOAD_REPORT", parse=_word, choices=LOAD_REPORT_FORMATS,
+            default_text="none"),
     Setting("host_workers", _count(1),
             "a front-door host's worker processes, each of threads threads behind its one line "
             "(prazo serve --server prazo --workers N)"),
@@ -294,7 +304,10 @@ class ServerSettings:
     ``reserved`` slots) when its path is one of ``critical_paths`` or its
     ``critical_header`` says ``critical``; ``classifier()`` decides it.
     ``prazo serve`` answers HAProxy's agent check on ``agent_port`` (None:
-    not at all; ``prazo.bindings.servers.plumbing.agent_check``).
+    not at all; ``prazo.bindings.servers.plumbing.agent_check``). With
+    ``load_report`` (``"text"`` or ``"json"``; None: off) the app's responses
+    carry the ORCA ``endpoint-load-metrics`` header
+    (``prazo.bindings.plumbing.load_report``).
     Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
@@ -317,6 +330,7 @@ class ServerSettings:
     critical_header: str | None = None
     critical_paths: tuple[str, ...] = ()
     agent_port: int | None = None
+    load_report: str | None = None
     host_workers: int = 1
 
     def __post_init__(self) -> None:
@@ -428,6 +442,7 @@ def resolve_settings(
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
     agent_port: int | None = None,
+    load_report: str | None = None,
     host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.
