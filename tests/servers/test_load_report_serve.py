@@ -142,6 +142,7 @@ def test_a_bad_flag_or_variable_is_refused_naming_it(capsys: pytest.CaptureFixtu
         capture_output=True,
         text=True,
         timeout=WAIT_S,
+        check=False,
     )
     assert result.returncode == 2
     assert "PRAZO_LOAD_REPORT" in result.stderr
