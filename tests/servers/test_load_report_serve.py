@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _docs import fenced_blocks, section
 from _helpers import wait_until
 from _load_reports import parse
 from _server_harness import CLIENT_TIMEOUT_S, TESTS_DIR, Burst, statuses
@@ -100,6 +101,12 @@ def test_every_server_reports_its_line_in_each_response(
     assert statuses(held.join()) == {200: 2}
     process.terminate()
     assert process.wait(WAIT_S) == 0
+
+
+def test_the_page_s_command_is_the_one_the_test_runs() -> None:
+    page = section("## Load reports in the response (ORCA)", "docs/how-to/load-balancers.md")
+    (command,) = fenced_blocks(page, "sh")
+    assert "--load-report text" in command and "--threads 4" in command
 
 
 def test_the_variable_turns_it_on_in_json_and_gunicorn_workers_report_too(
