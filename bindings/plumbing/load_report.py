@@ -53,6 +53,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from prazo.bindings.policies import checked_choice
+
 __all__ = [
     "HEADER_NAME",
     "LOAD_REPORT_FORMATS",
@@ -85,11 +87,7 @@ _log = logging.getLogger("prazo.load_report")
 
 def checked_load_report_format(value: object, name: str = "format") -> str:
     """``value`` when it is ``"text"`` or ``"json"``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be 'text' or 'json', not {type(value).__name__}")
-    if value not in LOAD_REPORT_FORMATS:
-        raise ValueError(f"{name} must be 'text' or 'json', got {value!r}")
-    return value
+    return checked_choice(value, name, LOAD_REPORT_FORMATS)
 
 
 def _checked_interval(value: object) -> float:
