@@ -271,7 +271,8 @@ class LoadReportingStartResponse:
 
     def __call__(self, status: str, headers: Iterable[tuple[str, str]], exc_info: Any = None) -> Any:
         headers = list(headers)
-        if not any(name.lower() == HEADER_NAME for name, _ in headers):
+        # Whatever the names are: a bad header is the server's to refuse, with its own words.
+        if not any(isinstance(name, str) and name.lower() == HEADER_NAME for name, _ in headers):
             header = self._report.header()
             if header is not None:
                 headers.append(header)

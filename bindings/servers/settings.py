@@ -265,7 +265,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(prazo serve, not gunicorn; 0: any free port)",
             flag="--agent-port", env="PRAZO_AGENT_PORT", parse=_integer, metavar="P", default_text="none"),
     Setting("load_report", _optional_load_report,
-            "add the ORCA endpoint-load-metrics header, in this format, to the app's responses: the line's "
+            "add the ORCA endpoint-load-metrics header, text or json, to the app's responses: the line's "
             "utilization, answers and refusals per second, CPU, queue (Envoy's client-side weighted round robin)",
             flag="--load-report", env="PRAZO_LOAD_REPORT", parse=_word, choices=LOAD_REPORT_FORMATS,
             default_text="none"),
@@ -416,6 +416,8 @@ class ServerSettings:
             text += f" critical_paths={','.join(self.critical_paths)}"
         if self.critical_header is not None:
             text += f" critical_header={self.critical_header}"
+        if self.load_report is not None:
+            text += f" load_report={self.load_report}"
         return text
 
 

@@ -32,8 +32,8 @@ HEADER = "endpoint-load-metrics"
 
 def serve(
     processes: list[subprocess.Popen[str]], *options: str, environ: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[str], int]:
-    """``prazo serve _server_harness:app`` with ``options``; the process and its port."""
+) -> tuple[subprocess.Popen[str], int, str]:
+    """``prazo serve _server_harness:app`` with ``options``; the process, its port and its start-up line."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("PRAZO_")}
     process = subprocess.Popen(
         [*_SERVE, "_server_harness:app", "--port", "0", *options],
@@ -48,7 +48,7 @@ def serve(
     line = process.stdout.readline()
     found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert found, line
-    return process, int(found.group(1))
+    return process, int(found.group(1)), line
 
 
 def get(port: int, path: str = "/healthz") -> tuple[int, str | None, list[str]]:
@@ -84,7 +84,8 @@ SERVERS = {
 def test_every_server_reports_its_line_in_each_response(
     server: str, processes: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    process, port = serve(processes, *SERVERS[server], "--max-queue", "4", "--load-report", "text")
+    process, port, line = serve(processes, *SERVERS[server], "--max-queue", "4", "--load-report", "text")
+    assert "load_report=text" in line
     report(port)
     gate = tmp_path / "gate"
     held = Burst(port, [f"/work?gate={gate}"] * 2)
@@ -114,7 +115,7 @@ def test_the_variable_turns_it_on_in_json_and_gunicorn_workers_report_too(
 ) -> None:
     pytest.importorskip("gunicorn")
     for options in (["--server", "waitress"], ["--server", "gunicorn", "--workers", "1"]):
-        _, port = serve(processes, *options, "--threads", "2", environ={"PRAZO_LOAD_REPORT": "json"})
+        _, port, _ = serve(processes, *options, "--threads", "2", environ={"PRAZO_LOAD_REPORT": "json"})
         status, _, reports = get(port)
         assert status == 200 and len(reports) == 1 and reports[0].startswith("JSON "), (options, reports)
         assert parse(reports[0])["named_metrics.queue"] == 0
@@ -123,9 +124,9 @@ def test_the_variable_turns_it_on_in_json_and_gunicorn_workers_report_too(
 def test_off_by_default_and_the_engine_s_refusals_carry_none(
     processes: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    _, port = serve(processes, "--server", "prazo", "--threads", "1", "--max-queue", "0")
-    assert get(port)[2] == []
-    _, port = serve(processes, "--server", "prazo", "--threads", "1", "--max-queue", "0", "--load-report", "text")
+    _, port, line = serve(processes, "--server", "prazo", "--threads", "1", "--max-queue", "0")
+    assert get(port)[2] == [] and "load_report" not in line
+    _, port, _ = serve(processes, "--server", "prazo", "--threads", "1", "--max-queue", "0", "--load-report", "text")
     mark, gate = tmp_path / "mark", tmp_path / "gate"
     held = Burst(port, [f"/work?mark={mark}&gate={gate}"])
     try:
