@@ -4,6 +4,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, final
 
 from prazo.bindings.headers import BudgetPolicy
+from prazo.bindings.plumbing.load_report import LoadReport
 from prazo.bindings.policies import CriticalClassifier
 from prazo.bindings.wsgi import AdmissionMiddleware, Environ, MiddlewareCounters, StartResponse, WSGIApp
 from prazo.core import Deadline, LatencyHistogram
@@ -51,3 +52,4 @@ class CompiledPath:
         measured_retry_after: bool = False,
     ) -> None: ...
     def record_latency(self, request_duration: LatencyHistogram, queue_wait: LatencyHistogram) -> None: ...
+    def report_load(self, load_report: LoadReport) -> None: ...

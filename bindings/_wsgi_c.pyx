@@ -312,6 +312,7 @@ cdef class CompiledPath:
     cdef LatencyHistogram _duration     # the C twin's histograms, None while latency recording is off
     cdef LatencyHistogram _queue_wait
     cdef object _critical               # the middleware's CriticalClassifier, None when no request is critical
+    cdef object _load_report            # the middleware's LoadReport, None while the option is off
 
     def __init__(self, app, AdmissionQueue queue not None, policy, bypass, counters, retry_after_s, critical=None,
                  measured_retry_after=False):
@@ -328,6 +329,7 @@ cdef class CompiledPath:
         self._measured_retry_after = measured_retry_after
         self._duration = None
         self._queue_wait = None
+        self._load_report = None
 
     def record_latency(self, LatencyHistogram request_duration not None, LatencyHistogram queue_wait not None):
         """Record each admitted request into these two histograms of the C twin, as the Python path does.
@@ -337,6 +339,10 @@ cdef class CompiledPath:
         """
         self._duration = request_duration
         self._queue_wait = queue_wait
+
+    def report_load(self, load_report not None):
+        """Start every response this path answers through ``load_report.start_response``, as the Python path does."""
+        self._load_report = load_report
 
     cdef object _serve(self, object middleware, object environ, object start_response):
         """``AdmissionMiddleware._call_python``, for the requests this path serves; the others go there."""
@@ -372,6 +378,10 @@ cdef class CompiledPath:
         if outer is not None and _deadline_ns(outer) < deadline_ns:
             deadline_ns = _deadline_ns(outer)
         env[_BUDGET_SOURCE_KEY] = source
+        # Here, after the last hand-over to the Python path (which adds the header itself): the
+        # refusal and the admitted response below are both started through it.
+        if self._load_report is not None:
+            start_response = self._load_report.start_response(start_response)
         try:
             started_ns = self._queue._acquire(deadline_ns, arrival_ns)
         except (QueueFull, DeadlineExceeded, ShutDown) as exc:

@@ -82,6 +82,7 @@ from prazo.bindings.headers import (
     IncomingBudget,
     budget_limits,
 )
+from prazo.bindings.plumbing.load_report import LoadReport, optional_load_report
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
     IMPLEMENTATION,
@@ -758,6 +759,12 @@ class AdmissionMiddleware:
     both paths; ``prazo.bindings.integrations.prometheus`` exports them as Prometheus
     histograms. Off (the default), they are None and cost nothing.
 
+    ``load_report="text"`` or ``"json"`` adds the ORCA ``endpoint-load-metrics``
+    header (``prazo.bindings.plumbing.load_report``), computed from ``stats()``
+    at most once a second, to every response it lets through and to its own
+    503/504 refusals, for a balancer that weighs endpoints by it (Envoy's
+    client-side weighted round robin). None (the default) adds nothing.
+
     ``queue_class`` is the admission queue it builds, the twin ``prazo.core``
     picked; a subclass may name the other twin (the benchmarks compare both).
     """
@@ -784,6 +791,7 @@ class AdmissionMiddleware:
         min_concurrency: int | None = None,
         reserved: int | None = None,
         critical: Callable[[Environ], object] | str | None = None,
+        load_report: str | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
@@ -826,6 +834,9 @@ class AdmissionMiddleware:
         )
         if self._compiled is not None and record_latency:
             self._compiled.record_latency(self._request_duration, self._queue_wait)
+        self._load_report = optional_load_report(load_report, self.stats)
+        if self._compiled is not None and self._load_report is not None:
+            self._compiled.report_load(self._load_report)
 
     @property
     def app(self) -> WSGIApp:
@@ -853,6 +864,11 @@ class AdmissionMiddleware:
         return self._queue_wait
 
     @property
+    def load_report(self) -> LoadReport | None:
+        """The ``endpoint-load-metrics`` report its responses carry (``load_report=``), or None."""
+        return self._load_report
+
+    @property
     def fast_path(self) -> bool:
         """True when the common case runs on the compiled twin (see ``fast_path=``)."""
         return self._compiled is not None
@@ -876,6 +892,9 @@ class AdmissionMiddleware:
         The compiled path hands a request over with its class once it has
         classified it, so a classifier runs once per request.
         """
+        if self._load_report is not None:
+            # Every response from here on, the refusals too, is started through it.
+            start_response = self._load_report.start_response(start_response)
         arrival_ns = time.monotonic_ns()
         deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
         if self._bypass and environ.get("PATH_INFO", "") in self._bypass:

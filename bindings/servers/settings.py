@@ -25,6 +25,7 @@ from prazo.core import IMPLEMENTATION, AdmissionQueue
 from prazo.core.arguments import checked_count, checked_ms, parse_flag
 
 from ..headers import DEFAULT_BUDGET_MS, BudgetPolicy, budget_limits
+from ..plumbing.load_report import LOAD_REPORT_FORMATS, checked_load_report_format
 from ..policies import (
     DEFAULT_CODEL_INTERVAL_MS,
     DEFAULT_CODEL_TARGET_MS,
@@ -165,6 +166,10 @@ def _seconds_or_measured(text: str, name: str) -> int | None:
         raise ValueError(f"{name} must be a whole number of seconds or 'measured', got {text!r}") from None
 
 
+def _optional_load_report(value: Any, name: str) -> str | None:
+    return None if value is None else checked_load_report_format(value, name)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting of ``ServerSettings``, declared once: everything that reads or writes it uses this row.
@@ -286,6 +291,11 @@ SETTINGS: tuple[Setting, ...] = (
             "'measured' in the variable is the default",
             flag="--retry-after-s", env="PRAZO_RETRY_AFTER_S", parse=_seconds_or_measured, metavar="S",
             default_text="measured"),
+    Setting("load_report", _optional_load_report,
+            "add the ORCA endpoint-load-metrics header, text or json, to the app's responses: the line's "
+            "utilization, answers and refusals per second, CPU, queue (Envoy's client-side weighted round robin)",
+            flag="--load-report", env="PRAZO_LOAD_REPORT", parse=_word, choices=LOAD_REPORT_FORMATS,
+            default_text="none"),
     Setting("host_workers", _count(1),
             "a front-door host's worker processes, each of threads threads behind its one line "
             "(prazo serve --server prazo --workers N)"),
@@ -323,7 +333,10 @@ class ServerSettings:
     ``prazo serve`` answers HAProxy's agent check on ``agent_port`` (None:
     not at all; ``prazo.bindings.servers.plumbing.agent_check``). An
     overload 503 asks for the line's measured wait (``retry_after_s`` None)
-    or a fixed ``Retry-After`` of ``retry_after_s`` seconds.
+    or a fixed ``Retry-After`` of ``retry_after_s`` seconds. With
+    ``load_report`` (``"text"`` or ``"json"``; None: off) the app's responses
+    carry the ORCA ``endpoint-load-metrics`` header
+    (``prazo.bindings.plumbing.load_report``).
     Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
@@ -347,6 +360,7 @@ class ServerSettings:
     critical_paths: tuple[str, ...] = ()
     agent_port: int | None = None
     retry_after_s: int | None = None
+    load_report: str | None = None
     host_workers: int = 1
 
     def __post_init__(self) -> None:
@@ -440,6 +454,8 @@ class ServerSettings:
             text += f" critical_paths={','.join(self.critical_paths)}"
         if self.critical_header is not None:
             text += f" critical_header={self.critical_header}"
+        if self.load_report is not None:
+            text += f" load_report={self.load_report}"
         return text
 
 
@@ -467,6 +483,7 @@ def resolve_settings(
     critical_paths: Iterable[str] | None = None,
     agent_port: int | None = None,
     retry_after_s: int | None = None,
+    load_report: str | None = None,
     host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.

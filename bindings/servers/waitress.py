@@ -271,7 +271,14 @@ class WaitressDispatcher:
         one CPU). A pipelined request offered by the worker is the exception:
         the slot of the one before it is given back first (``add_task``).
         """
-        return AdmittedApp(app, self.dispatcher, self.policy, self.counters, release_at_close=False)
+        return AdmittedApp(
+            app,
+            self.dispatcher,
+            self.policy,
+            self.counters,
+            release_at_close=False,
+            load_report=self.settings.load_report,
+        )
 
     def stats(self) -> dict[str, int]:
         """The queue's counters and the refusals sent."""

@@ -50,6 +50,7 @@ BAD_TEXT = {
     "critical_paths": "healthz",
     "agent_port": "70000",
     "retry_after_s": "soon",
+    "load_report": "xml",
 }
 
 
@@ -102,16 +103,17 @@ def test_a_bad_flag_is_refused_naming_the_flag(
     trust=st.booleans(),
     yield_when_full=st.booleans(),
     header=st.one_of(st.none(), st.sampled_from(["X-Priority", "X-Class"])),
+    load_report=st.sampled_from([None, "text", "json"]),
 )
 def test_the_variables_written_for_workers_read_back_as_the_same_settings(
     threads: int, queue: int, budget: float, order: str, target: float, expected: Any, paths: list[str],
-    proxies: Any, trust: bool, yield_when_full: bool, header: Any,
+    proxies: Any, trust: bool, yield_when_full: bool, header: Any, load_report: Any,
 ) -> None:  # fmt: skip
     original = resolve_settings(
         threads=threads, max_queue=queue, default_budget_ms=budget, order=order,
         codel_target_ms=target if order == "adaptive" else None, expected_service_ms=expected,
         critical_paths=paths, trusted_proxies=proxies, trust_request_start=trust,
-        yield_when_full=yield_when_full, critical_header=header, environ={},
+        yield_when_full=yield_when_full, critical_header=header, load_report=load_report, environ={},
     )  # fmt: skip
     again = resolve_settings(threads=threads, environ=settings_environment(original))
     assert again == original

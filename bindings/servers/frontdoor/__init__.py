@@ -70,6 +70,7 @@ worker processes, ``triage.py`` and ``worker.py``, which talk as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -167,6 +168,7 @@ def create_server(
     reserved: int | None = None,
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
+    load_report: str | None = None,
 ) -> FrontDoor:
     """A front door serving ``app`` on ``host:port`` (``port=0``: any free port; see ``server_address``).
 
@@ -186,6 +188,11 @@ def create_server(
     running places; the same ``serve_forever()``/``shutdown()``/``stats()``.
     ``max_requests`` (hosts only) retires a worker after that many requests,
     plus a random number of at most ``max_requests_jitter``.
+
+    ``load_report="text"`` or ``"json"`` adds the ORCA ``endpoint-load-metrics``
+    header to the app's responses (``prazo.bindings.plumbing.load_report``; the
+    engine's own refusals are written in C and carry none); not given, it
+    comes from ``settings``, else ``PRAZO_LOAD_REPORT``, else off.
     """
     policies: dict[str, Any] = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
@@ -197,9 +204,12 @@ def create_server(
     # Policies given beside complete settings win over its fields; without settings they are
     # arguments like the limits (and read from the environment when not given).
     settings = with_policies(settings, policies)
+    if settings is not None and load_report is not None:
+        settings = dataclasses.replace(settings, load_report=load_report)
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
+        load_report=None if settings is not None else load_report,
         host_workers=None if settings is not None else workers,
         **({} if settings is not None else policies),
     )  # fmt: skip

@@ -142,6 +142,8 @@ class Plan:
     max_concurrency: int
     max_queue: int
     reserved: int
+    #: The workers' ``endpoint-load-metrics`` format (``ServerSettings.load_report``), None when off.
+    load_report: str | None = None
 
 
 def run_child(main: Callable[[], int], inherited: Iterable[int], keep: Iterable[int]) -> None:

@@ -24,6 +24,7 @@ from urllib.parse import unquote_to_bytes
 from prazo.core import Deadline, DeadlineExceeded
 
 from ...headers import is_ambiguous_header_name
+from ...plumbing.load_report import LoadReport
 from ...wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from ..plumbing.refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
 
@@ -364,10 +365,22 @@ class RequestRunner:
     on to the main thread as a Ctrl-C (``serve_forever()`` then stops
     gracefully; a host's worker ignores Ctrl-C, so there it is an app error
     only).
+
+    With a ``load_report``, every response the app starts carries its
+    ``endpoint-load-metrics`` header (the app's refusals too); the answers
+    written here as bytes (the 504 of a late pickup, a 500) and the engine's
+    own refusals carry none.
     """
 
-    def __init__(self, app: WSGIApp, base_environ: dict[str, Any], draining: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        base_environ: dict[str, Any],
+        draining: Callable[[], bool],
+        load_report: LoadReport | None = None,
+    ) -> None:
         self.app = app
+        self.load_report = load_report
         self.base_environ = base_environ
         self._draining = draining
         self.expired_at_start = 0
@@ -417,11 +430,16 @@ class RequestRunner:
         # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's pfd_upstream_ns).
         environ = self.environ(conn)
         response = _Response(conn, environ["REQUEST_METHOD"] == "HEAD", may_keep_alive)
+        start_response = (
+            response.start_response
+            if self.load_report is None
+            else self.load_report.start_response(response.start_response)
+        )
         try:
             result = run_admitted(
                 self.app,
                 environ,
-                response.start_response,
+                start_response,
                 deadline,
                 _nothing,
                 conn.queue_wait_ns,

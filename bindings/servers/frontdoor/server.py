@@ -32,6 +32,7 @@ from prazo.core import (
     expected_service_option,
 )
 
+from ...plumbing.load_report import optional_load_report
 from ...policies import checked_paths
 from ...proxy_headers import trusted_networks
 from ...wsgi import DEFAULT_RETRY_AFTER_S, WSGIApp
@@ -286,7 +287,12 @@ class FrontDoorServer:
                 write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
             ),
         )  # fmt: skip
-        self._runner = RequestRunner(app, self._base_environ, lambda: bool(self._engine.draining))
+        self._runner = RequestRunner(
+            app,
+            self._base_environ,
+            lambda: bool(self._engine.draining),
+            optional_load_report(settings.load_report, self.stats),
+        )
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._started = False

@@ -188,7 +188,7 @@ class FrontDoorHost:
             workers=workers, max_requests=max_requests, max_requests_jitter=max_requests_jitter,
             shutdown_timeout=shutdown_timeout,
             triage_engine=triage_engine, worker_engine=dict(triage_engine), max_concurrency=total,
-            max_queue=settings.max_queue, reserved=self.policies["reserved"],
+            max_queue=settings.max_queue, reserved=self.policies["reserved"], load_report=settings.load_report,
         )  # fmt: skip
         self._listener: socket.socket | None = listener
         self._ctl: socket.socket | None = None

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ...plumbing.load_report import optional_load_report
 from ..plumbing.app_loader import load_app
 from ..plumbing.process_names import name_process
 from .protocol import BOOT_ERROR, BOOT_FAILED, MAX_REPORT_BYTES, READY, RETIRE, HostStats, Plan
@@ -61,7 +62,11 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
             os.write(ready_fd, BOOT_ERROR + report[-MAX_REPORT_BYTES:])
             return BOOT_FAILED
     engine = compiled_engine().Engine([], role="worker", **plan.worker_engine)
-    runner = RequestRunner(app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False)
+    # The host's figures (one round trip to the triage, at most once per report interval).
+    load_report = optional_load_report(plan.load_report, host.stats)
+    runner = RequestRunner(
+        app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False, load_report
+    )
     reported = {"expired_at_start": 0, "app_errors": 0}
     served = [0]
     lock = threading.Lock()

@@ -239,7 +239,7 @@ class ConnectionAdmission:
 
     def wrap(self, app: WSGIApp) -> AdmittedApp:
         """The app as the server must call it (see ``AdmittedApp``)."""
-        return AdmittedApp(app, self.dispatcher, self.policy, self.counters)
+        return AdmittedApp(app, self.dispatcher, self.policy, self.counters, load_report=self.settings.load_report)
 
     def start(self) -> None:
         """Start the worker threads (idempotent)."""

@@ -42,6 +42,7 @@ from prazo.core import (
 
 from ... import wsgi as _wsgi
 from ...headers import BudgetPolicy, IncomingBudget
+from ...plumbing.load_report import optional_load_report
 from ...plumbing.reaper import DeadlineReaper
 from ...policies import CriticalClassifier
 from ...wsgi import (
@@ -436,6 +437,12 @@ class AdmittedApp:
     its I/O thread to send it). Given back at the close, the slot lets the
     next request's worker wake and take the GIL inside that tail, while the
     I/O thread turns on an answer it may not send yet.
+
+    ``load_report`` (``"text"``/``"json"``; None: off) adds the ORCA
+    ``endpoint-load-metrics`` header, computed from the dispatcher's
+    ``stats()``, to every response started here (the app's, and the 504 of a
+    deadline that passed before it started); the server's own refusals of a
+    full line are written before any app call and carry none.
     """
 
     def __init__(
@@ -446,6 +453,7 @@ class AdmittedApp:
         counters: MiddlewareCounters,
         *,
         release_at_close: bool = True,
+        load_report: str | None = None,
     ) -> None:
         if not isinstance(release_at_close, bool):
             raise TypeError(f"release_at_close must be a bool, not {type(release_at_close).__name__}")
@@ -459,6 +467,7 @@ class AdmittedApp:
         self._stats = dispatcher.stats
         self._policy = policy
         self._counters = counters
+        self.load_report = optional_load_report(load_report, dispatcher.stats)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         # dispatcher.current_ticket() and ticket.claim_app_call(), inlined:
@@ -467,6 +476,8 @@ class AdmittedApp:
         if ticket is None or ticket._app_called:
             raise RuntimeError("prazo: the application was called outside a request admitted by the server's queue")
         ticket._app_called = True
+        if self.load_report is not None:
+            start_response = self.load_report.start_response(start_response)
         deadline, incoming = ticket.deadline, ticket.incoming
         if ticket.provisional:
             deadline, incoming = self._policy.deadline_for(environ, ticket.arrival_ns)

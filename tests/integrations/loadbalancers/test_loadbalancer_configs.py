@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _docs import fenced_blocks, section
 from _services import (
     LOADBALANCER_EXAMPLES,
     SHIPPED_HAPROXY_CONFIG,
@@ -103,3 +104,27 @@ def test_envoy_stamps_request_start_in_a_format_prazo_parses() -> None:
     # %START_TIME(%s.%3f)% renders as seconds with milliseconds, e.g. t=1700000000.123.
     assert added["header"]["value"] == "t=%START_TIME(%s.%3f)%"
     assert parse_request_start_ns("t=1700000000.123") == 1_700_000_000_123_000_000
+
+
+def test_envoy_weighted_round_robin_snippet_reads_the_load_report() -> None:
+    """The page's cluster policy: client-side weighted round robin, which reads ``endpoint-load-metrics``."""
+    page = section("## Load reports in the response (ORCA)", "docs/how-to/load-balancers.md")
+    (snippet,) = fenced_blocks(page, "yaml")
+    cluster = {**yaml.safe_load(ENVOY_CONFIG.read_text())["static_resources"]["clusters"][0]}
+    # In place of the shipped cluster's lb_policy: Envoy takes one policy per cluster.
+    del cluster["lb_policy"]
+    cluster.update(yaml.safe_load(snippet))
+    (policy,) = cluster["load_balancing_policy"]["policies"]
+    extension = policy["typed_extension_config"]
+    assert extension["name"] == "envoy.load_balancing_policies.client_side_weighted_round_robin"
+    config = extension["typed_config"]
+    assert config["@type"] == (
+        "type.googleapis.com/envoy.extensions.load_balancing_policies."
+        "client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin"
+    )
+    # Per-request reports (the header), not the out-of-band stream prazo does not serve.
+    assert not config.get("enable_oob_load_report", False)
+    # Weights follow prazo's report, renewed once a second, and a refusing server's eps weighs it down.
+    assert config["weight_update_period"] == "1s"
+    assert float(config["error_utilization_penalty"]) > 0
+    assert cluster["name"] == "prazo"
