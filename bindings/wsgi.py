@@ -102,6 +102,7 @@ from prazo.core import (
     deadline_context,
 )
 from prazo.core.compiled import import_compiled
+from prazo.core.shadow import ShadowLine
 
 __all__ = [
     "BUDGET_SOURCE_KEY",
@@ -634,6 +635,16 @@ def _nothing_to_release() -> None:
     """The release of a bypassed request, which never took a slot."""
 
 
+# Observe-only: threads stamp their arrivals and ends before the shadow's lock, so the shadow
+# decides only what is at least this old (a report that lost the race for the lock still counts).
+_SETTLE_NS = 2_000_000
+
+
+def _shadow_finished(shadow: ShadowLine, token: object) -> None:
+    """The release of an observed request: the shadow learns its service time."""
+    shadow.finished(token, time.monotonic_ns())
+
+
 def _import_compiled_path() -> ModuleType | None:
     """``prazo.bindings._wsgi_c``, or None when the C twin of the queue is not in use or it is not built."""
     if IMPLEMENTATION != "c":
@@ -765,6 +776,17 @@ class AdmissionMiddleware:
     503/504 refusals, for a balancer that weighs endpoints by it (Envoy's
     client-side weighted round robin). None (the default) adds nothing.
 
+    ``observe_only=True`` is the dry run before enforcing: every request
+    runs at once, as it would with no middleware (on the Python path), and a
+    shadow line (``prazo.core.shadow.ShadowLine``) with these limits and
+    policies decides what this middleware would have done with the same
+    arrivals and service times. Its decisions are ``stats()``' counters
+    (``rejected_full``, ``expired_on_arrival``, ``expired_in_queue``,
+    ``insufficient_budget``, ``shed``, ``evicted``: what would have been
+    refused) and whatever exports them; ``responses_503`` / ``responses_504``
+    stay what was really sent. The app still runs inside the request's
+    deadline scope.
+
     ``queue_class`` is the admission queue it builds, the twin ``prazo.core``
     picked; a subclass may name the other twin (the benchmarks compare both).
     """
@@ -792,27 +814,39 @@ class AdmissionMiddleware:
         reserved: int | None = None,
         critical: Callable[[Environ], object] | str | None = None,
         load_report: str | None = None,
+        observe_only: bool = False,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
+        if not isinstance(observe_only, bool):
+            raise TypeError(f"observe_only must be True or False, not {type(observe_only).__name__}")
+        if observe_only and fast_path:
+            raise ValueError("fast_path=True cannot observe only: observe_only runs on the Python path")
         if not isinstance(record_latency, bool):
             raise TypeError(f"record_latency must be True or False, not {type(record_latency).__name__}")
         self._request_duration = LatencyHistogram() if record_latency else None
         self._queue_wait = LatencyHistogram() if record_latency else None
         self._app = app
         self._policy = BudgetPolicy(*budget_limits(default_budget_ms, max_budget_ms))
-        self._queue = self.queue_class(
-            max_concurrency,
-            max_queue,
-            order=order,
-            **queue_options(
-                codel_target_ms=codel_target_ms,
-                codel_interval_ms=codel_interval_ms,
-                expected_service_ms=expected_service_ms,
-                limit=limit,
-                min_concurrency=min_concurrency,
-                reserved=reserved,
-            ),
+        options = queue_options(
+            codel_target_ms=codel_target_ms,
+            codel_interval_ms=codel_interval_ms,
+            expected_service_ms=expected_service_ms,
+            limit=limit,
+            min_concurrency=min_concurrency,
+            reserved=reserved,
+        )
+        # Observe-only: every request runs; the line it would have run is a shadow (its queue
+        # is this middleware's queue, whose counters are the decisions it would have made).
+        self._shadow = (
+            ShadowLine(self.queue_class, max_concurrency, max_queue, order=order, settle_ns=_SETTLE_NS, **options)
+            if observe_only
+            else None
+        )
+        self._queue = (
+            self._shadow.queue
+            if self._shadow is not None
+            else self.queue_class(max_concurrency, max_queue, order=order, **options)
         )
         self._critical = CriticalClassifier.from_option(critical)
         # Bound once: every request calls both.
@@ -822,7 +856,7 @@ class AdmissionMiddleware:
         self._measured_retry_after, self._retry_after_s = measured_or_fixed_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
         self._compiled = _compiled_path_for(
-            fast_path,
+            False if observe_only else fast_path,
             app,
             self._queue,
             self._policy,
@@ -873,8 +907,16 @@ class AdmissionMiddleware:
         """True when the common case runs on the compiled twin (see ``fast_path=``)."""
         return self._compiled is not None
 
+    @property
+    def observe_only(self) -> bool:
+        """True when every request runs and the line only counts what it would have done (``observe_only=``)."""
+        return self._shadow is not None
+
     def stats(self) -> dict[str, int]:
-        """The queue's counters merged with the middleware's own."""
+        """The queue's counters merged with the middleware's own (observe-only: the shadow line's, as of now)."""
+        if self._shadow is not None:
+            self._shadow.catch_up(time.monotonic_ns())
+            return {**self._queue.stats(), **self._counters.snapshot(), "observe_only": 1}
         return {**self._queue.stats(), **self._counters.snapshot()}
 
     @property
@@ -913,6 +955,8 @@ class AdmissionMiddleware:
             )
         if critical is None:
             critical = self._critical is not None and self._critical(environ)
+        if self._shadow is not None:
+            return self._observe(environ, start_response, deadline, arrival_ns, critical)
         try:
             # critical= only when set: the keyword is the core's, and a normal
             # request needs nothing beyond the plain acquire/release pair.
@@ -945,6 +989,30 @@ class AdmissionMiddleware:
             deadline,
             release,
             queue_wait_ns,
+            self._counters,
+            self._retry_after_s,
+            arrival_ns,
+            OUTCOME_ADMITTED,
+        )
+
+    def _observe(
+        self, environ: Environ, start_response: StartResponse, deadline: Deadline, arrival_ns: int, critical: bool
+    ) -> Iterable[bytes]:
+        """Run the request as if no line were there; tell the shadow line its arrival, and its end once it ends."""
+        shadow = cast(ShadowLine, self._shadow)
+        token = object()
+        shadow.arrive(token, arrival_ns, deadline.ns, critical)
+        release: Callable[[], object] = partial(_shadow_finished, shadow, token)
+        if self._request_duration is not None and self._queue_wait is not None:
+            self._queue_wait.record(0)
+            release = TimedRelease(release, self._request_duration.record, arrival_ns)
+        return _call_admitted(
+            self._app,
+            environ,
+            start_response,
+            deadline,
+            release,
+            0,
             self._counters,
             self._retry_after_s,
             arrival_ns,

@@ -43,7 +43,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from .deadline import Deadline
-from .errors import DeadlineExceeded, QueueFull
+from .errors import DeadlineExceeded, QueueFull, ShutDown
 
 __all__ = ["DECISIONS", "ShadowLine"]
 
@@ -90,6 +90,7 @@ class ShadowLine:
         self._service: dict[Hashable, int] = {}  # finished for real, not yet started virtually
         self._virtual_start: dict[Hashable, int] = {}  # started virtually
         self._waiting: set[Hashable] = set()  # in the shadow's line
+        self._deadlines: list[tuple[int, int, Hashable]] = []  # (deadline_ns, seq, token) of entries in line
         self._clock = 0  # what the shadow has decided up to
 
     @property
@@ -153,34 +154,50 @@ class ShadowLine:
             bound = min(bound, begun + ran)
         return bound
 
+    def _next_expiry(self) -> int:
+        """When the first entry in the shadow's line may no longer start: its deadline less the expected service."""
+        while self._deadlines and self._deadlines[0][2] not in self._waiting:
+            heapq.heappop(self._deadlines)  # started or dropped since
+        if not self._deadlines:
+            return _NEVER
+        return self._deadlines[0][0] - self._queue.expected_service_ns
+
     def _pump(self, now_ns: int) -> None:
         horizon = now_ns - self._settle_ns
         while True:
             next_arrival = self._arrivals[0][0] if self._arrivals else _NEVER
             next_completion = self._completions[0][0] if self._completions else _NEVER
-            at = min(next_arrival, next_completion)
-            if at > horizon or at == _NEVER:
+            next_expiry = self._next_expiry()
+            at = min(next_arrival, next_completion, next_expiry)
+            # At one moment: completions, then expiries (a waiter leaves at its deadline), then arrivals.
+            # An unknown completion may fall on the bound, so only a known completion may be at it.
+            if at == _NEVER or at > horizon:
                 return  # past the horizon nothing is known yet
-            # An unknown completion may fall on the bound, and a completion goes before an arrival at the same time.
             bound = self._bound(horizon)
-            if at > bound or (next_arrival < next_completion and at == bound):
+            if at > bound or (at == bound and next_completion != at):
                 return
             at = max(at, self._clock)
             self._clock = at
-            self._queue.expire_overdue(now_ns=at)
-            if next_completion <= next_arrival:
+            if next_completion <= min(next_arrival, next_expiry):
                 _, _, token = heapq.heappop(self._completions)
                 self._queue.task_done(critical=self._critical.pop(token, False), now_ns=at)
+            elif next_expiry <= next_arrival:
+                self._queue.expire_overdue(now_ns=at)
             else:
                 _, _, token, deadline_ns, critical = heapq.heappop(self._arrivals)
                 self._pending.discard(token)
                 try:
                     self._queue.put(token, Deadline.at_ns(deadline_ns), critical=critical, now_ns=at)
-                except (QueueFull, DeadlineExceeded):
+                except (QueueFull, DeadlineExceeded, ShutDown):
                     self._forget(token)
                 else:
                     self._waiting.add(token)
+                    heapq.heappush(self._deadlines, (deadline_ns, self._seq_next(), token))
             self._start_assigned(at)
+
+    def _seq_next(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def _start_assigned(self, at: int) -> None:
         """Every entry the shadow handed a place starts virtually now."""

@@ -82,6 +82,11 @@ SPECS: dict[str, MetricSpec] = {
     "prazo_queue_max_concurrency": (GAUGE, _Q, "Slots: items that may run at once."),
     "prazo_queue_max_queue": (GAUGE, _Q, "Places in the waiting line."),
     "prazo_queue_saturation": (GAUGE, _Q, "in_flight / max_concurrency: at 1 every further arrival waits."),
+    "prazo_queue_observe_only": (
+        GAUGE,
+        _Q,
+        "1 while the admission point only observes: every request runs, and its refusals are what it would have refused.",
+    ),
     "prazo_queue_limit": (
         GAUGE,
         _Q,
@@ -186,6 +191,7 @@ _OPTIONAL_KEYS = {
     "prazo_server_lingering_connections": "lingering",
     "prazo_host_worker_processes": "worker_processes",
     "prazo_host_worker_lost": "worker_lost",
+    "prazo_queue_observe_only": "observe_only",
 }
 _REFUSAL_KEYS = {
     "queue-full": "rejected_full",

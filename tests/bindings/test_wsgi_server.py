@@ -286,3 +286,56 @@ def test_a_wrong_value_names_the_argument() -> None:
         AdmissionMiddleware(HeldApp(), max_concurrency=1, max_queue=0, load_report="orca")
     with pytest.raises(TypeError, match="load_report"):
         AdmissionMiddleware(HeldApp(), max_concurrency=1, max_queue=0, load_report=True)  # type: ignore[arg-type]
+
+
+# -- observe-only: every request runs, the counters say what would have been refused ----------------
+
+
+def test_observe_only_runs_the_whole_burst_and_counts_what_it_would_have_refused(serve):
+    app = GatedApp()
+    middleware = AdmissionMiddleware(
+        app, max_concurrency=2, max_queue=4, default_budget_ms=20_000, retry_after_s=2, observe_only=True
+    )
+    assert (middleware.observe_only, middleware.fast_path) == (True, False)
+    port = serve(middleware)
+    with ThreadPoolExecutor(max_workers=12) as clients:
+        try:
+            futures = [clients.submit(get, port, f"/burst/{index}") for index in range(12)]
+            # Every one of the 12 runs the app at once: nothing waits for a place.
+            wait_until(lambda: len(app.paths) == 12, "all 12 requests to run the app")
+            # The same 12 against an enforcing middleware (test_burst_is_bounded_...): 2 run, 4 wait, 6 refused.
+            wait_until(lambda: middleware.stats()["offered"] == 12, "the shadow to decide all 12")
+            stats = middleware.stats()
+            assert (stats["started"], stats["queued"], stats["rejected_full"]) == (2, 4, 6)
+        finally:
+            app.gate.set()
+        results = [future.result() for future in futures]
+    assert sorted(status for status, _, _ in results) == [200] * 12
+    wait_until(lambda: middleware.stats()["completed"] == 6, "the shadow's six admitted to end")
+    stats = middleware.stats()
+    assert (stats["responses_503"], stats["responses_504"]) == (0, 0), "nothing was refused for real"
+    assert (stats["peak_in_flight"], stats["peak_queued"]) == (2, 4)
+
+
+def test_observe_only_counts_an_expiry_in_line_and_still_runs_the_request(serve):
+    app = GatedApp()
+    middleware = AdmissionMiddleware(app, max_concurrency=1, max_queue=4, default_budget_ms=20_000, observe_only=True)
+    port = serve(middleware)
+    with ThreadPoolExecutor(max_workers=2) as clients:
+        try:
+            holder = clients.submit(get, port, "/long")
+            wait_until(lambda: app.paths == ["/long"], "the long request to run")
+            short = clients.submit(get, port, "/short", [(BUDGET_HEADER, "100")])
+            wait_until(lambda: len(app.paths) == 2, "the short request to run too")
+            # Enforcing, it would have waited behind /long and expired in line at its 100 ms.
+            wait_until(lambda: middleware.stats()["expired_in_queue"] == 1, "the shadow to see the expiry")
+        finally:
+            app.gate.set()
+        assert (holder.result()[0], short.result()[0]) == (200, 200)
+
+
+def test_observe_only_cannot_insist_on_the_compiled_path():
+    with pytest.raises(ValueError, match="observe_only"):
+        AdmissionMiddleware(GatedApp(), max_concurrency=1, max_queue=0, fast_path=True, observe_only=True)
+    with pytest.raises(TypeError, match="observe_only"):
+        AdmissionMiddleware(GatedApp(), max_concurrency=1, max_queue=0, observe_only="yes")

@@ -32,16 +32,23 @@ class Arrival(NamedTuple):
 
 
 def enforcing(queue_class: QueueClass, arrivals: list[Arrival], **options: Any) -> dict[str, int]:
-    """The counters of an enforcing line that saw ``arrivals`` (services known at each virtual start)."""
+    """The counters of an enforcing line that saw ``arrivals`` (services known at each virtual start).
+
+    A waiting entry leaves the line at its effective deadline (deadline less
+    the expected service), as a waiter or the pool's reaper does: one sweep
+    at each such moment. At one moment: completions, then sweeps, then arrivals.
+    """
     q = queue_class(on_dropped=lambda item, error: None, **options)
-    events: list[tuple[int, int, int, int]] = []  # (time, 0 = completion / 1 = arrival, seq, index)
+    expected = q.expected_service_ns  # fixed or 0 in these examples
+    events: list[tuple[int, int, int, int]] = []  # (time, 0 completion / 1 sweep / 2 arrival, seq, index)
     for index, arrival in enumerate(arrivals):
-        heapq.heappush(events, (arrival.at_ns, 1, index, index))
+        heapq.heappush(events, (arrival.at_ns, 2, index, index))
     seq = len(arrivals)
     while events:
         at, kind, _, index = heapq.heappop(events)
-        q.expire_overdue(now_ns=at)
-        if kind == 0:
+        if kind == 1:
+            q.expire_overdue(now_ns=at)
+        elif kind == 0:
             q.task_done(critical=arrivals[index].critical, now_ns=at)
         else:
             arrival = arrivals[index]
@@ -49,6 +56,9 @@ def enforcing(queue_class: QueueClass, arrivals: list[Arrival], **options: Any) 
                 q.put(index, Deadline.at_ns(arrival.deadline_ns), critical=arrival.critical, now_ns=at)
             except (QueueFull, DeadlineExceeded):
                 pass
+            else:
+                seq += 1
+                heapq.heappush(events, (max(at, arrival.deadline_ns - expected), 1, seq, index))
         while True:
             try:
                 started = q.get_nowait(now_ns=at)

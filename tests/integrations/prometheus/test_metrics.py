@@ -916,3 +916,36 @@ def test_the_docs_tables_name_every_family() -> None:
         listed.update(name if name.startswith("prazo_") else prefix + name for name in names)
     families = {name.removesuffix("_total") for name in listed}
     assert families == set(METRIC_NAMES), families ^ set(METRIC_NAMES)
+
+
+def test_an_observing_middleware_exports_what_it_would_have_refused(registry: CollectorRegistry) -> None:
+    gate = threading.Event()
+
+    def held(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        gate.wait(10)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    middleware = AdmissionMiddleware(held, max_concurrency=1, max_queue=1, observe_only=True)
+    PrazoCollector(registry).add_queue("api", middleware)
+    statuses: list[str] = []
+
+    def one() -> None:
+        environ: dict[str, Any] = {}
+        setup_testing_defaults(environ)
+        b"".join(middleware(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+
+    clients = [threading.Thread(target=one) for _ in range(4)]
+    for client in clients:
+        client.start()
+    try:
+        wait_until(lambda: middleware.stats()["offered"] == 4, "the shadow to decide the four arrivals")
+        samples = scrape(registry)
+    finally:
+        gate.set()
+        for client in clients:
+            client.join(10)
+    assert statuses == ["200 OK"] * 4
+    assert value(samples, "prazo_queue_observe_only", queue="api") == 1.0
+    assert value(samples, "prazo_queue_refused_total", queue="api", reason="queue-full") == 2.0
+    assert value(samples, "prazo_wsgi_refusals_total", queue="api", code="503") == 0.0
