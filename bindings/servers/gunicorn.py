@@ -184,7 +184,12 @@ class AdmissionWorker(ThreadWorker):
         # With --reuse-port each worker has its own listening socket and the
         # kernel keeps hashing connections to it: leaving them there would only
         # make them wait unseen, so such a worker never yields.
-        self._may_yield = self.settings.yield_when_full and not getattr(self.cfg, "reuse_port", False)
+        # A stock gunicorn worker never leaves a connection to a sibling: nor does an observing one.
+        self._may_yield = (
+            self.settings.yield_when_full
+            and not self.settings.observe_only
+            and not getattr(self.cfg, "reuse_port", False)
+        )
         self._yielding = False
         self._seen_offered = 0
         self._seen_refused = 0

@@ -296,6 +296,10 @@ SETTINGS: tuple[Setting, ...] = (
             "utilization, answers and refusals per second, CPU, queue (Envoy's client-side weighted round robin)",
             flag="--load-report", env="PRAZO_LOAD_REPORT", parse=_word, choices=LOAD_REPORT_FORMATS,
             default_text="none"),
+    Setting("observe_only", _bool,
+            "serve every request as the stock server would and only count what these limits would have refused "
+            "(the dry run before enforcing; not the front door yet)",
+            flag="--observe-only", env="PRAZO_OBSERVE_ONLY", kind="on"),
     Setting("host_workers", _count(1),
             "a front-door host's worker processes, each of threads threads behind its one line "
             "(prazo serve --server prazo --workers N)"),
@@ -336,7 +340,9 @@ class ServerSettings:
     or a fixed ``Retry-After`` of ``retry_after_s`` seconds. With
     ``load_report`` (``"text"`` or ``"json"``; None: off) the app's responses
     carry the ORCA ``endpoint-load-metrics`` header
-    (``prazo.bindings.plumbing.load_report``).
+    (``prazo.bindings.plumbing.load_report``). With ``observe_only`` every
+    request is served as the stock server would serve it, and the line only
+    counts what it would have refused (``prazo.core.shadow``).
     Each field's flag, variable and check are its row in ``SETTINGS``.
     """
 
@@ -361,6 +367,7 @@ class ServerSettings:
     agent_port: int | None = None
     retry_after_s: int | None = None
     load_report: str | None = None
+    observe_only: bool = False
     host_workers: int = 1
 
     def __post_init__(self) -> None:
@@ -456,6 +463,8 @@ class ServerSettings:
             text += f" critical_header={self.critical_header}"
         if self.load_report is not None:
             text += f" load_report={self.load_report}"
+        if self.observe_only:
+            text += " OBSERVE-ONLY (nothing is refused; the counters say what would have been)"
         return text
 
 
@@ -484,6 +493,7 @@ def resolve_settings(
     agent_port: int | None = None,
     retry_after_s: int | None = None,
     load_report: str | None = None,
+    observe_only: bool | None = None,
     host_workers: int | None = None,
 ) -> ServerSettings:
     """The settings of an embedding: each argument, else its environment variable, else the default.

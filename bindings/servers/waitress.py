@@ -247,6 +247,7 @@ class WaitressDispatcher:
             reject=self._reject,
             name="prazo-waitress",
             queue_options=settings.queue_options(),
+            observe_only=settings.observe_only,
         )
         self._submit = self.dispatcher.submit
         # Each worker thread's id and the ticket it serves (what is_worker_thread() and current_ticket() read).

@@ -51,6 +51,7 @@ BAD_TEXT = {
     "agent_port": "70000",
     "retry_after_s": "soon",
     "load_report": "xml",
+    "observe_only": "sometimes",
 }
 
 

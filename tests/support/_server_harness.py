@@ -11,6 +11,8 @@ The app (``app``) is also what the gunicorn subprocess serves
     how many times ``/work`` ran the app, as a decimal body.
 ``/healthz``
     ``ok``: a health check (the policy tests make its path critical).
+``/server-stats``
+    the counters of the server's line as JSON (``prazo.server_stats``).
 ``/echo``
     the request's body, read whole, as the answer's body.
 ``/budget-header``
@@ -25,6 +27,7 @@ sockets on 127.0.0.1 only.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import select
@@ -80,6 +83,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
             body = str(_calls).encode()
     elif path == "/healthz":
         body = b"ok"
+    elif path == "/server-stats":  # the counters of the server's line, as its app sees them
+        body = json.dumps(environ["prazo.server_stats"]()).encode()
     elif path == "/echo":
         body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     elif path == "/budget-header":

@@ -222,6 +222,12 @@ def engine_arguments(
     max_io_wait_ms: float,
 ) -> dict[str, Any]:
     """The engine's keyword arguments (all but the listeners and the role) for ``threads`` places, checked."""
+    if settings.observe_only:
+        # The engine refuses and expires in C, before any Python runs: its shadow line is still to come.
+        raise ValueError(
+            f"{setting('observe_only').label}: the front door cannot observe only yet; serve the app with "
+            "--server waitress, gunicorn, cheroot or werkzeug, or wrap it in AdmissionMiddleware(observe_only=True)"
+        )
     engine_module = compiled_engine()
     return {
         "threads": threads,

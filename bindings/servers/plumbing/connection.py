@@ -234,6 +234,7 @@ class ConnectionAdmission:
             reject=self._reject,
             name=name,
             queue_options=settings.queue_options(),
+            observe_only=settings.observe_only,
             on_change=on_change,
         )
 

@@ -39,6 +39,7 @@ from prazo.core import (
     QueueFull,
     ShutDown,
 )
+from prazo.core.shadow import ShadowLine
 
 from ... import wsgi as _wsgi
 from ...headers import BudgetPolicy, IncomingBudget
@@ -57,7 +58,15 @@ from ...wsgi import (
     send_rejection,
 )
 
-__all__ = ["SERVER_STATS_KEY", "AdmissionDispatcher", "AdmittedApp", "Ticket", "admission_ticket"]
+__all__ = [
+    "OBSERVED_STOCK_QUEUE",
+    "OBSERVE_SETTLE_NS",
+    "SERVER_STATS_KEY",
+    "AdmissionDispatcher",
+    "AdmittedApp",
+    "Ticket",
+    "admission_ticket",
+]
 
 # One logger for the machinery every embedding shares (dispatcher, watchers,
 # connection admission), so a service configures it under one name.
@@ -68,6 +77,11 @@ _get_ident = threading.get_ident
 # environ key of a callable returning the server queue's counters, so an app
 # (or its metrics endpoint) can read the state of the queue it sits behind.
 SERVER_STATS_KEY = "prazo.server_stats"
+# Observe-only: the stock line the tickets wait in holds this many (a stock server's own
+# backlog overflows long before), and the shadow decides what is at least this old, so that
+# threads' reports racing for its lock land in time order.
+OBSERVED_STOCK_QUEUE = 65_536
+OBSERVE_SETTLE_NS = 2_000_000
 
 
 class Ticket:
@@ -239,16 +253,31 @@ class AdmissionDispatcher:
         name: str = "prazo",
         on_change: Callable[[], object] | None = None,
         queue_options: Mapping[str, Any] | None = None,
+        observe_only: bool = False,
     ) -> None:
         if not callable(serve) or not callable(reject):
             raise TypeError("serve and reject must be callables")
+        if not isinstance(observe_only, bool):
+            raise TypeError(f"observe_only must be True or False, not {type(observe_only).__name__}")
         if on_change is not None and not callable(on_change):
             raise TypeError(f"on_change must be a callable or None, not {type(on_change).__name__}")
         self._on_change = on_change
         self._serve = serve
         self._reject_callback = reject
         self._name = name
-        self._queue = AdmissionQueue(threads, max_queue, on_dropped=self._dropped, **dict(queue_options or {}))
+        # Observe-only: the line that decides is a shadow fed with what really happens, and the
+        # tickets run as a stock server runs them: in arrival order, without deadlines or policies,
+        # behind a line of OBSERVED_STOCK_QUEUE (more than any stock server's backlog holds).
+        self._shadow = (
+            ShadowLine(AdmissionQueue, threads, max_queue, settle_ns=OBSERVE_SETTLE_NS, **dict(queue_options or {}))
+            if observe_only
+            else None
+        )
+        self._queue = (
+            AdmissionQueue(threads, OBSERVED_STOCK_QUEUE, on_dropped=self._dropped)
+            if observe_only
+            else AdmissionQueue(threads, max_queue, on_dropped=self._dropped, **dict(queue_options or {}))
+        )
         self._reaper_cond = threading.Condition()
         self._reaper = DeadlineReaper(self._queue, self._reaper_cond, f"{name}-expiry")
         # The ticket each worker thread serves, by thread id: a dict lookup
@@ -268,8 +297,13 @@ class AdmissionDispatcher:
 
     @property
     def queue(self) -> AdmissionQueue:
-        """The admission queue (its counters are in ``stats()``)."""
+        """The admission queue (its counters are in ``stats()``; observe-only: the stock line the tickets wait in)."""
         return self._queue
+
+    @property
+    def observe_only(self) -> bool:
+        """True when every ticket is served and the shadow line only counts what it would have refused."""
+        return self._shadow is not None
 
     @property
     def workers(self) -> tuple[threading.Thread, ...]:
@@ -293,6 +327,8 @@ class AdmissionDispatcher:
 
     def submit(self, ticket: Ticket) -> bool:
         """Admit ``ticket`` (True) or refuse it through ``reject`` (False); never blocks."""
+        if self._shadow is not None:
+            return self._submit_observed(ticket, self._shadow)
         try:
             if ticket.critical:
                 self._queue.put(ticket, ticket.deadline, critical=True)
@@ -313,6 +349,20 @@ class AdmissionDispatcher:
             self._changed()
         return True
 
+    def _submit_observed(self, ticket: Ticket, shadow: ShadowLine) -> bool:
+        """Observe-only: the shadow hears of the arrival; the ticket waits its turn in the stock line."""
+        shadow.arrive(ticket, ticket.arrival_ns, ticket.deadline.ns, ticket.critical, runs_now=False)
+        try:
+            self._queue.put(ticket)
+        except (QueueFull, ShutDown) as exc:  # shut down, or a stock backlog overflowed
+            shadow.finished(ticket, time.monotonic_ns())
+            self._changed()
+            self._refuse(ticket, exc)
+            return False
+        if self._on_change is not None:
+            self._changed()
+        return True
+
     def _changed(self) -> None:
         if self._on_change is not None:
             try:
@@ -325,7 +375,10 @@ class AdmissionDispatcher:
         return self._serving.get(threading.get_ident())
 
     def stats(self) -> dict[str, int]:
-        """The admission queue's counters."""
+        """The admission queue's counters (observe-only: the shadow line's, as of now, and ``observe_only``)."""
+        if self._shadow is not None:
+            self._shadow.catch_up(time.monotonic_ns())
+            return {**self._shadow.queue.stats(), "observe_only": 1}
         return self._queue.stats()
 
     def _dropped(self, ticket: Ticket, exc: BaseException) -> None:
@@ -359,6 +412,7 @@ class AdmissionDispatcher:
         queue = self._queue
         get = queue.get
         monotonic_ns = time.monotonic_ns
+        shadow = self._shadow
         while True:
             try:
                 ticket: Ticket = get()
@@ -371,6 +425,8 @@ class AdmissionDispatcher:
             ticket.started_ns = monotonic_ns()
             ticket._queue = queue
             serving[me] = ticket
+            if shadow is not None:
+                shadow.started(ticket, ticket.started_ns)
             try:
                 self._serve(ticket)
             except BaseException:  # noqa: BLE001 - see below
@@ -383,6 +439,8 @@ class AdmissionDispatcher:
                 # taken): skip the call that would do nothing.
                 if ticket._once:
                     ticket.release()
+                if shadow is not None:
+                    shadow.finished(ticket, monotonic_ns())
                 if self._on_change is not None:
                     self._changed()
             del ticket
@@ -462,6 +520,8 @@ class AdmittedApp:
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
         self.app = app
         self._dispatcher = dispatcher
+        # Observe-only: a request past its deadline still runs (the shadow counted what it would not have).
+        self._enforce = not dispatcher.observe_only
         # The dispatcher's ticket of each worker thread (what current_ticket() reads).
         self._serving = dispatcher._serving
         self._stats = dispatcher.stats
@@ -489,7 +549,7 @@ class AdmittedApp:
         # Checked again here, not only when the worker took the ticket: the
         # server parsed the request in between, and the app must never start
         # at or after the deadline.
-        if time.monotonic_ns() >= deadline.ns:
+        if self._enforce and time.monotonic_ns() >= deadline.ns:
             reason = REASON_EXPIRED_ON_ARRIVAL if deadline.ns <= ticket.arrival_ns else REASON_EXPIRED_IN_QUEUE
             exc = DeadlineExceeded(reason)
             ticket.release(sample=False)
