@@ -82,6 +82,7 @@ from prazo.bindings.headers import (
     IncomingBudget,
     budget_limits,
 )
+from prazo.bindings.plumbing.expiry_cap import optional_expiry_cap
 from prazo.bindings.plumbing.load_report import LoadReport, optional_load_report
 from prazo.bindings.policies import CriticalClassifier, checked_paths, queue_options
 from prazo.core import (
@@ -298,6 +299,7 @@ class MiddlewareCounters:
         "bypassed",
         "responses_503",
         "responses_504",
+        "expiry_refusals_capped",
     )
 
     def __init__(self) -> None:
@@ -787,6 +789,13 @@ class AdmissionMiddleware:
     stay what was really sent. The app still runs inside the request's
     deadline scope.
 
+    ``max_expiry_refusal_fraction`` (off: None) caps the share of requests
+    refused 504 ``expired-on-arrival`` for a budget header that arrived spent,
+    over the last 10 s (``prazo.bindings.plumbing.expiry_cap``; Finagle's
+    ``maxRejectFraction``): past it, such a request runs on the default budget
+    and is counted ``expiry_refusals_capped``, so a broken upstream budget
+    cannot refuse everything. On the Python path.
+
     ``queue_class`` is the admission queue it builds, the twin ``prazo.core``
     picked; a subclass may name the other twin (the benchmarks compare both).
     """
@@ -815,6 +824,7 @@ class AdmissionMiddleware:
         critical: Callable[[Environ], object] | str | None = None,
         load_report: str | None = None,
         observe_only: bool = False,
+        max_expiry_refusal_fraction: float | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
@@ -822,6 +832,11 @@ class AdmissionMiddleware:
             raise TypeError(f"observe_only must be True or False, not {type(observe_only).__name__}")
         if observe_only and fast_path:
             raise ValueError("fast_path=True cannot observe only: observe_only runs on the Python path")
+        self._expiry_cap = optional_expiry_cap(max_expiry_refusal_fraction)
+        if self._expiry_cap is not None and fast_path:
+            raise ValueError(
+                "fast_path=True cannot cap expiry refusals: max_expiry_refusal_fraction runs on the Python path"
+            )
         if not isinstance(record_latency, bool):
             raise TypeError(f"record_latency must be True or False, not {type(record_latency).__name__}")
         self._request_duration = LatencyHistogram() if record_latency else None
@@ -856,7 +871,7 @@ class AdmissionMiddleware:
         self._measured_retry_after, self._retry_after_s = measured_or_fixed_retry_after(retry_after_s)
         self._counters = MiddlewareCounters()
         self._compiled = _compiled_path_for(
-            False if observe_only else fast_path,
+            False if observe_only or self._expiry_cap is not None else fast_path,
             app,
             self._queue,
             self._policy,
@@ -939,6 +954,8 @@ class AdmissionMiddleware:
             start_response = self._load_report.start_response(start_response)
         arrival_ns = time.monotonic_ns()
         deadline, _ = request_deadline(self._policy, environ, arrival_ns, self._counters)
+        if self._expiry_cap is not None:
+            deadline = self._capped(deadline, arrival_ns)
         if self._bypass and environ.get("PATH_INFO", "") in self._bypass:
             self._counters.add("bypassed")
             return _call_admitted(
@@ -994,6 +1011,16 @@ class AdmissionMiddleware:
             arrival_ns,
             OUTCOME_ADMITTED,
         )
+
+    def _capped(self, deadline: Deadline, arrival_ns: int) -> Deadline:
+        """The deadline, or the default budget's when the cap on expiry refusals overrules a spent budget header."""
+        outer = current_deadline()
+        # A deadline the process already holds (an outer layer's) is real: only a header's is overruled.
+        spent = deadline.ns <= arrival_ns and (outer is None or outer.ns != deadline.ns)
+        if self._expiry_cap.should_refuse(spent) or not spent:  # type: ignore[union-attr]
+            return deadline
+        self._counters.add("expiry_refusals_capped")
+        return Deadline.at_ns(arrival_ns + round(self._policy.default_budget_ms * NS_PER_MS))
 
     def _observe(
         self, environ: Environ, start_response: StartResponse, deadline: Deadline, arrival_ns: int, critical: bool

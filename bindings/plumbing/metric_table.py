@@ -102,6 +102,11 @@ SPECS: dict[str, MetricSpec] = {
     "prazo_wsgi_bypassed": (COUNTER, _Q, "Requests on a bypass path (never queued)."),
     "prazo_wsgi_app_deadline_exceeded": (COUNTER, _Q, "Requests whose app raised DeadlineExceeded."),
     "prazo_wsgi_app_downstream_overloaded": (COUNTER, _Q, "Requests whose app raised DownstreamOverloaded."),
+    "prazo_wsgi_expiry_refusals_capped": (
+        COUNTER,
+        _Q,
+        "Requests whose budget arrived spent, run on the default budget because the cap on such refusals was reached.",
+    ),
     "prazo_wsgi_refusals": (COUNTER, (*_Q, "code"), "Refusals answered by prazo (queue or app), by status code."),
     # An AdmissionPool.
     "prazo_pool_workers": (GAUGE, _Q, "Worker threads started."),
@@ -183,6 +188,7 @@ _OPTIONAL_KEYS = {
     "prazo_wsgi_bypassed": "bypassed",
     "prazo_wsgi_app_deadline_exceeded": "app_deadline_exceeded",
     "prazo_wsgi_app_downstream_overloaded": "app_downstream_overloaded",
+    "prazo_wsgi_expiry_refusals_capped": "expiry_refusals_capped",
     "prazo_pool_workers": "workers",
     "prazo_pool_futures_cancelled": "futures_cancelled",
     "prazo_pool_fn_raised": "fn_raised",
