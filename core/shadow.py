@@ -160,7 +160,7 @@ class ShadowLine:
             heapq.heappop(self._deadlines)  # started or dropped since
         if not self._deadlines:
             return _NEVER
-        return self._deadlines[0][0] - self._queue.expected_service_ns
+        return self._deadlines[0][0] - int(self._queue.expected_service_ns)
 
     def _pump(self, now_ns: int) -> None:
         horizon = now_ns - self._settle_ns

@@ -21,7 +21,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from numbers import Real
 
 from prazo.core import NS_PER_SECOND
 
@@ -43,11 +42,11 @@ class ExpiryRefusalCap:
         window_s: float = DEFAULT_CAP_WINDOW_S,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        if isinstance(fraction, bool) or not isinstance(fraction, Real):
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
             raise TypeError(f"max_expiry_refusal_fraction must be a number, not {type(fraction).__name__}")
         if not (math.isfinite(fraction) and 0 < fraction < 1):
             raise ValueError(f"max_expiry_refusal_fraction must be > 0 and < 1, got {fraction!r}")
-        if isinstance(window_s, bool) or not isinstance(window_s, Real):
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)):
             raise TypeError(f"window_s must be a number of seconds, not {type(window_s).__name__}")
         if not (math.isfinite(window_s) and 0 < window_s <= 86_400):
             raise ValueError(f"window_s must be > 0 and at most a day, got {window_s!r}")
