@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prazo.bench.loadgen import run_in_subprocess
+from prazo.bench.serve_process import start_serve
 
 __all__ = ["BalancerPoint", "app", "main", "run_point"]
 
@@ -76,21 +77,11 @@ class BalancerPoint:
 
 
 def _serve(service_ms: float) -> tuple[subprocess.Popen[str], int, int]:
-    command = [
-        sys.executable, "-m", "prazo.bindings.servers.serve", "prazo.bench.agent_weights:app", "--server", "prazo",
-        "--port", "0", "--agent-port", "0", "--threads", str(THREADS), "--max-queue", str(QUEUE),
-        "--max-budget-ms", str(BUDGET_MS),
+    options = [
+        "--server", "prazo", "--port", "0", "--agent-port", "0", "--threads", str(THREADS),
+        "--max-queue", str(QUEUE), "--max-budget-ms", str(BUDGET_MS),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, _SERVICE_MS: f"{service_ms:g}"},
-    )  # fmt: skip
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = _STARTUP.search(line)
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"prazo serve did not start: {line!r}")
+    process, found = start_serve("prazo.bench.agent_weights:app", options, _STARTUP, {_SERVICE_MS: f"{service_ms:g}"})
     return process, int(found.group(1)), int(found.group(2))
 
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from prazo.bench.serve_process import start_serve
 from prazo.bindings.clients.urllib import deadline_urlopen
 from prazo.bindings.retries import RetryBudget, RetryPolicy, response_failure
 from prazo.bindings.retries.failures import RETRYABLE_REASONS
@@ -93,23 +94,14 @@ class RetryAfterPoint:
 
 
 def _serve(profile: Profile, fixed: bool) -> tuple[subprocess.Popen[str], int]:
-    command = [
-        sys.executable, "-m", "prazo.bindings.servers.serve", "prazo.bench.retry_after:app", "--server", "prazo",
-        "--port", "0", "--threads", str(profile.threads), "--max-queue", str(profile.max_queue),
-        "--max-budget-ms", str(BUDGET_MS),
+    options = [
+        "--server", "prazo", "--port", "0", "--threads", str(profile.threads),
+        "--max-queue", str(profile.max_queue), "--max-budget-ms", str(BUDGET_MS),
+        *(["--retry-after-s", "1"] if fixed else []),
     ]  # fmt: skip
-    if fixed:
-        command += ["--retry-after-s", "1"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, _SERVICE_MS: f"{profile.service_ms:g}"},
-    )  # fmt: skip
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    found = _STARTUP.search(line)
-    if found is None:
-        process.kill()
-        raise RuntimeError(f"prazo serve did not start: {line!r}")
+    process, found = start_serve(
+        "prazo.bench.retry_after:app", options, _STARTUP, {_SERVICE_MS: f"{profile.service_ms:g}"}
+    )
     return process, int(found.group(1))
 
 

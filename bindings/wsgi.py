@@ -996,6 +996,18 @@ class AdmissionMiddleware:
             if critical
             else partial(self._release, started_ns=started_ns)
         )
+        return self._run_admitted(environ, start_response, deadline, release, queue_wait_ns, arrival_ns)
+
+    def _run_admitted(
+        self,
+        environ: Environ,
+        start_response: StartResponse,
+        deadline: Deadline,
+        release: Callable[[], object],
+        queue_wait_ns: int,
+        arrival_ns: int,
+    ) -> Iterable[bytes]:
+        """Run the app for a request let through, its latency recorded when asked (``record_latency``)."""
         if self._request_duration is not None and self._queue_wait is not None:
             self._queue_wait.record(queue_wait_ns)
             release = TimedRelease(release, self._request_duration.record, arrival_ns)
@@ -1029,21 +1041,8 @@ class AdmissionMiddleware:
         shadow = cast(ShadowLine, self._shadow)
         token = object()
         shadow.arrive(token, arrival_ns, deadline.ns, critical)
-        release: Callable[[], object] = partial(_shadow_finished, shadow, token)
-        if self._request_duration is not None and self._queue_wait is not None:
-            self._queue_wait.record(0)
-            release = TimedRelease(release, self._request_duration.record, arrival_ns)
-        return _call_admitted(
-            self._app,
-            environ,
-            start_response,
-            deadline,
-            release,
-            0,
-            self._counters,
-            self._retry_after_s,
-            arrival_ns,
-            OUTCOME_ADMITTED,
+        return self._run_admitted(
+            environ, start_response, deadline, partial(_shadow_finished, shadow, token), 0, arrival_ns
         )
 
     if TYPE_CHECKING:

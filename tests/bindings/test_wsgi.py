@@ -288,16 +288,20 @@ def test_queue_full_is_503_and_the_app_is_not_called(fast_path):
     assert (stats["rejected_full"], stats["responses_503"], stats["in_flight"]) == (1, 1, 0)
 
 
-def test_queue_full_carries_the_lines_measured_wait_by_default(fast_path):
-    probe = Probe()
-    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0)
-    # Traffic for longer than one measuring window (250 ms) closes a window at an arrival.
+def refused_after_measuring(app, middleware):
+    """Traffic for longer than one measuring window (250 ms), then a request refused queue-full."""
     until = time.monotonic() + 0.4
     while time.monotonic() < until:
         call(app)
     held = hold_slot(middleware)
     server, body = call(app)
     held.close()
+    return server, body
+
+
+def test_queue_full_carries_the_lines_measured_wait_by_default(fast_path):
+    app, middleware = validated(Probe(), fast_path, max_concurrency=1, max_queue=0)
+    server, body = refused_after_measuring(app, middleware)
     wait_ns = middleware.queue.retry_after_ns
     assert wait_ns > 0, "the line measured its drain"
     ms = -(-wait_ns // 1_000_000)
@@ -306,14 +310,8 @@ def test_queue_full_carries_the_lines_measured_wait_by_default(fast_path):
 
 
 def test_a_fixed_retry_after_is_sent_as_it_is(fast_path):
-    probe = Probe()
-    app, middleware = validated(probe, fast_path, max_concurrency=1, max_queue=0, retry_after_s=3)
-    until = time.monotonic() + 0.4
-    while time.monotonic() < until:
-        call(app)
-    held = hold_slot(middleware)
-    server, _ = call(app)
-    held.close()
+    app, middleware = validated(Probe(), fast_path, max_concurrency=1, max_queue=0, retry_after_s=3)
+    server, _ = refused_after_measuring(app, middleware)
     assert middleware.queue.retry_after_ns > 0
     assert (server.header["Retry-After"], server.header.get(RETRY_AFTER_MS_HEADER_NAME)) == ("3", None)
 

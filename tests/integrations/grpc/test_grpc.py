@@ -290,26 +290,8 @@ def _trailer(error: grpc.RpcError, key: str) -> str | None:
     return dict(error.trailing_metadata() or ()).get(key)  # type: ignore[attr-defined]
 
 
-def test_a_full_pool_pushes_back_with_its_measured_wait(serve: Callable[..., Served]) -> None:
-    served = serve(max_workers=1, max_queue=0)
-    assert served.pool is not None
-    # Calls for longer than one measuring window (250 ms): the pool's line measures its drain.
-    until = time.monotonic() + 0.4
-    while time.monotonic() < until:
-        assert served.method("Echo")(b"x", timeout=WAIT_S) == b"x"
-    first = served.method("Block").future(b"x", timeout=WAIT_S)
-    assert served.rec.entered.wait(WAIT_S)
-    with pytest.raises(grpc.RpcError) as caught:
-        served.method("Echo")(b"refused", timeout=WAIT_S)
-    served.rec.gate.set()
-    assert first.result(WAIT_S) == b"released"
-    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-    pushback = _trailer(caught.value, PUSHBACK_KEY)
-    assert pushback is not None and int(pushback) >= 1
-
-
-def test_a_pool_that_has_not_measured_its_drain_sends_no_pushback(serve: Callable[..., Served]) -> None:
-    served = serve(max_workers=1, max_queue=0)
+def _refused_while_blocked(served: Served) -> grpc.RpcError:
+    """An Echo refused while a Block holds the only worker (the pool has no line)."""
     first = served.method("Block").future(b"x", timeout=WAIT_S)
     assert served.rec.entered.wait(WAIT_S)
     with pytest.raises(grpc.RpcError) as caught:
@@ -317,7 +299,24 @@ def test_a_pool_that_has_not_measured_its_drain_sends_no_pushback(serve: Callabl
     served.rec.gate.set()
     assert first.result(WAIT_S) == b"released"
     assert _reason(caught.value) == REASON_QUEUE_FULL
-    assert _trailer(caught.value, PUSHBACK_KEY) is None
+    return caught.value
+
+
+def test_a_full_pool_pushes_back_with_its_measured_wait(serve: Callable[..., Served]) -> None:
+    served = serve(max_workers=1, max_queue=0)
+    # Calls for longer than one measuring window (250 ms): the pool's line measures its drain.
+    until = time.monotonic() + 0.4
+    while time.monotonic() < until:
+        assert served.method("Echo")(b"x", timeout=WAIT_S) == b"x"
+    error = _refused_while_blocked(served)
+    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    pushback = _trailer(error, PUSHBACK_KEY)
+    assert pushback is not None and int(pushback) >= 1
+
+
+def test_a_pool_that_has_not_measured_its_drain_sends_no_pushback(serve: Callable[..., Served]) -> None:
+    served = serve(max_workers=1, max_queue=0)
+    assert _trailer(_refused_while_blocked(served), PUSHBACK_KEY) is None
 
 
 def test_metadata_deadline_passing_in_line_answers_deadline_exceeded(serve: Callable[..., Served]) -> None:
