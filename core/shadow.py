@@ -38,14 +38,15 @@ service times, the counters are exactly an enforcing line's
 from __future__ import annotations
 
 import heapq
+import queue as stdlib_queue
 import threading
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
 
 from .deadline import Deadline
 from .errors import DeadlineExceeded, QueueFull, ShutDown
 
-__all__ = ["DECISIONS", "ShadowLine"]
+__all__ = ["DECISIONS", "Arrival", "ShadowLine", "replay_enforcing"]
 
 # The shadow queue's counters that are decisions an enforcing line would have acted on.
 DECISIONS = (
@@ -59,6 +60,57 @@ DECISIONS = (
 )
 
 _NEVER = 2**63 - 1
+
+
+class Arrival(NamedTuple):
+    """One request as a replay sees it: when it arrived, its deadline, how long its service took, its class."""
+
+    at_ns: int
+    deadline_ns: int
+    service_ns: int
+    critical: bool = False
+
+
+def replay_enforcing(queue_class: Any, arrivals: Sequence[Arrival], *args: Any, **kwargs: Any) -> dict[str, int]:
+    """The decisions (``DECISIONS``) of an enforcing line that saw ``arrivals``, each service known in advance.
+
+    The line is ``queue_class(*args, **kwargs)`` driven in time order: an
+    admitted request starts when a place frees and ends its service time
+    later; a waiting one leaves at its effective deadline (deadline less the
+    expected service), as a waiter or a pool's reaper does. At one moment:
+    completions, then those departures, then arrivals. What a shadow line
+    decides, knowing each service time only at its real end, must equal this.
+    """
+    q = queue_class(*args, on_dropped=lambda item, error: None, **kwargs)
+    events: list[tuple[int, int, int, int]] = []  # (time, 0 completion / 1 sweep / 2 arrival, seq, index)
+    for index, arrival in enumerate(arrivals):
+        heapq.heappush(events, (arrival.at_ns, 2, index, index))
+    seq = len(arrivals)
+    while events:
+        at, kind, _, index = heapq.heappop(events)
+        arrival = arrivals[index]
+        if kind == 1:
+            q.expire_overdue(now_ns=at)
+        elif kind == 0:
+            q.task_done(critical=arrival.critical, now_ns=at)
+        else:
+            try:
+                q.put(index, Deadline.at_ns(arrival.deadline_ns), critical=arrival.critical, now_ns=at)
+            except (QueueFull, DeadlineExceeded, ShutDown):
+                pass
+            else:
+                seq += 1
+                expected = int(q.expected_service_ns)
+                heapq.heappush(events, (max(at, arrival.deadline_ns - expected), 1, seq, index))
+        while True:
+            try:
+                started = q.get_nowait(now_ns=at)
+            except stdlib_queue.Empty:
+                break
+            seq += 1
+            heapq.heappush(events, (at + arrivals[started].service_ns, 0, seq, started))
+    stats = q.stats()
+    return {name: stats[name] for name in DECISIONS}
 
 
 class ShadowLine:
@@ -92,6 +144,32 @@ class ShadowLine:
         self._waiting: set[Hashable] = set()  # in the shadow's line
         self._deadlines: list[tuple[int, int, Hashable]] = []  # (deadline_ns, seq, token) of entries in line
         self._clock = 0  # what the shadow has decided up to
+        # What the shadow was told, per token (keep_journal): arrival, deadline, class, real start, real end.
+        self._journal: dict[Hashable, list[Any]] | None = None
+
+    def keep_journal(self) -> None:
+        """From now on, remember what each request told (``journal()`` then replays it)."""
+        with self._lock:
+            if self._journal is None:
+                self._journal = {}
+
+    def journal(self) -> list[Arrival]:
+        """The requests told since ``keep_journal()`` that have ended, as ``replay_enforcing`` takes them.
+
+        The service time is what the shadow used: the real end less the real
+        start (the arrival, for a face that runs requests at once).
+        """
+        with self._lock:
+            kept = list((self._journal or {}).values())
+        # In the order they were told (a stable sort by time): two arrivals at one moment stay in theirs.
+        return sorted(
+            (
+                Arrival(at, deadline, max(0, end - start), critical)
+                for at, deadline, critical, start, end in kept
+                if end is not None
+            ),
+            key=lambda arrival: arrival.at_ns,
+        )
 
     @property
     def queue(self) -> Any:
@@ -115,12 +193,16 @@ class ShadowLine:
             self._pending.add(token)
             self._real_start[token] = arrival_ns if runs_now else None
             self._critical[token] = critical
+            if self._journal is not None:
+                self._journal[token] = [arrival_ns, deadline_ns, critical, arrival_ns, None]
             self._pump(arrival_ns)
 
     def started(self, token: Hashable, now_ns: int) -> None:
         """The request really started now (after waiting in the stock server's own queue)."""
         with self._lock:
             self._real_start[token] = now_ns
+            if self._journal is not None and token in self._journal:
+                self._journal[token][3] = now_ns
             self._pump(now_ns)
 
     def finished(self, token: Hashable, now_ns: int) -> None:
@@ -128,6 +210,8 @@ class ShadowLine:
         with self._lock:
             start = self._real_start.pop(token, None)
             service = 0 if start is None else max(0, now_ns - start)
+            if self._journal is not None and token in self._journal:
+                self._journal[token][3:] = [now_ns if start is None else start, now_ns]
             begun = self._virtual_start.pop(token, None)
             if begun is not None:
                 self._seq += 1
@@ -204,7 +288,7 @@ class ShadowLine:
         while True:
             try:
                 token = self._queue.get_nowait(now_ns=at)
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing assigned
+            except stdlib_queue.Empty:
                 return
             self._waiting.discard(token)
             service = self._service.pop(token, None)

@@ -1,8 +1,9 @@
 """``ShadowLine`` against an enforcing line, replayed on the same arrivals and service times.
 
-The reference is an enforcing line simulated directly: the same queue class
-and policies, driven in time order, each admitted request taking its service
-time from its virtual start. The shadow is fed what an observe-only face
+The reference is an enforcing line simulated directly, knowing every service
+time in advance (``replay_enforcing``): the same queue class and policies,
+driven in time order, each admitted request taking its service time from its
+virtual start. The shadow is fed what an observe-only face
 sees: the arrivals as they come and each request's real finish (at once for
 a face that runs every request at its arrival; after a stock FIFO queue of
 its own for one that queues), never the service time in advance. Their
@@ -12,62 +13,21 @@ decisions must be the same, counter by counter.
 from __future__ import annotations
 
 import heapq
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from _helpers import QueueClass, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prazo.core import NS_PER_MS, Deadline, DeadlineExceeded, QueueFull
-from prazo.core.shadow import DECISIONS, ShadowLine
+from prazo.core import NS_PER_MS
+from prazo.core.shadow import DECISIONS, Arrival, ShadowLine, replay_enforcing
 
 START_NS = 10**12
 
 
-class Arrival(NamedTuple):
-    at_ns: int
-    deadline_ns: int
-    service_ns: int
-    critical: bool
-
-
 def enforcing(queue_class: QueueClass, arrivals: list[Arrival], **options: Any) -> dict[str, int]:
-    """The counters of an enforcing line that saw ``arrivals`` (services known at each virtual start).
-
-    A waiting entry leaves the line at its effective deadline (deadline less
-    the expected service), as a waiter or the pool's reaper does: one sweep
-    at each such moment. At one moment: completions, then sweeps, then arrivals.
-    """
-    q = queue_class(on_dropped=lambda item, error: None, **options)
-    expected = q.expected_service_ns  # fixed or 0 in these examples
-    events: list[tuple[int, int, int, int]] = []  # (time, 0 completion / 1 sweep / 2 arrival, seq, index)
-    for index, arrival in enumerate(arrivals):
-        heapq.heappush(events, (arrival.at_ns, 2, index, index))
-    seq = len(arrivals)
-    while events:
-        at, kind, _, index = heapq.heappop(events)
-        if kind == 1:
-            q.expire_overdue(now_ns=at)
-        elif kind == 0:
-            q.task_done(critical=arrivals[index].critical, now_ns=at)
-        else:
-            arrival = arrivals[index]
-            try:
-                q.put(index, Deadline.at_ns(arrival.deadline_ns), critical=arrival.critical, now_ns=at)
-            except (QueueFull, DeadlineExceeded):
-                pass
-            else:
-                seq += 1
-                heapq.heappush(events, (max(at, arrival.deadline_ns - expected), 1, seq, index))
-        while True:
-            try:
-                started = q.get_nowait(now_ns=at)
-            except Exception:  # noqa: BLE001 - queue.Empty
-                break
-            seq += 1
-            heapq.heappush(events, (at + arrivals[started].service_ns, 0, seq, started))
-    stats = q.stats()
-    return {name: stats[name] for name in DECISIONS}
+    """The reference: an enforcing line that knows every service time in advance (``replay_enforcing``)."""
+    return replay_enforcing(queue_class, arrivals, **options)
 
 
 def stock_starts(arrivals: list[Arrival], threads: int) -> list[int]:
@@ -87,6 +47,7 @@ def observed(
 ) -> dict[str, int]:
     """The shadow's counters, fed as an observe-only face feeds it (stock_threads None: every request at once)."""
     shadow = ShadowLine(queue_class, **options)
+    shadow.keep_journal()
     starts = [arrival.at_ns for arrival in arrivals] if stock_threads is None else stock_starts(arrivals, stock_threads)
     # At the same moment, requests in arrival order, each one's own events in their order: a
     # finish at t is told before a later request's arrival at t (the line's own order).
@@ -108,7 +69,11 @@ def observed(
     shadow.catch_up(2**62)
     stats = shadow.stats()
     assert stats["undecided"] == 0
-    return {name: stats[name] for name in DECISIONS}
+    decided = {name: stats[name] for name in DECISIONS}
+    # The journal is what the shadow was told: replayed, it decides the same.
+    assert sorted(shadow.journal()) == sorted(arrivals)
+    assert replay_enforcing(queue_class, shadow.journal(), **options) == decided
+    return decided
 
 
 ARRIVALS = st.lists(

@@ -301,6 +301,11 @@ class AdmissionDispatcher:
         return self._queue
 
     @property
+    def shadow(self) -> ShadowLine | None:
+        """Observe-only: the shadow line that decides what the line would have done (None when enforcing)."""
+        return self._shadow
+
+    @property
     def observe_only(self) -> bool:
         """True when every ticket is served and the shadow line only counts what it would have refused."""
         return self._shadow is not None
