@@ -47,6 +47,7 @@ from prazo.core import (
 )
 from prazo.core.arguments import INT32_LIMIT, checked_count
 from prazo.core.compiled import import_compiled
+from prazo.core.shadow import OBSERVE_SETTLE_NS, OBSERVED_STOCK_QUEUE, ShadowLine
 
 from .plumbing.reaper import DeadlineReaper
 from .policies import queue_options
@@ -59,6 +60,8 @@ T = TypeVar("T")
 # its workers are joined, so queued work still runs (or expires) before exit.
 _workers_queues: weakref.WeakKeyDictionary[threading.Thread, AdmissionQueue] = weakref.WeakKeyDictionary()
 _interpreter_shutting_down = False
+# Observe-only: what the shadow reads as "no deadline" for a task submitted without one.
+_NO_DEADLINE_NS = 2**62
 _global_shutdown_lock = threading.Lock()
 
 
@@ -124,10 +127,12 @@ def use_compiled_path(enabled: bool) -> bool:
 class _WorkerState:
     """What the worker threads share with the pool (never the pool itself, so it can be collected)."""
 
-    __slots__ = ("cancelling", "fn_raised", "futures_cancelled", "lock", "queue_wait", "request_duration")
+    __slots__ = ("cancelling", "fn_raised", "futures_cancelled", "lock", "queue_wait", "request_duration", "shadow")
 
-    def __init__(self, record_latency: bool) -> None:
+    def __init__(self, record_latency: bool, shadow: ShadowLine | None = None) -> None:
         self.lock = threading.Lock()
+        # Observe-only: the line that decides is this shadow, told each task's arrival, start and end.
+        self.shadow = shadow
         # The pool's opt-in histograms; None (the default) records nothing.
         self.request_duration = LatencyHistogram() if record_latency else None
         self.queue_wait = LatencyHistogram() if record_latency else None
@@ -225,12 +230,17 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
         started_ns = time.monotonic_ns()
         item.claim()
         future = item.future
+        shadow = state.shadow
+        if shadow is not None:
+            shadow.started(item, started_ns)
         if state.cancelling:
             future.cancel()
         if not future.set_running_or_notify_cancel():
             # No sample: a cancelled task did no work, and would teach the
             # learned policies a service time of zero.
             q.task_done()
+            if shadow is not None:
+                shadow.finished(item, started_ns)
             state.count_cancelled()
             del item, future
             continue
@@ -248,6 +258,8 @@ def _worker(q: AdmissionQueue, state: _WorkerState, reaper: DeadlineReaper) -> N
             # The slot goes back before the future is settled, so a caller who
             # waits for result() and submits again never meets its own slot.
             q.task_done(started_ns=started_ns)
+            if shadow is not None:
+                shadow.finished(item, time.monotonic_ns())
             if request_duration is not None:
                 request_duration.record(time.monotonic_ns() - item.submitted_ns)
         if ok:
@@ -319,7 +331,10 @@ class AdmissionPool(Executor):
         limit: str | None = None,
         min_concurrency: int | None = None,
         reserved: int | None = None,
+        observe_only: bool = False,
     ) -> None:
+        if not isinstance(observe_only, bool):
+            raise TypeError(f"observe_only must be True or False, not {type(observe_only).__name__}")
         self._max_workers = checked_count(
             max_workers, "max_workers", 1, below=INT32_LIMIT, too_small="max_workers must be greater than 0"
         )
@@ -328,25 +343,31 @@ class AdmissionPool(Executor):
         checked_count(max_queue, "max_queue", 0, below=INT32_LIMIT)
         if not isinstance(thread_name_prefix, str):
             raise TypeError(f"thread_name_prefix must be a str, not {type(thread_name_prefix).__name__}")
-        self._state = _WorkerState(record_latency)
+        options = queue_options(
+            codel_target_ms=codel_target_ms,
+            codel_interval_ms=codel_interval_ms,
+            expected_service_ms=expected_service_ms,
+            limit=limit,
+            min_concurrency=min_concurrency,
+            reserved=reserved,
+        )
+        # Observe-only: every task runs, in submission order, as a ThreadPoolExecutor runs it; the
+        # line these limits make is a shadow told each arrival, start and end.
+        shadow = (
+            ShadowLine(AdmissionQueue, max_workers, max_queue, order=order, settle_ns=OBSERVE_SETTLE_NS, **options)
+            if observe_only
+            else None
+        )
+        self._state = _WorkerState(record_latency, shadow)
         state = self._state
 
         def fail_dropped(item: _WorkItem, error: BaseException) -> None:
             item.fail_unstarted(error, state)
 
-        self._queue = AdmissionQueue(
-            max_workers,
-            max_queue,
-            on_dropped=fail_dropped,
-            order=order,
-            **queue_options(
-                codel_target_ms=codel_target_ms,
-                codel_interval_ms=codel_interval_ms,
-                expected_service_ms=expected_service_ms,
-                limit=limit,
-                min_concurrency=min_concurrency,
-                reserved=reserved,
-            ),
+        self._queue = (
+            AdmissionQueue(max_workers, OBSERVED_STOCK_QUEUE, on_dropped=fail_dropped)
+            if observe_only
+            else AdmissionQueue(max_workers, max_queue, on_dropped=fail_dropped, order=order, **options)
         )
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -355,7 +376,7 @@ class AdmissionPool(Executor):
         self._reaper = DeadlineReaper(self._queue, threading.Condition(self._lock), f"{thread_name_prefix}_reaper")
         self._worker_target: Callable[..., None] = _worker
         self._submitter: Any = None
-        if _COMPILED is not None:
+        if _COMPILED is not None and shadow is None:
             self._submitter = _COMPILED.Submitter(
                 self._queue,
                 self._lock,
@@ -447,6 +468,13 @@ class AdmissionPool(Executor):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if _interpreter_shutting_down:
                 raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            shadow = self._state.shadow
+            if shadow is not None:
+                # Observe-only: the shadow decides; the task waits its turn with no deadline, as in a
+                # ThreadPoolExecutor (it still runs inside its deadline's scope).
+                shadow.arrive(item, time.monotonic_ns(), _NO_DEADLINE_NS if deadline is None else deadline.ns,
+                              runs_now=False)  # fmt: skip
+                deadline = None
             try:
                 self._queue.put(item, deadline)
             except DeadlineExceeded as exc:
@@ -534,7 +562,12 @@ class AdmissionPool(Executor):
         The queue counts a cancelled future that reached a worker as started
         and completed; ``futures_cancelled`` counts it as what it was.
         """
-        snapshot = self._queue.stats()
+        shadow = self._state.shadow
+        if shadow is not None:
+            shadow.catch_up(time.monotonic_ns())
+            snapshot = {**shadow.queue.stats(), "observe_only": 1}
+        else:
+            snapshot = self._queue.stats()
         snapshot["workers"] = len(self._threads)
         snapshot["futures_cancelled"] = self._state.futures_cancelled
         snapshot["fn_raised"] = self._state.fn_raised

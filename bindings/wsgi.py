@@ -103,7 +103,7 @@ from prazo.core import (
     deadline_context,
 )
 from prazo.core.compiled import import_compiled
-from prazo.core.shadow import ShadowLine
+from prazo.core.shadow import OBSERVE_SETTLE_NS, ShadowLine
 
 __all__ = [
     "BUDGET_SOURCE_KEY",
@@ -637,11 +637,6 @@ def _nothing_to_release() -> None:
     """The release of a bypassed request, which never took a slot."""
 
 
-# Observe-only: threads stamp their arrivals and ends before the shadow's lock, so the shadow
-# decides only what is at least this old (a report that lost the race for the lock still counts).
-_SETTLE_NS = 2_000_000
-
-
 def _shadow_finished(shadow: ShadowLine, token: object) -> None:
     """The release of an observed request: the shadow learns its service time."""
     shadow.finished(token, time.monotonic_ns())
@@ -854,7 +849,9 @@ class AdmissionMiddleware:
         # Observe-only: every request runs; the line it would have run is a shadow (its queue
         # is this middleware's queue, whose counters are the decisions it would have made).
         self._shadow = (
-            ShadowLine(self.queue_class, max_concurrency, max_queue, order=order, settle_ns=_SETTLE_NS, **options)
+            ShadowLine(
+                self.queue_class, max_concurrency, max_queue, order=order, settle_ns=OBSERVE_SETTLE_NS, **options
+            )
             if observe_only
             else None
         )

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 from .deadline import Deadline
 from .errors import DeadlineExceeded, QueueFull, ShutDown
 
-__all__ = ["DECISIONS", "Arrival", "ShadowLine", "replay_enforcing"]
+__all__ = ["DECISIONS", "OBSERVED_STOCK_QUEUE", "OBSERVE_SETTLE_NS", "Arrival", "ShadowLine", "replay_enforcing"]
 
 # The shadow queue's counters that are decisions an enforcing line would have acted on.
 DECISIONS = (
@@ -60,6 +60,14 @@ DECISIONS = (
 )
 
 _NEVER = 2**63 - 1
+
+# What the observing faces share. Threads stamp their events before they take the shadow's
+# lock, so it decides only what is at least OBSERVE_SETTLE_NS old (a report that lost the race
+# for the lock still lands in time order). A face whose stock server queues requests holds them
+# in a FIFO line of OBSERVED_STOCK_QUEUE, with no deadline and no policy (a stock server's own
+# backlog overflows long before).
+OBSERVE_SETTLE_NS = 2_000_000
+OBSERVED_STOCK_QUEUE = 65_536
 
 
 class Arrival(NamedTuple):

@@ -39,7 +39,7 @@ from prazo.core import (
     QueueFull,
     ShutDown,
 )
-from prazo.core.shadow import ShadowLine
+from prazo.core.shadow import OBSERVE_SETTLE_NS, OBSERVED_STOCK_QUEUE, ShadowLine
 
 from ... import wsgi as _wsgi
 from ...headers import BudgetPolicy, IncomingBudget
@@ -59,8 +59,6 @@ from ...wsgi import (
 )
 
 __all__ = [
-    "OBSERVED_STOCK_QUEUE",
-    "OBSERVE_SETTLE_NS",
     "SERVER_STATS_KEY",
     "AdmissionDispatcher",
     "AdmittedApp",
@@ -77,11 +75,6 @@ _get_ident = threading.get_ident
 # environ key of a callable returning the server queue's counters, so an app
 # (or its metrics endpoint) can read the state of the queue it sits behind.
 SERVER_STATS_KEY = "prazo.server_stats"
-# Observe-only: the stock line the tickets wait in holds this many (a stock server's own
-# backlog overflows long before), and the shadow decides what is at least this old, so that
-# threads' reports racing for its lock land in time order.
-OBSERVED_STOCK_QUEUE = 65_536
-OBSERVE_SETTLE_NS = 2_000_000
 
 
 class Ticket:
@@ -266,8 +259,7 @@ class AdmissionDispatcher:
         self._reject_callback = reject
         self._name = name
         # Observe-only: the line that decides is a shadow fed with what really happens, and the
-        # tickets run as a stock server runs them: in arrival order, without deadlines or policies,
-        # behind a line of OBSERVED_STOCK_QUEUE (more than any stock server's backlog holds).
+        # tickets run as a stock server runs them: in arrival order, without deadlines or policies.
         self._shadow = (
             ShadowLine(AdmissionQueue, threads, max_queue, settle_ns=OBSERVE_SETTLE_NS, **dict(queue_options or {}))
             if observe_only
