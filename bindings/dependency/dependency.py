@@ -104,6 +104,9 @@ __all__ = [
 T = TypeVar("T")
 
 OUTCOMES = ("ok", "error", "timeout", "bulkhead_full", "breaker_open", "no_budget", "throttled")
+# Observe-only: the threads' safety valve, this many per bulkhead place (at least the floor).
+OBSERVED_THREADS_PER_PLACE = 8
+OBSERVED_THREADS_FLOOR = 64
 # The retry counters of stats() (all 0 without a retry policy).
 RETRY_STATS = (
     "retries",
@@ -195,10 +198,12 @@ class CallResult(Generic[T]):
 class _Run:
     """One attempt of a call, as the call's lock guards it."""
 
-    __slots__ = ("done", "number", "permit", "reported", "started_ns")
+    __slots__ = ("done", "number", "permit", "reported", "shadow_place", "started_ns")
 
     def __init__(self, number: int, permit: bool, started_ns: int) -> None:
         self.number = number
+        # Observe-only: this attempt holds a place of the bulkhead that would have been.
+        self.shadow_place = False
         self.permit = permit  # holds a breaker permit, to be reported exactly once
         self.reported = False
         self.done = False
@@ -253,10 +258,12 @@ class _Tally:
     and ``endpoint`` is the endpoint index the last attempt started with.
     """
 
-    __slots__ = ("end_ns", "endpoint", "outcome", "recorded", "retry")
+    __slots__ = ("end_ns", "endpoint", "outcome", "recorded", "retry", "would_refuse")
 
     def __init__(self) -> None:
         self.outcome = "error"
+        # Observe-only: the bulkhead would have refused this call (it ran all the same).
+        self.would_refuse = False
         # Whether the adaptive throttle has been told how the current attempt went.
         self.recorded = False
         self.retry: Callable[[BaseException], bool] | None = None
@@ -347,6 +354,12 @@ class Dependency:
             quantile. Each retry takes a bulkhead place and asks the breaker
             like any call. ``idempotent=True`` is needed, as for hedging.
             None (the default): never retried.
+        observe_only: the bulkhead only counts: a call it would have
+            refused runs all the same (on up to 8 threads per place, at
+            least 64: a safety valve against a hung dependency), and is
+            counted ``bulkhead_full`` in ``stats()`` and every export, as
+            it would have been; ``in_flight`` is then the places it would
+            hold. The timeout, breaker and hedging work as usual.
     """
 
     def __init__(
@@ -366,7 +379,10 @@ class Dependency:
         thread_idle_s: float = DEFAULT_THREAD_IDLE_S,
         window_s: float = 10.0,
         retry: RetryPolicy | None = None,
+        observe_only: bool = False,
     ) -> None:
+        if not isinstance(observe_only, bool):
+            raise TypeError(f"observe_only must be a bool, not {type(observe_only).__name__}")
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
         if not name:
@@ -411,7 +427,12 @@ class Dependency:
         self._lkg = LastKnownGood(lkg_entries) if stale_for_s is not None else None
         self._histogram = WindowedHistogram(window_s)
         self._quantiles = LiveQuantiles(self._histogram)
-        self._threads = BoundedThreads(self._max, idle_s=thread_idle_s, name=f"prazo-dependency-{name}")
+        # Observe-only: the bulkhead only counts (its places are _shadow_in_flight); the threads
+        # are bounded by a safety valve well above it, so a hung dependency cannot take them all.
+        self._observe_only = observe_only
+        self._shadow_in_flight = 0
+        threads = max(OBSERVED_THREADS_FLOOR, OBSERVED_THREADS_PER_PLACE * self._max) if observe_only else self._max
+        self._threads = BoundedThreads(threads, idle_s=thread_idle_s, name=f"prazo-dependency-{name}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a prazo RetryPolicy or None, not {type(retry).__name__}")
         self._retry = retry
@@ -512,7 +533,8 @@ class Dependency:
             return self._call_with_retries(self._retry, fn, args, kwargs, key, idempotent, tally)
         finally:
             with self._lock:
-                self._outcomes[tally.outcome] += 1
+                # Observe-only: the outcome the call would have had (the bulkhead's), not the one it had.
+                self._outcomes["bulkhead_full" if tally.would_refuse else tally.outcome] += 1
 
     def _call_with_retries(
         self,
@@ -635,7 +657,7 @@ class Dependency:
                     self._next_endpoint = (first + 1) % len(self._endpoints)
         tally.endpoint = first
         try:
-            started = self._start(call, 1, first, now)
+            started = self._start(call, 1, first, now, tally)
         except RuntimeError as exc:  # the system refused a thread
             if breaker is not None:
                 breaker.release(self._now_arg(self._clock()))
@@ -660,8 +682,13 @@ class Dependency:
                 hedge_at = start_ns + delay_ns
         return self._wait(call, tally, end_ns, hedge_at, first, caller_limited)
 
-    def _start(self, call: _Call, number: int, endpoint_index: int, now: int) -> bool:
-        """Start attempt ``number`` of ``call`` on a free thread; False when the bulkhead is full."""
+    def _start(self, call: _Call, number: int, endpoint_index: int, now: int, tally: _Tally | None = None) -> bool:
+        """Start attempt ``number`` of ``call`` on a free thread; False when the bulkhead is full.
+
+        Observe-only: the bulkhead that would have been only counts; a first
+        attempt (``tally`` given) it would have refused still starts, and its
+        call is counted as the bulkhead would have counted it.
+        """
         endpoint = None if self._endpoints is None else self._endpoints[endpoint_index % len(self._endpoints)]
         context = deadline_context(call.deadline)
         context.run(_attempt.set, Attempt(number, endpoint))
@@ -669,15 +696,28 @@ class Dependency:
         with call.cond:
             call.started += 1
             call.runs.append(run)
+        if self._observe_only:
+            with self._lock:
+                run.shadow_place = self._shadow_in_flight < self._max
+                self._shadow_in_flight += run.shadow_place
+            if not run.shadow_place and tally is not None:
+                tally.would_refuse = True
         started = False
         try:
             started = self._threads.try_start(partial(self._run, call, run, context))
         finally:
             if not started:
+                self._give_back_shadow_place(run)
                 with call.cond:
                     call.started -= 1
                     call.runs.remove(run)
         return started
+
+    def _give_back_shadow_place(self, run: _Run) -> None:
+        if run.shadow_place:
+            run.shadow_place = False
+            with self._lock:
+                self._shadow_in_flight -= 1
 
     def _run(self, call: _Call, run: _Run, context: Context, release: Callable[[], None]) -> None:
         """One attempt, on a dependency thread: run ``fn``, feed the histogram, breaker and LKG, publish."""
@@ -711,6 +751,7 @@ class Dependency:
             # The place is free before the caller hears of the result, so a
             # caller that calls again at once finds it free.
             release()
+            self._give_back_shadow_place(run)
             with call.cond:
                 run.done = True
                 call.finished += 1
@@ -869,6 +910,8 @@ class Dependency:
         p50, p95, p99 = snapshot.quantiles((0.5, 0.95, 0.99))
         in_flight = self._threads.running
         with self._lock:
+            if self._observe_only:
+                in_flight = self._shadow_in_flight  # the places the bulkhead that would have been holds
             outcomes = dict(self._outcomes)
             counters = {
                 "calls": self._calls,
@@ -895,6 +938,7 @@ class Dependency:
             "p99_ms": None if p99 is None else p99 / NS_PER_MS,
             "timeout_ms": self._timeout_ns(now) / NS_PER_MS,
             "lkg_entries": 0 if self._lkg is None else len(self._lkg),
+            **({"observe_only": 1} if self._observe_only else {}),
         }
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -147,6 +147,11 @@ SPECS: dict[str, MetricSpec] = {
     ),
     "prazo_dependency_max_concurrent": (GAUGE, _D, "Bulkhead size."),
     "prazo_dependency_saturation": (GAUGE, _D, "in_flight / max_concurrent: at 1 every further call is rejected."),
+    "prazo_dependency_observe_only": (
+        GAUGE,
+        _D,
+        "1 while the bulkhead only observes: every call runs, and bulkhead_full is what it would have refused.",
+    ),
     "prazo_dependency_threads": (GAUGE, _D, "Threads the dependency runs calls on."),
     "prazo_dependency_lkg_entries": (GAUGE, _D, "Last-known-good values kept."),
     "prazo_dependency_timeout_seconds": (GAUGE, _D, "The timeout a call starting now gets (adaptive ones move)."),
@@ -278,6 +283,8 @@ def dependency_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
     for quantile, key in _QUANTILE_KEYS.items():
         value = stats[key]
         yield "prazo_dependency_latency_seconds", (name, quantile), float("nan") if value is None else value / 1000
+    if "observe_only" in stats:
+        yield "prazo_dependency_observe_only", labels, stats["observe_only"]
 
 
 def retry_samples(name: str, stats: Mapping[str, Any]) -> Iterator[Sample]:
