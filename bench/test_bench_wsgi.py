@@ -63,3 +63,16 @@ def test_wsgi_admission_middleware_record_latency(
     if fast_path is False and not middleware_for(kind.app, twin).fast_path:
         pytest.skip("this twin runs the Python path as built already")
     loop_benchmark(middleware_requests(kind, twin, fast_path=fast_path, record_latency=True), _group(kind))
+
+
+@kinds
+@pytest.mark.parametrize(
+    "options",
+    [{"load_report": "text"}, {"observe_only": True}, {"max_expiry_refusal_fraction": 0.1}],
+    ids=["load-report", "observe-only", "expiry-cap"],
+)
+def test_wsgi_admission_middleware_options(
+    loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind, options: dict[str, object]
+) -> None:
+    """The as-built row with one opt-in on: the ORCA header, the dry run (Python path), the expiry cap (Python path)."""
+    loop_benchmark(middleware_requests(kind, twin, **options), _group(kind))

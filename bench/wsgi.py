@@ -253,10 +253,15 @@ def semaphore_requests(kind: RequestKind) -> LoopRunner:
 
 
 def middleware_requests(
-    kind: RequestKind, queue_class: QueueClass, *, fast_path: bool | None = None, record_latency: bool = False
+    kind: RequestKind,
+    queue_class: QueueClass,
+    *,
+    fast_path: bool | None = None,
+    record_latency: bool = False,
+    **options: Any,
 ) -> LoopRunner:
-    """Requests of ``kind`` served through ``AdmissionMiddleware`` on the twin ``queue_class``."""
-    middleware = middleware_for(kind.app, queue_class, fast_path=fast_path, record_latency=record_latency)
+    """Requests of ``kind`` served through ``AdmissionMiddleware`` on the twin ``queue_class`` (``options``: its others)."""
+    middleware = middleware_for(kind.app, queue_class, fast_path=fast_path, record_latency=record_latency, **options)
     return serve_requests(middleware, minimal_environ(budget_ms=kind.budget_ms))
 
 
