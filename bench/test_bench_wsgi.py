@@ -11,6 +11,7 @@ of a middleware is its row minus the bare app's row of the same group::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from prazo.bench.harness import LoopRunner
@@ -72,7 +73,7 @@ def test_wsgi_admission_middleware_record_latency(
     ids=["load-report", "observe-only", "expiry-cap"],
 )
 def test_wsgi_admission_middleware_options(
-    loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind, options: dict[str, object]
+    loop_benchmark: LoopBenchmark, twin: type, kind: RequestKind, options: dict[str, Any]
 ) -> None:
     """The as-built row with one opt-in on: the ORCA header, the dry run (Python path), the expiry cap (Python path)."""
     loop_benchmark(middleware_requests(kind, twin, **options), _group(kind))
