@@ -445,7 +445,7 @@ class DrainRate:
         elif freed == 0 and in_flight > 0 and not stale:
             return self.interval_ns  # nothing freed yet: the window stays open
         elif freed == 0 and in_flight > 0:
-            sample = elapsed
+            sample = min(elapsed, RETRY_AFTER_MAX_NS)  # a place takes at least this long; past the cap, the cap
         if sample > 0:
             # Halved separately, as C does to stay clear of overflow.
             self.interval_ns = self.interval_ns // 2 + sample // 2 if self.interval_ns > 0 else sample

@@ -402,7 +402,9 @@ static inline void prazo_drain_init(struct prazo_drain *d)
 /* At an arrival: close the window when it has run long enough. Returns the interval now. */
 static inline int64_t prazo_drain_note(struct prazo_drain *d, int64_t now_ns, int64_t completed, int64_t in_flight)
 {
-    int64_t elapsed = now_ns - d->mark_ns;
+    int64_t elapsed;
+    if (__builtin_sub_overflow(now_ns, d->mark_ns, &elapsed)) /* a caller's clock at the ends of int64 */
+        elapsed = now_ns < d->mark_ns ? INT64_MIN : INT64_MAX;
     if (d->mark_ns == 0 || elapsed < 0) { /* the first arrival, or a caller's clock behind the window */
         d->mark_ns = now_ns;
         d->mark_completed = completed;
@@ -416,9 +418,9 @@ static inline int64_t prazo_drain_note(struct prazo_drain *d, int64_t now_ns, in
     if (freed > 0 && !stale)
         sample = elapsed / freed;
     else if (freed == 0 && in_flight > 0 && !stale)
-        return d->interval_ns; /* nothing freed yet: the window stays open */
-    else if (freed == 0 && in_flight > 0)
-        sample = elapsed;
+        return d->interval_ns;            /* nothing freed yet: the window stays open */
+    else if (freed == 0 && in_flight > 0) /* a place takes at least this long; past the cap, the cap */
+        sample = elapsed < PRAZO_RETRY_AFTER_MAX_NS ? elapsed : PRAZO_RETRY_AFTER_MAX_NS;
     if (sample > 0)
         d->interval_ns = d->interval_ns > 0 ? d->interval_ns / 2 + sample / 2 : sample;
     d->mark_ns = now_ns;

@@ -17,7 +17,7 @@ import pytest
 from _helpers import FakeClock, QueueClass, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prazo.core import NS_PER_MS, QueueFull
+from prazo.core import NS_PER_MS, DeadlineExceeded, QueueFull
 from prazo.core._policy_py import (
     DRAIN_STALE_WINDOWS,
     DRAIN_WINDOW_NS,
@@ -169,3 +169,18 @@ def test_the_twins_suggest_the_same_wait(twin_pair: tuple[QueueClass, QueueClass
             outcomes.append(arrive(q, clock) if operation == "arrive" else finish_one(q, clock))
         assert outcomes[0] == outcomes[1]
         assert queues[0].retry_after_ns == queues[1].retry_after_ns
+
+
+@pytest.mark.compiled
+def test_the_twins_agree_at_the_ends_of_the_clock(twin_pair: tuple[QueueClass, QueueClass]) -> None:
+    # A caller's clock may jump anywhere in int64: no overflow, and both twins read it alike.
+    int64_max = 2**63 - 1
+    queues = [cls(1, 2) for cls in twin_pair]
+    for now in (-(2**63), 0, 1, int64_max - 1, -(2**63), int64_max):
+        for q in queues:
+            try:
+                q.put(object(), now_ns=now)
+            except (QueueFull, DeadlineExceeded):  # at INT64_MAX even "no deadline" has passed
+                pass
+        assert queues[0].retry_after_ns == queues[1].retry_after_ns
+        assert 0 <= queues[0].retry_after_ns <= RETRY_AFTER_MAX_NS
