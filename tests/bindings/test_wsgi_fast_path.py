@@ -198,6 +198,8 @@ def lockstep_app(environ, start_response):
     return [b"li", b"st"]
 
 
+# A budget shorter than this may run out while a step is handled: its outcome is left out.
+SHORTEST_COMPARED_NS = 100_000_000
 SERVE_ACTIONS = ["list", "tuple", "empty", "write", "generator", "raise-deadline", "raise-overloaded", "raise-other"]
 BUDGET_KEYS = [BUDGET_ENVIRON_KEY, GRPC_TIMEOUT_ENVIRON_KEY, ENVOY_TIMEOUT_ENVIRON_KEY]
 HEADER_VALUE = (
@@ -234,6 +236,11 @@ class Lockstep:
         action, path, extra = first, second, {}
         if kind == "header":
             action, path, extra = "list", "/", {first: second}
+            budget_ns = self.middleware.policy.deadline_for({first: second}, 0)[0].ns
+            if 0 < budget_ns < SHORTEST_COMPARED_NS:
+                # Microseconds of budget ("7920n") may pass while a loaded machine handles the
+                # step on one path and not on the other: that outcome is a timing, not a rule.
+                return ("timing", first)
         environ = make_environ(path, **{ACTION_KEY: action, **extra})
         server = Server()
         before = time.monotonic_ns()
