@@ -10,20 +10,13 @@ hold. A call after the burst has a place again.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from _helpers import wait_until
 from prazo.bindings.dependency import Dependency
 
 WAIT_S = 10.0
-
-
-def wait_for(predicate, what: str) -> None:
-    end = time.monotonic() + WAIT_S
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_an_observing_bulkhead_runs_every_call_and_counts_what_it_would_have_refused() -> None:
@@ -39,14 +32,14 @@ def test_an_observing_bulkhead_runs_every_call_and_counts_what_it_would_have_ref
     with ThreadPoolExecutor(max_workers=5) as callers:
         try:
             futures = [callers.submit(dependency.call, fn, n) for n in range(5)]
-            wait_for(lambda: len(entered) == 5, "all five calls to run fn")
+            wait_until(lambda: len(entered) == 5, "all five calls to run fn")
             stats = dependency.stats()
             assert (stats["observe_only"], stats["in_flight"], stats["max_concurrent"]) == (1, 2, 2)
         finally:
             gate.set()
         values = sorted(future.result(WAIT_S) for future in futures)
     assert values == [0, 1, 2, 3, 4], "every caller got its own value"
-    wait_for(lambda: dependency.stats()["in_flight"] == 0, "the places to come back")
+    wait_until(lambda: dependency.stats()["in_flight"] == 0, "the places to come back")
     outcomes = dependency.stats()["outcomes"]
     assert (outcomes["ok"], outcomes["bulkhead_full"]) == (2, 3)
     assert dependency.call(lambda: "again") == "again"

@@ -11,20 +11,13 @@ refusals. A task whose deadline has passed still runs, counted
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from _helpers import wait_until
 from prazo.bindings.pool import AdmissionPool
 from prazo.core import Deadline, current_deadline
 
 WAIT_S = 10.0
-
-
-def wait_for(predicate, what: str) -> None:
-    end = time.monotonic() + WAIT_S
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_an_observing_pool_runs_every_task_and_counts_what_it_would_have_refused() -> None:
@@ -33,7 +26,7 @@ def test_an_observing_pool_runs_every_task_and_counts_what_it_would_have_refused
     ran: list[int] = []
     try:
         futures = [pool.submit(lambda n=n: (gate.wait(WAIT_S), ran.append(n))) for n in range(5)]
-        wait_for(lambda: pool.stats()["offered"] == 5, "the shadow to decide the five")
+        wait_until(lambda: pool.stats()["offered"] == 5, "the shadow to decide the five")
         stats = pool.stats()
         assert (stats["observe_only"], stats["started"], stats["queued"], stats["rejected_full"]) == (1, 1, 1, 3)
         gate.set()
@@ -51,7 +44,7 @@ def test_a_task_past_its_deadline_still_runs_inside_it_and_is_counted_expired() 
         spent = Deadline.after_ms(-5)
         future = pool.submit_until(spent, current_deadline)
         assert future.result(WAIT_S) == spent, "it runs, in its own deadline's scope"
-        wait_for(lambda: pool.stats()["expired_on_arrival"] == 1, "the shadow to count the expiry")
+        wait_until(lambda: pool.stats()["expired_on_arrival"] == 1, "the shadow to count the expiry")
     finally:
         pool.shutdown(wait=True)
 
