@@ -154,7 +154,7 @@ FT_VENV   := .venv-ft
 FT_PY     := $(FT_VENV)/bin/python
 FT_STAMP  := $(FT_VENV)/.prazo-installed
 FT_PACKAGES := "setuptools>=77" "Cython>=3.1" wheel "pytest>=8" "hypothesis>=6.100,<=6.155.7" "h11>=0.14" \
-	"pytest-benchmark>=4" "pytest-xdist>=3.5" "werkzeug>=3.0" "waitress>=3.0" "gunicorn>=27,<28" "cheroot>=10" "setproctitle>=1.3" \
+	"pytest-benchmark>=4" "pytest-xdist>=3.5" "pytest-timeout>=2.3" "werkzeug>=3.0" "waitress>=3.0" "gunicorn>=27,<28" "cheroot>=10" "setproctitle>=1.3" \
 	"requests>=2.31" "httpx>=0.27" "urllib3>=2.0" "prometheus_client>=0.20" pyyaml \
 	"opentelemetry-api>=1.20" "opentelemetry-sdk>=1.20" "flask>=3.0" "django>=4.2"
 FT_TESTS ?= tests/freethreaded tests/core tests/pool tests/bindings tests/dependency tests/servers

@@ -26,7 +26,7 @@ import pytest
 from _helpers import assert_conservation, wait_until
 from _host_app import app as host_app
 from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request, statuses
-from prazo.bindings.servers.frontdoor import FrontDoorHost, create_server
+from prazo.bindings.servers.frontdoor import FrontDoorHost, create_server, supervisor
 from prazo.bindings.servers.settings import resolve_settings
 from test_frontdoor_host import idle  # the host's at-rest wait, one definition
 
@@ -269,3 +269,25 @@ def test_an_idle_connection_the_server_closes_ends_although_a_forked_child_holds
         if child:
             os.kill(child, signal.SIGKILL)
         server.shutdown(5.0)
+
+
+@pytest.mark.parametrize("fault", ["stopped", "killed"])
+def test_a_triage_that_stops_answering_or_dies_stops_the_host_instead_of_wedging_it(
+    hosts: Callable[..., FrontDoorHost], monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """A triage silent to its supervisor (SIGSTOP here: a deadlock would look the same) is killed
+    after the control timeout, and the host stops as when the triage dies: no question to it
+    waits for ever, so neither ``stats()`` nor a drain nor a worker's replacement can hang."""
+    monkeypatch.setattr(supervisor, "CONTROL_TIMEOUT_S", 1.0)
+    host = hosts(1)
+    assert request(host.port, "/pid").status == 200
+    triage = host.triage_pid
+    os.kill(triage, signal.SIGSTOP if fault == "stopped" else signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="not running"):
+        host.stats()
+    assert time.monotonic() - started < HANG_S
+    assert host._stopped.wait(HANG_S), "the supervisor did not stop"
+    assert host.triage_pid == 0  # reaped: it is not left stopped, holding the port
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", host.port), timeout=1.0)

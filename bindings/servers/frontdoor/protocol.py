@@ -32,11 +32,13 @@ from ...wsgi import WSGIApp
 __all__ = [
     "BOOT_ERROR",
     "BOOT_FAILED",
+    "CONTROL_TIMEOUT_S",
     "MAX_REPORT_BYTES",
     "READY",
     "RETIRE",
     "HostStats",
     "Plan",
+    "ask",
     "host_stats_of",
     "receive_message",
     "run_child",
@@ -57,6 +59,10 @@ RETIRE = b"m"
 # Under a pipe's capacity (64 KiB on Linux): the report never waits for the supervisor to read it.
 MAX_REPORT_BYTES = 60000
 _MESSAGE_BYTES = 1 << 20
+# How long a question to the triage may wait for its answer. The triage answers from
+# memory in microseconds; one silent this long is wedged, and a caller that waited on it
+# for ever would wedge too (the supervisor could then neither replace a worker nor drain).
+CONTROL_TIMEOUT_S = 30.0
 
 
 def send_message(sock: socket.socket, message: dict[str, Any], fds: Iterable[int] = ()) -> None:
@@ -74,6 +80,10 @@ def receive_message(sock: socket.socket) -> tuple[dict[str, Any] | None, list[in
         data, fds, _flags, _address = socket.recv_fds(sock, _MESSAGE_BYTES, 64)
     except (ConnectionError, OSError):
         return None, []
+    return _decoded(data, fds)
+
+
+def _decoded(data: bytes, fds: list[int]) -> tuple[dict[str, Any] | None, list[int]]:
     if not data:
         for fd in fds:
             os.close(fd)
@@ -89,22 +99,51 @@ def receive_message(sock: socket.socket) -> tuple[dict[str, Any] | None, list[in
     return message, fds
 
 
+def ask(
+    sock: socket.socket, message: dict[str, Any], fds: Iterable[int] = (), timeout: float = CONTROL_TIMEOUT_S
+) -> tuple[dict[str, Any] | None, list[int]]:
+    """Send ``message`` and wait up to ``timeout`` for the reply: (reply, descriptors), (None, []) once the peer is gone.
+
+    ``TimeoutError`` when the peer is there but silent: its reply may still come, so the
+    caller must not ask on ``sock`` again (it would read the stale answer).
+    """
+    sock.settimeout(timeout)
+    try:
+        send_message(sock, message, fds)
+    except TimeoutError:
+        raise
+    except OSError:
+        return None, []
+    try:
+        data, got, _flags, _address = socket.recv_fds(sock, _MESSAGE_BYTES, 64)
+    except TimeoutError:
+        raise
+    except OSError:
+        return None, []
+    return _decoded(data, got)
+
+
 class HostStats:
     """A worker process's view of the host: ``stats()`` asks the triage (one round trip on a socket of its own)."""
 
     def __init__(self, sock: socket.socket, worker: int) -> None:
-        self._sock = sock
+        self._sock: socket.socket | None = sock
         self._lock = threading.Lock()
         self.worker = worker
 
     def stats(self) -> dict[str, Any]:
         """The host's counters, as ``FrontDoorHost.stats()``; ``{}`` once the triage is gone (the host is stopping)."""
         with self._lock:
-            try:
-                send_message(self._sock, {"op": "stats"})
-            except OSError:
+            if self._sock is None:
                 return {}
-            reply, _ = receive_message(self._sock)
+            try:
+                reply, _ = ask(self._sock, {"op": "stats"})
+            except TimeoutError:
+                # A wedged triage (the supervisor kills it): a request that reads the figures
+                # is answered without them, and none asks again on a socket a stale reply may reach.
+                self._sock.close()
+                self._sock = None
+                return {}
         return host_stats_of(reply["stats"]) if reply and "stats" in reply else {}
 
     __call__ = stats
@@ -112,6 +151,8 @@ class HostStats:
     def report(self, **counts: int) -> None:
         """Tell the triage this worker's own counters (cumulative): the host's stats add them up."""
         with self._lock:
+            if self._sock is None:
+                return
             try:
                 send_message(self._sock, {"op": "count", **counts})
             except OSError:

@@ -71,7 +71,7 @@ from prazo.core.arguments import checked_count
 
 from ...wsgi import WSGIApp
 from ..settings import ServerSettings
-from .protocol import BOOT_ERROR, READY, RETIRE, Plan, host_stats_of, receive_message, run_child, send_message
+from .protocol import BOOT_ERROR, CONTROL_TIMEOUT_S, READY, RETIRE, Plan, ask, host_stats_of, run_child
 from .server import (
     DEFAULT_IO_TIMEOUT_MS,
     DEFAULT_MAX_IO_WAIT_MS,
@@ -295,7 +295,9 @@ class FrontDoorHost:
 
     def _command(self, command: bytes) -> None:
         try:
-            os.write(self._wake_w, command)
+            with self._state_lock:
+                if self._wake_w >= 0:  # -1 once the host stopped
+                    os.write(self._wake_w, command)
         except OSError:
             pass  # a full pipe already holds a command to wake the loop
 
@@ -417,16 +419,29 @@ class FrontDoorHost:
         self._selector.register(ready_r, selectors.EVENT_READ, ("ready", worker))
         return worker
 
-    def _request(self, message: dict[str, Any], fds: Iterable[int] = ()) -> dict[str, Any] | None:
-        """One request to the triage and its reply; None when the triage is gone."""
+    def _request(self, message: dict[str, Any], fds: Iterable[int] = (), extra_s: float = 0.0) -> dict[str, Any] | None:
+        """One request to the triage and its reply; None when the triage is gone.
+
+        A triage silent for ``CONTROL_TIMEOUT_S`` (plus ``extra_s``, what the request itself
+        may take) is wedged: it is killed (the host cannot serve without it, and stops as
+        when it dies), and the request answers None.
+        """
+        timeout = CONTROL_TIMEOUT_S + extra_s
         with self._ctl_lock:
             if self._ctl is None:
                 return None
             try:
-                send_message(self._ctl, message, fds)
-            except OSError:
+                reply, extra = ask(self._ctl, message, fds, timeout)
+            except TimeoutError:
+                _log.error(
+                    "prazo host: the triage (pid %d) did not answer %r within %g s; killing it",
+                    self._triage_pid, message.get("op"), timeout,
+                )  # fmt: skip
+                self._ctl.close()  # its late answer must not reach the next question
+                self._ctl = None
+                if self._triage_pid:  # never 0: kill(0) would signal the whole process group
+                    _kill(self._triage_pid)
                 return None
-            reply, extra = receive_message(self._ctl)
             for fd in extra:
                 os.close(fd)
             return reply
@@ -684,7 +699,7 @@ class FrontDoorHost:
             "prazo host: draining (supervisor pid %d): the port is closed, what was admitted finishes within %g s",
             os.getpid(), self.shutdown_timeout,
         )  # fmt: skip
-        reply = self._request({"op": "drain", "timeout": self.shutdown_timeout})
+        reply = self._request({"op": "drain", "timeout": self.shutdown_timeout}, extra_s=self.shutdown_timeout)
         self._idle = bool(reply and reply.get("idle"))
         if self._idle:
             _log.info("prazo host: drained: everything admitted finished; the processes exit")
@@ -710,8 +725,10 @@ class FrontDoorHost:
         if self._triage_pid:
             self._reap_triage()
         self._selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._state_lock:  # a command after the end must not write to a descriptor reused since
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
 
 def _gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
