@@ -27,6 +27,7 @@ from _helpers import assert_conservation, wait_until
 from _host_app import app as host_app
 from _server_harness import TEST_DEFAULT_BUDGET_MS, Burst, read_to_eof, request, statuses
 from prazo.bindings.servers.frontdoor import FrontDoorHost, create_server, supervisor
+from prazo.bindings.servers.frontdoor.triage import DUMP_STACKS_SIGNAL
 from prazo.bindings.servers.settings import resolve_settings
 from test_frontdoor_host import idle  # the host's at-rest wait, one definition
 
@@ -291,3 +292,18 @@ def test_a_triage_that_stops_answering_or_dies_stops_the_host_instead_of_wedging
     assert host.triage_pid == 0  # reaped: it is not left stopped, holding the port
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", host.port), timeout=1.0)
+
+
+def test_the_triage_writes_its_threads_stacks_on_the_signal_and_serves_on(
+    hosts: Callable[..., FrontDoorHost], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What the supervisor sends a wedged triage before it kills it: the dump is written, nothing ends."""
+    host = hosts(1)
+    os.kill(host.triage_pid, DUMP_STACKS_SIGNAL)
+    written: list[str] = []
+    wait_until(
+        lambda: written.append(capfd.readouterr().err) or "triage_main" in "".join(written),
+        "the triage's stacks on stderr",
+        HANG_S,
+    )
+    assert request(host.port, "/pid").status == 200

@@ -81,7 +81,7 @@ from .server import (
     checked_timeout,
     engine_arguments,
 )
-from .triage import triage_main
+from .triage import DUMP_STACKS_SIGNAL, triage_main
 from .worker import worker_main
 
 __all__ = ["HOST_LOGGER", "MAX_WORKERS", "FrontDoorHost", "checked_max_requests", "checked_workers"]
@@ -95,6 +95,8 @@ _log = logging.getLogger(HOST_LOGGER)
 BOOT_TIMEOUT_S = 60.0
 # How long a stopped child may take to exit before it is killed.
 _EXIT_GRACE_S = 5.0
+# How long a wedged triage has to write its threads' stacks before it is killed.
+_DUMP_WAIT_S = 0.5
 # After a worker start failed (the triage could not take its descriptors), the pause
 # before the next try; it doubles on every failure up to the maximum, so a triage
 # short of descriptors is not asked every few milliseconds.
@@ -440,7 +442,7 @@ class FrontDoorHost:
                 self._ctl.close()  # its late answer must not reach the next question
                 self._ctl = None
                 if self._triage_pid:  # never 0: kill(0) would signal the whole process group
-                    _kill(self._triage_pid)
+                    _dump_stacks_then_kill(self._triage_pid)
                 return None
             for fd in extra:
                 os.close(fd)
@@ -737,6 +739,16 @@ def _gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
 
 def _serving_or_gone(worker: _Worker, workers: dict[int, _Worker]) -> bool:
     return worker.ready or worker.pid not in workers
+
+
+def _dump_stacks_then_kill(pid: int) -> None:
+    """Kill a wedged triage once it has had a moment to write where each of its threads was."""
+    try:
+        os.kill(pid, DUMP_STACKS_SIGNAL)
+    except ProcessLookupError:
+        return
+    time.sleep(_DUMP_WAIT_S)
+    _kill(pid)
 
 
 def _kill(pid: int) -> None:

@@ -9,8 +9,10 @@ requests (``add`` a worker's channels, ``retire``, ``gone``, ``stats``,
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -20,7 +22,9 @@ from ..plumbing.process_names import name_process
 from .protocol import Plan, receive_message, send_message
 from .server import compiled_engine
 
-__all__ = ["triage_main"]
+__all__ = ["DUMP_STACKS_SIGNAL", "triage_main"]
+
+DUMP_STACKS_SIGNAL = signal.SIGUSR1
 
 # While it drains, the triage looks this often for the workers' questions (and each
 # question waits at most this long for its answer).
@@ -29,6 +33,10 @@ _DRAIN_POLL_S = 0.02
 
 def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
     name_process("triage")
+    # Before the supervisor kills a triage that stopped answering it, it asks for every
+    # thread's stack on stderr: where it was stuck is the one thing worth keeping of it.
+    # (No app runs here, so no handler of an app's is replaced.)
+    faulthandler.register(DUMP_STACKS_SIGNAL, all_threads=True)
     engine = compiled_engine().Engine([listener_fd], role="triage", **plan.triage_engine)
     engine.start()
     selector = selectors.DefaultSelector()
