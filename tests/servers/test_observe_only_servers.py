@@ -6,7 +6,7 @@ answered 503 at once (``test_server_embeddings``'s burst). Observing, all
 five are served (one at a time, as the stock server's own queue serves
 them), and the line's counters, read by the app through
 ``prazo.server_stats``, say the three it would have refused. The front door
-refuses the switch, naming it.
+(one process) does the same; its host refuses the switch, naming it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,19 @@ import json
 from pathlib import Path
 
 import pytest
-from _server_harness import SERVER_KINDS, Burst, RunningServer, request, start_server, statuses
+from _helpers import wait_until
+from _server_harness import (
+    CLIENT_TIMEOUT_S,
+    SERVER_KINDS,
+    Burst,
+    FrontDoors,
+    RunningServer,
+    request,
+    start_server,
+    statuses,
+)
+from prazo.core import AdmissionQueue
+from prazo.core.shadow import DECISIONS, replay_enforcing
 
 
 @pytest.mark.parametrize("kind", SERVER_KINDS)
@@ -36,10 +48,47 @@ def test_an_observing_server_serves_the_whole_burst_and_counts_what_it_would_hav
     assert (stats["rejected_full"], stats["expired_on_arrival"], stats["expired_in_queue"]) == (3, 0, 0), stats
 
 
-def test_the_front_door_refuses_to_observe_only_naming_the_switch() -> None:
+@pytest.mark.compiled
+def test_an_observing_front_door_serves_the_whole_burst_and_counts_what_it_would_have_refused(tmp_path: Path) -> None:
+    """The engine's line serves all five in arrival order; the shadow line, fed by the engine's
+    notes and the workers' starts and ends, counts the three an enforcing one would have
+    refused. A spent budget runs too (no 504 at arrival or at a late start), counted expired."""
+    gate = tmp_path / "gate"
+    with FrontDoors(threads=1, max_queue=1, observe_only=True) as start:
+        server = start()
+        server.observer.shadow.keep_journal()
+        burst = Burst(server.port, [f"/work?gate={gate}"] * 5)
+        wait_until(lambda: server.stats()["offered"] >= 5, "five arrivals decided", CLIENT_TIMEOUT_S)
+        gate.touch()
+        assert statuses(burst.join()) == {200: 5}
+        spent = request(server.port, "/work", headers={"X-Request-Budget-Ms": "0"})
+        assert spent.status == 200, spent
+        wait_until(lambda: server.stats()["offered"] >= 6, "the spent one decided", CLIENT_TIMEOUT_S)
+        stats = server.stats()
+        assert stats["observe_only"] == 1
+        assert (stats["rejected_full"], stats["expired_on_arrival"], stats["expired_in_queue"]) == (3, 1, 0), stats
+        assert stats["started"] == stats["completed"] == 6 and stats["shed"] == stats["evicted"] == 0, stats
+    # What the engine noted and the workers told, replayed through an enforcing line: the same decisions.
+    replayed = replay_enforcing(AdmissionQueue, server.observer.shadow.journal(), 1, 1)
+    assert {name: stats[name] for name in DECISIONS} == replayed, (stats, replayed)
+
+
+def test_a_front_door_host_refuses_to_observe_only_naming_the_switch() -> None:
     from prazo.bindings.servers.frontdoor import create_server
     from prazo.bindings.servers.settings import resolve_settings
 
-    settings = resolve_settings(threads=1, max_queue=0, observe_only=True)
-    with pytest.raises(ValueError, match=r"observe_only \(--observe-only, \$PRAZO_OBSERVE_ONLY\)"):
-        create_server(lambda environ, start_response: [], port=0, settings=settings)
+    settings = resolve_settings(threads=1, max_queue=0, observe_only=True, host_workers=2)
+    with pytest.raises(ValueError, match=r"observe_only \(--observe-only, \$PRAZO_OBSERVE_ONLY\): a front door with"):
+        create_server(lambda environ, start_response: [], port=0, settings=settings, workers=2)
+
+
+def test_prazo_serve_observes_with_one_front_door_process_and_refuses_a_host_before_starting() -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "prazo.bindings.cli", "serve", "--server", "prazo", "--observe-only"]
+    refused = subprocess.run(
+        [*command, "--workers", "2", "_server_harness:app"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode == 2, refused
+    assert "--observe-only" in refused.stderr and "--workers N" in refused.stderr, refused.stderr

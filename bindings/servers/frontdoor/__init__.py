@@ -169,6 +169,7 @@ def create_server(
     critical_header: str | None = None,
     critical_paths: Iterable[str] | None = None,
     load_report: str | None = None,
+    observe_only: bool | None = None,
 ) -> FrontDoor:
     """A front door serving ``app`` on ``host:port`` (``port=0``: any free port; see ``server_address``).
 
@@ -193,6 +194,12 @@ def create_server(
     header to the app's responses (``prazo.bindings.plumbing.load_report``; the
     engine's own refusals are written in C and carry none); not given, it
     comes from ``settings``, else ``PRAZO_LOAD_REPORT``, else off.
+
+    ``observe_only=True`` (one process only; a host refuses it) refuses nothing an
+    enforcing front door would: the line serves in arrival order, as a stock server's
+    backlog, and ``stats()`` says what the enforcing line would have decided
+    (``prazo.bindings.servers.frontdoor.observer``); not given, it comes from
+    ``settings``, else ``PRAZO_OBSERVE_ONLY``, else off.
     """
     policies: dict[str, Any] = {
         "order": order, "codel_target_ms": codel_target_ms, "codel_interval_ms": codel_interval_ms,
@@ -206,10 +213,13 @@ def create_server(
     settings = with_policies(settings, policies)
     if settings is not None and load_report is not None:
         settings = dataclasses.replace(settings, load_report=load_report)
+    if settings is not None and observe_only is not None:
+        settings = dataclasses.replace(settings, observe_only=observe_only)
     settings = resolve_settings(
         threads=threads, max_queue=max_queue, default_budget_ms=default_budget_ms, max_budget_ms=max_budget_ms,
         header_timeout_ms=header_timeout_ms, settings=settings,
         load_report=None if settings is not None else load_report,
+        observe_only=None if settings is not None else observe_only,
         host_workers=None if settings is not None else workers,
         **({} if settings is not None else policies),
     )  # fmt: skip

@@ -112,6 +112,7 @@ cdef extern from "pfd.h" nogil:
         int trust_request_start
         int64_t max_upstream_ns
         int measured_retry_after
+        int observe
         const pfd_net *trusted
         int n_trusted
         const char *answer[11][2]
@@ -138,6 +139,7 @@ cdef extern from "pfd.h" nogil:
         size_t cbuf_pos, cbuf_len
         int64_t arrival_ns
         int64_t deadline_ns
+        int64_t serial
         int64_t queued_ns
         int64_t started_ns
         int64_t upstream_ns
@@ -156,6 +158,13 @@ cdef extern from "pfd.h" nogil:
         int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns
         int64_t upstream_stamps
         int64_t worker_lost, workers, worker_threads
+        int64_t observed_lost
+
+    struct pfd_observed:
+        int64_t serial
+        int64_t at_ns
+        int64_t deadline_ns
+        int critical
 
     struct pfd_server:
         int draining
@@ -175,6 +184,7 @@ cdef extern from "pfd.h" nogil:
     void pfd_server_stop(pfd_server *srv)
     int pfd_server_free(pfd_server *srv)
     void pfd_server_stats(pfd_server *srv, pfd_stats *s)
+    int64_t pfd_server_observed(pfd_server *srv, pfd_observed **out)
     pfd_conn *pfd_server_next(pfd_server *srv, int block, int *empty)
     pfd_server *pfd_server_new_host(const pfd_config *cfg, const int *listen_fds, int n_listen)
     int pfd_server_add_channel(pfd_server *srv, int fd, int worker)
@@ -562,7 +572,8 @@ cdef class Engine:
                   int64_t codel_interval_ns=100000000, int64_t expected_service_ns=0,
                   int expected_quantile_permille=0, bint vegas=False, int min_concurrency=1, int reserved=0,
                   bytes critical_header=None, critical_paths=(), bint trust_request_start=False,
-                  int64_t max_upstream_ns=0, trusted_networks=None, str role="single", bint measured_retry_after=True):
+                  int64_t max_upstream_ns=0, trusted_networks=None, str role="single", bint measured_retry_after=True,
+                  bint observe=False):
         # FrontDoorServer checks the options under the names users know; these
         # checks only keep the engine's own invariants, whoever calls it.
         if order not in ORDERS:
@@ -637,6 +648,9 @@ cdef class Engine:
         cfg.trust_request_start = trust_request_start
         cfg.max_upstream_ns = max_upstream_ns
         cfg.measured_retry_after = measured_retry_after
+        if observe and role != "single":
+            raise ValueError("observe: only a one-process front door's engine observes")
+        cfg.observe = observe
         _trusted_config(&cfg, trusted_networks, &nets)
         # Each copies the answers and the networks.
         if role == "worker":
@@ -766,7 +780,22 @@ cdef class Engine:
             "critical_started": s.critical_started, "limit": s.limit, "expected_service_ns": s.expected_service_ns,
             "upstream_stamps": s.upstream_stamps,
             "worker_lost": s.worker_lost, "worker_processes": s.workers, "worker_threads": s.worker_threads,
+            "observed_lost": s.observed_lost,
         }
+
+    def observed(self):
+        """(observe-only) The admissions since the last call, oldest first: ``(serial, at_ns, deadline_ns, critical)``.
+
+        ``serial`` is the admitted ``Connection``'s; ``at_ns`` when the line took it.
+        """
+        cdef pfd_observed *items = NULL
+        cdef int64_t n
+        with nogil:
+            n = pfd_server_observed(self.srv, &items)
+        try:
+            return [(items[i].serial, items[i].at_ns, items[i].deadline_ns, bool(items[i].critical)) for i in range(n)]
+        finally:
+            free(items)
 
     def __dealloc__(self):
         if self.srv != NULL:
@@ -841,6 +870,7 @@ cdef class Connection:
     cdef bint peer_known
     cdef readonly int64_t arrival_ns
     cdef readonly int64_t deadline_ns
+    cdef readonly int64_t serial
     cdef readonly int64_t upstream_ns
     cdef readonly int64_t queue_wait_ns
     cdef readonly object budget_source
@@ -858,6 +888,7 @@ cdef class Connection:
         self.minor_version = c.minor_version
         self.arrival_ns = c.arrival_ns
         self.deadline_ns = c.deadline_ns
+        self.serial = c.serial
         self.upstream_ns = c.upstream_ns
         self.queue_wait_ns = c.started_ns - c.arrival_ns
         self.budget_source = BUDGET_SOURCES[c.budget_source] if c.budget_source >= 0 else None

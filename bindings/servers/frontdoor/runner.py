@@ -27,6 +27,7 @@ from ...headers import is_ambiguous_header_name
 from ...plumbing.load_report import LoadReport
 from ...wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
 from ..plumbing.refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
+from .observer import EngineObserver
 
 __all__ = ["RequestBodyError", "RequestRunner", "date_line_py", "head_environ_py", "response_fields_py"]
 
@@ -378,9 +379,12 @@ class RequestRunner:
         base_environ: dict[str, Any],
         draining: Callable[[], bool],
         load_report: LoadReport | None = None,
+        observer: EngineObserver | None = None,
     ) -> None:
         self.app = app
         self.load_report = load_report
+        # Observe-only: told of every start and end; a late start runs (the shadow counted it).
+        self.observer = observer
         self.base_environ = base_environ
         self._draining = draining
         self.expired_at_start = 0
@@ -395,6 +399,9 @@ class RequestRunner:
             conn = next_connection()
             if conn is None:
                 return
+            observer = self.observer if conn.serial else None  # 0: the engine could not note it
+            if observer is not None:
+                observer.started(conn.serial, time.monotonic_ns())
             keep = False
             try:
                 keep = self.serve(conn)
@@ -403,6 +410,8 @@ class RequestRunner:
             except BaseException as exc:  # noqa: BLE001 - SystemExit & co. from the body's close(): the worker lives
                 self._app_error(exc, "the response's close() raised")
             finally:
+                if observer is not None:
+                    observer.finished(conn.serial, time.monotonic_ns())
                 conn.finish(keep)
 
     def environ(self, conn: Any) -> dict[str, Any]:
@@ -424,7 +433,7 @@ class RequestRunner:
         """Run one admitted request; True when the connection may carry the next one."""
         deadline = Deadline.at_ns(conn.deadline_ns)
         may_keep_alive = bool(conn.client_keep_alive) and not self._draining()
-        if time.monotonic_ns() >= deadline.ns:
+        if time.monotonic_ns() >= deadline.ns and self.observer is None:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
             return self._refuse_expired(conn, "expired-in-queue", may_keep_alive)
         # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's pfd_upstream_ns).

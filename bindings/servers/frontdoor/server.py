@@ -31,6 +31,7 @@ from prazo.core import (
     codel_option_ns,
     expected_service_option,
 )
+from prazo.core.shadow import OBSERVED_STOCK_QUEUE
 
 from ...plumbing.load_report import optional_load_report
 from ...policies import checked_paths
@@ -51,6 +52,7 @@ from ..plumbing.refusals import (
     rejection_bytes,
 )
 from ..settings import ServerSettings, setting
+from .observer import EngineObserver
 from .runner import RequestRunner
 
 __all__ = [
@@ -220,18 +222,32 @@ def engine_arguments(
     io_timeout_ms: float,
     write_grace_ms: float,
     max_io_wait_ms: float,
+    host: bool = False,
 ) -> dict[str, Any]:
-    """The engine's keyword arguments (all but the listeners and the role) for ``threads`` places, checked."""
-    if settings.observe_only:
-        # The engine refuses and expires in C, before any Python runs: its shadow line is still to come.
+    """The engine's keyword arguments (all but the listeners and the role) for ``threads`` places, checked.
+
+    Observe-only (one process): the line is a stock server's backlog, FIFO and
+    ``OBSERVED_STOCK_QUEUE`` long, with no policy; the class is still read, for the shadow line.
+    """
+    if settings.observe_only and host:
+        # The triage admits, and the workers run in other processes: their starts and ends
+        # would have to reach a shadow line in the triage, which is not built.
         raise ValueError(
-            f"{setting('observe_only').label}: the front door cannot observe only yet; serve the app with "
-            "--server waitress, gunicorn, cheroot or werkzeug, or wrap it in AdmissionMiddleware(observe_only=True)"
+            f"{setting('observe_only').label}: a front door with workers > 1 cannot observe only yet; serve one "
+            "process (workers=1), another server (--server waitress, gunicorn, cheroot or werkzeug), or wrap the "
+            "app in AdmissionMiddleware(observe_only=True)"
         )
     engine_module = compiled_engine()
+    if settings.observe_only:
+        # The stock line has none of the policies; the class is still read, for the shadow.
+        settings = dataclasses.replace(
+            settings, order="fifo", codel_target_ms=DEFAULT_CODEL_TARGET_MS,
+            codel_interval_ms=DEFAULT_CODEL_INTERVAL_MS, expected_service_ms=None, limit="fixed",
+            min_concurrency=1, reserved=0,
+        )  # fmt: skip
     return {
         "threads": threads,
-        "max_queue": settings.max_queue,
+        "max_queue": OBSERVED_STOCK_QUEUE if settings.observe_only else settings.max_queue,
         "default_budget_ms": settings.default_budget_ms,
         "max_budget_ms": settings.max_budget_ms,
         "header_timeout_ms": settings.header_timeout_ms,
@@ -249,6 +265,7 @@ def engine_arguments(
         "trust_request_start": settings.trust_request_start,
         "max_upstream_ns": int(settings.max_upstream_ms * NS_PER_MS),
         "trusted_networks": engine_module.engine_networks(trusted_networks(settings.trusted_proxies)),
+        "observe": settings.observe_only,
         **_engine_policy_args(settings),
     }
 
@@ -293,11 +310,14 @@ class FrontDoorServer:
                 write_grace_ms=write_grace_ms, max_io_wait_ms=max_io_wait_ms,
             ),
         )  # fmt: skip
+        # Observe-only: what an enforcing line would have decided (None when enforcing).
+        self.observer = EngineObserver(self._engine, settings) if settings.observe_only else None
         self._runner = RequestRunner(
             app,
             self._base_environ,
             lambda: bool(self._engine.draining),
             optional_load_report(settings.load_report, self.stats),
+            self.observer,
         )
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -373,8 +393,13 @@ class FrontDoorServer:
         Every key of ``AdmissionQueue.stats()`` is there too, so metrics and
         tools read the front door like any admission point: ``cancelled`` is
         ``shutting_down`` (answered 503 by a shutdown, never started).
+        Observe-only: the decisions (``offered``, ``rejected_full``, ``expired_*``,
+        ``insufficient_budget``, ``shed``, ``evicted``) are the shadow line's, what an
+        enforcing front door would have done, and ``observe_only`` is 1.
         """
         stats: dict[str, int] = self._engine.stats()
+        if self.observer is not None:
+            stats.update(self.observer.decisions(), observe_only=1)
         stats["cancelled"] = stats["shutting_down"]
         stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
         stats["reserved"] = self.policies["reserved"]

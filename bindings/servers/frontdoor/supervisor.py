@@ -182,7 +182,7 @@ class FrontDoorHost:
         timeouts = {"io_timeout_ms": io_timeout_ms, "write_grace_ms": write_grace_ms, "max_io_wait_ms": max_io_wait_ms}
         # The line's limit is the host's: every worker thread is a place; reserved and
         # min_concurrency are checked against that, as one front door checks them against its threads.
-        triage_engine = engine_arguments(settings, threads=total, **timeouts)
+        triage_engine = engine_arguments(settings, threads=total, host=True, **timeouts)
         listener = bound_listener(host, port, backlog, False)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._plan = Plan(

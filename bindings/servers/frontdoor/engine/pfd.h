@@ -138,6 +138,19 @@ struct pfd_config {
     /* 1: the overload refusals (queue-full, shed, evicted) carry the line's
      * measured wait in place of their canned Retry-After; 0: it stays fixed. */
     int measured_retry_after;
+    /* 1: observe-only. The line never expires, sheds, evicts or skips doomed work (it
+     * runs FIFO up to max_queue, as a stock server's backlog); each request's own
+     * deadline still reaches the app. Every admission is noted (pfd_server_observed)
+     * for the shadow line in Python, which decides what an enforcing line would have. */
+    int observe;
+};
+
+/* One admission noted in observe-only mode: what the shadow line needs of it. */
+struct pfd_observed {
+    int64_t serial; /* the connection's request serial (conn.serial), > 0 */
+    int64_t at_ns;  /* when the line took it: the moment an enforcing line would have decided */
+    int64_t deadline_ns;
+    int critical;
 };
 
 /* Where a chunked body's decoder stands (pfd_chunked_decode). */
@@ -250,6 +263,7 @@ struct pfd_conn {
     /* Atomic: an app thread may read the body while the worker writes the response. */
     atomic_int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
+    int64_t serial;      /* observe-only: the admission's number in srv->observed; 0 when not noted */
     int64_t upstream_ns; /* taken off the deadline for a trusted proxy's X-Request-Start */
     int critical;        /* of the critical class: served first, may use the reserved places */
     int drop_answer;     /* the refusal of a connection dropped from the line */
@@ -286,6 +300,7 @@ struct pfd_stats {
     int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
     int64_t upstream_stamps;
     int64_t worker_lost, workers, worker_threads; /* on a host: connections lost with their worker; live channels */
+    int64_t observed_lost; /* observe-only: admissions the shadow line never heard of (out of memory) */
 };
 
 struct pfd_server {
@@ -343,6 +358,11 @@ struct pfd_server {
     _Atomic int64_t worker_lost, remote_count;
     char *msg_buf; /* the I/O thread's receive buffer for channel messages */
     size_t msg_cap;
+    /* cfg.observe: the admissions not yet taken by pfd_server_observed (under mutex), the
+     * last serial given, and the admissions that could not be noted (out of memory). */
+    struct pfd_observed *observed;
+    int64_t n_observed, observed_cap, observed_serial;
+    _Atomic int64_t observed_lost;
 };
 
 #define PFD_EARLIEST_STAMP_NS (946684800LL * 1000000000LL)
@@ -386,6 +406,7 @@ int pfd_server_wait_idle(struct pfd_server *srv, int64_t until_ns);
 void pfd_server_stop(struct pfd_server *srv);
 int pfd_server_free(struct pfd_server *srv);
 void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s);
+int64_t pfd_server_observed(struct pfd_server *srv, struct pfd_observed **out);
 
 /* pfd_host.c: a host's triage side: channels to the worker processes' threads */
 struct pfd_server *pfd_server_new_host(const struct pfd_config *cfg, const int *listen_fds, int n_listen);

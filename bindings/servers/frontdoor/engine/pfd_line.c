@@ -49,11 +49,38 @@ static void pfd_line_chain(struct prazo_line_drops *drops, struct pfd_conn ***ta
 /* A complete head that is not refused before the line (draining): -1 when c
  * now waits in the line (state PFD_QUEUED), else the answer it gets. Entries
  * the arrival shed or evicted to make room are appended at *tail. */
+/* Observe-only: note c's admission for the shadow line; its serial, or 0 when it could not be. */
+static int64_t pfd_line_observe(struct pfd_server *srv, struct pfd_conn *c, int64_t now)
+{
+    if (srv->n_observed == srv->observed_cap) {
+        int64_t cap = srv->observed_cap ? 2 * srv->observed_cap : 64;
+        struct pfd_observed *grown = realloc(srv->observed, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            pfd_count(&srv->observed_lost, 1);
+            return 0;
+        }
+        srv->observed = grown;
+        srv->observed_cap = cap;
+    }
+    struct pfd_observed *o = &srv->observed[srv->n_observed++];
+    o->serial = ++srv->observed_serial;
+    o->at_ns = now;
+    o->deadline_ns = c->deadline_ns;
+    o->critical = pfd_is_critical(srv, c);
+    return o->serial;
+}
+
 int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, struct pfd_conn ***tail)
 {
     struct prazo_line_drops drops;
     prazo_line_drops_init(&drops);
-    int outcome = prazo_line_admit(srv->line, c->deadline_ns, now, c->critical, &drops);
+    /* Observe-only: the line holds no deadline, so it can neither expire nor skip work;
+     * the connection keeps its own for the app. */
+    int64_t line_deadline = srv->cfg.observe ? INT64_MAX : c->deadline_ns;
+    /* Nor a class: a stock server serves in arrival order (the shadow hears the class). */
+    if (srv->cfg.observe)
+        c->critical = 0;
+    int outcome = prazo_line_admit(srv->line, line_deadline, now, c->critical, &drops);
     pfd_line_chain(&drops, tail);
     switch (outcome) {
     case PRAZO_ADMIT_WAIT:
@@ -66,7 +93,8 @@ int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, stru
         return PFD_A_QUEUE_FULL;
     }
     struct prazo_line_entry entry = {
-        .deadline_ns = c->deadline_ns, .enqueued_ns = now, .token = pfd_token(c), .critical = c->critical};
+        .deadline_ns = line_deadline, .enqueued_ns = now, .token = pfd_token(c), .critical = c->critical};
+    c->serial = srv->cfg.observe ? pfd_line_observe(srv, c, now) : 0;
     c->state = PFD_QUEUED;
     c->queued_ns = now;
     prazo_line_push(srv->line, &entry);

@@ -205,8 +205,24 @@ int pfd_server_free(struct pfd_server *srv)
     pthread_cond_destroy(&srv->idle);
     free(srv->line);
     free(srv->msg_buf);
+    free(srv->observed);
     free(srv);
     return 0;
+}
+
+/* Observe-only: the admissions noted since the last call, handed over (*out is the
+ * caller's to free; NULL when none); returns how many. */
+int64_t pfd_server_observed(struct pfd_server *srv, struct pfd_observed **out)
+{
+    pthread_mutex_lock(&srv->mutex);
+    int64_t n = srv->n_observed;
+    *out = n > 0 ? srv->observed : NULL;
+    if (n > 0) {
+        srv->observed = NULL;
+        srv->n_observed = srv->observed_cap = 0;
+    }
+    pthread_mutex_unlock(&srv->mutex);
+    return n;
 }
 
 void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s)
@@ -250,5 +266,6 @@ void pfd_server_stats(struct pfd_server *srv, struct pfd_stats *s)
     s->worker_lost = pfd_read_counter(&srv->worker_lost);
     s->worker_threads = pfd_read_counter(&srv->remote_count);
     s->workers = pfd_host_worker_count(srv);
+    s->observed_lost = pfd_read_counter(&srv->observed_lost);
     pthread_mutex_unlock(&srv->mutex);
 }
