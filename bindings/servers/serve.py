@@ -68,7 +68,6 @@ from .settings import (
     ServerSettings,
     add_setting_arguments,
     resolve_settings,
-    setting,
     settings_environment,
     settings_from_arguments,
 )
@@ -457,12 +456,6 @@ def _check(args: argparse.Namespace) -> ServerSettings:
         # A front-door host has one line for all its workers: reserved places and the default queue count them all.
         host_workers=args.workers if args.server == "prazo" else None,
     )
-    if settings.observe_only and args.server == "prazo" and args.workers > 1:
-        # The flag or PRAZO_OBSERVE_ONLY: said before anything starts, in the command's own words.
-        raise ValueError(
-            f"{setting('observe_only').label} is not for --server prazo --workers N yet (the workers run in other "
-            "processes than the line); observe with one process, or --server waitress, gunicorn, cheroot or werkzeug"
-        )
     # Last: a name lookup may take a while, and a typo in a flag is found without one.
     _checked_host(args.host, args.port)
     return settings

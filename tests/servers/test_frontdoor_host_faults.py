@@ -295,15 +295,21 @@ def test_a_triage_that_stops_answering_or_dies_stops_the_host_instead_of_wedging
 
 
 def test_the_triage_writes_its_threads_stacks_on_the_signal_and_serves_on(
-    hosts: Callable[..., FrontDoorHost], capfd: pytest.CaptureFixture[str]
+    hosts: Callable[..., FrontDoorHost], tmp_path: Path
 ) -> None:
-    """What the supervisor sends a wedged triage before it kills it: the dump is written, nothing ends."""
-    host = hosts(1)
+    """What the supervisor sends a wedged triage before it kills it: the dump is written, nothing ends.
+
+    The host's processes are started with their stderr on a file of the test's own (the
+    capture's file is emptied on every read, which could drop the dump meanwhile)."""
+    log = tmp_path / "stderr"
+    saved = os.dup(2)
+    try:
+        with log.open("w") as stderr:
+            os.dup2(stderr.fileno(), 2)
+        host = hosts(1)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
     os.kill(host.triage_pid, DUMP_STACKS_SIGNAL)
-    written: list[str] = []
-    wait_until(
-        lambda: written.append(capfd.readouterr().err) or "triage_main" in "".join(written),
-        "the triage's stacks on stderr",
-        HANG_S,
-    )
+    wait_until(lambda: "triage_main" in log.read_text(errors="replace"), "the triage's stacks on stderr", HANG_S)
     assert request(host.port, "/pid").status == 200

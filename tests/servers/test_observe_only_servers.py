@@ -73,22 +73,21 @@ def test_an_observing_front_door_serves_the_whole_burst_and_counts_what_it_would
     assert {name: stats[name] for name in DECISIONS} == replayed, (stats, replayed)
 
 
-def test_a_front_door_host_refuses_to_observe_only_naming_the_switch() -> None:
-    from prazo.bindings.servers.frontdoor import create_server
-    from prazo.bindings.servers.settings import resolve_settings
-
-    settings = resolve_settings(threads=1, max_queue=0, observe_only=True, host_workers=2)
-    with pytest.raises(ValueError, match=r"observe_only \(--observe-only, \$PRAZO_OBSERVE_ONLY\): a front door with"):
-        create_server(lambda environ, start_response: [], port=0, settings=settings, workers=2)
-
-
-def test_prazo_serve_observes_with_one_front_door_process_and_refuses_a_host_before_starting() -> None:
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "prazo.bindings.cli", "serve", "--server", "prazo", "--observe-only"]
-    refused = subprocess.run(
-        [*command, "--workers", "2", "_server_harness:app"], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert refused.returncode == 2, refused
-    assert "--observe-only" in refused.stderr and "--workers N" in refused.stderr, refused.stderr
+@pytest.mark.compiled
+def test_an_observing_front_door_host_serves_the_whole_burst_and_its_triage_counts_what_it_would_have_refused(
+    tmp_path: Path,
+) -> None:
+    """Two worker processes of one thread, one place in line: enforcing, two would run, one would
+    wait and three would be refused. The triage's engine notes the admissions, the starts (sent
+    to a worker) and the ends (the place back); its shadow line counts the three."""
+    gate = tmp_path / "gate"
+    with FrontDoors(workers=2, threads=1, max_queue=1, observe_only=True) as start:
+        host = start()
+        burst = Burst(host.port, [f"/work?gate={gate}"] * 6)
+        wait_until(lambda: host.stats()["offered"] >= 6, "six arrivals decided", CLIENT_TIMEOUT_S)
+        gate.touch()
+        assert statuses(burst.join()) == {200: 6}
+        wait_until(lambda: host.stats()["completed"] >= 6, "six ends noted", CLIENT_TIMEOUT_S)
+        stats = host.stats()
+        assert stats["observe_only"] == 1
+        assert (stats["rejected_full"], stats["expired_on_arrival"], stats["expired_in_queue"]) == (3, 0, 0), stats

@@ -195,9 +195,9 @@ def create_server(
     engine's own refusals are written in C and carry none); not given, it
     comes from ``settings``, else ``PRAZO_LOAD_REPORT``, else off.
 
-    ``observe_only=True`` (one process only; a host refuses it) refuses nothing an
-    enforcing front door would: the line serves in arrival order, as a stock server's
-    backlog, and ``stats()`` says what the enforcing line would have decided
+    ``observe_only=True`` (one process or a host) refuses nothing an enforcing front
+    door would: the line serves in arrival order, as a stock server's backlog, and
+    ``stats()`` says what the enforcing line would have decided
     (``prazo.bindings.servers.frontdoor.observer``); not given, it comes from
     ``settings``, else ``PRAZO_OBSERVE_ONLY``, else off.
     """

@@ -165,6 +165,7 @@ cdef extern from "pfd.h" nogil:
         int64_t at_ns
         int64_t deadline_ns
         int critical
+        int kind
 
     struct pfd_server:
         int draining
@@ -552,6 +553,9 @@ def engine_networks(networks):
 
 # ----------------------------------------------------------------- the engine
 
+# pfd.h's PFD_NOTE_* (observe-only's notes), by the byte each is.
+NOTE_KINDS = {ord("a"): "admitted", ord("s"): "started", ord("e"): "ended"}
+
 cdef class Engine:
     """One front door: its I/O thread, the admission line and the canned answers.
 
@@ -648,9 +652,7 @@ cdef class Engine:
         cfg.trust_request_start = trust_request_start
         cfg.max_upstream_ns = max_upstream_ns
         cfg.measured_retry_after = measured_retry_after
-        if observe and role != "single":
-            raise ValueError("observe: only a one-process front door's engine observes")
-        cfg.observe = observe
+        cfg.observe = observe  # a worker process's engine has no line: nothing to note there
         _trusted_config(&cfg, trusted_networks, &nets)
         # Each copies the answers and the networks.
         if role == "worker":
@@ -784,16 +786,21 @@ cdef class Engine:
         }
 
     def observed(self):
-        """(observe-only) The admissions since the last call, oldest first: ``(serial, at_ns, deadline_ns, critical)``.
+        """(observe-only) What happened since the last call, in order: ``(kind, serial, at_ns, deadline_ns, critical)``.
 
-        ``serial`` is the admitted ``Connection``'s; ``at_ns`` when the line took it.
+        ``kind`` is ``"admitted"`` (``at_ns``: when the line took it), ``"started"`` or
+        ``"ended"`` (``deadline_ns`` and ``critical`` only for an admission); ``serial``
+        numbers the requests.
         """
         cdef pfd_observed *items = NULL
         cdef int64_t n
         with nogil:
             n = pfd_server_observed(self.srv, &items)
         try:
-            return [(items[i].serial, items[i].at_ns, items[i].deadline_ns, bool(items[i].critical)) for i in range(n)]
+            return [
+                (NOTE_KINDS[items[i].kind], items[i].serial, items[i].at_ns, items[i].deadline_ns, bool(items[i].critical))
+                for i in range(n)
+            ]
         finally:
             free(items)
 

@@ -1,14 +1,22 @@
-"""Observe-only on a one-process front door: the shadow line, fed by the engine and the workers.
+"""Observe-only on the front door: the shadow line, fed with what the engine noted.
 
 With ``observe_only`` the engine's line is a stock server's backlog (FIFO, no
-deadline, no policy, ``OBSERVED_STOCK_QUEUE`` long) and refuses nothing an
-enforcing front door would have. What the enforcing line would have decided
-comes from a ``ShadowLine`` (``prazo.core.shadow``) with the settings' own
-limits and policies: the C I/O thread notes each admission (serial, when the
-line took it, deadline, class) under its mutex, without Python; the workers
-hand those notes to the shadow, oldest first, before they tell it that a
-request started or finished. One lock keeps the handing over and the telling
-in order, so the shadow never hears of an arrival after it decided past it.
+deadline, no policy, no class, ``OBSERVED_STOCK_QUEUE`` long) and refuses
+nothing an enforcing front door would have. What the enforcing line would
+have decided comes from a ``ShadowLine`` (``prazo.core.shadow``) with the
+settings' own limits and policies. The engine notes, under its mutex and in
+C, each admission (when the line took it, its deadline and class), each start
+(a worker took it: a thread of this process, or a host's worker process the
+triage sent it to) and each end (its place came back); ``take()`` hands the
+notes to the shadow in the order they were made. The notes are stamped under
+the mutex, in order (an admission a few microseconds before it, by the I/O
+thread that never waits for Python), so the shadow hears everything in time
+order, and decides what is ``OBSERVE_SETTLE_NS`` old.
+
+A one-process front door takes the notes after each request and on
+``stats()``; a host's triage on every turn of its loop and on each question
+for its figures. Taking them is cheap, and they are the shadow's only input:
+when nothing is taken, they wait in the engine.
 """
 
 from __future__ import annotations
@@ -26,39 +34,37 @@ __all__ = ["EngineObserver"]
 
 
 class EngineObserver:
-    """The shadow line of an observing front door (``FrontDoorServer.observer``)."""
+    """The shadow line of an observing front door or host (``FrontDoorServer.observer``).
 
-    def __init__(self, engine: Any, settings: ServerSettings) -> None:
+    ``places`` is the enforcing line's: a one-process front door's threads, a host's
+    workers x threads.
+    """
+
+    def __init__(self, engine: Any, settings: ServerSettings, places: int) -> None:
         self._engine = engine
         self.shadow = ShadowLine(
-            AdmissionQueue,
-            settings.threads,
-            settings.max_queue,
-            settle_ns=OBSERVE_SETTLE_NS,
-            **settings.queue_options(),
+            AdmissionQueue, places, settings.max_queue, settle_ns=OBSERVE_SETTLE_NS, **settings.queue_options()
         )
         self._lock = threading.Lock()
 
-    def _take_admissions(self) -> None:
-        """Hand the engine's notes to the shadow (lock held)."""
-        for serial, at_ns, deadline_ns, critical in self._engine.observed():
-            self.shadow.arrive(serial, at_ns, deadline_ns, critical, runs_now=False)
-
-    def started(self, serial: int, now_ns: int) -> None:
-        """A worker began the request the engine noted as ``serial``."""
+    def take(self) -> None:
+        """Hand what the engine noted since the last call to the shadow, in order."""
         with self._lock:
-            self._take_admissions()
-            self.shadow.started(serial, now_ns)
-
-    def finished(self, serial: int, now_ns: int) -> None:
-        """That request ended (answered, failed or its client gone): its service time is known."""
-        with self._lock:
-            self._take_admissions()
-            self.shadow.finished(serial, now_ns)
+            self._take()
 
     def decisions(self) -> dict[str, int]:
         """What an enforcing line would have decided by now (``DECISIONS``)."""
         with self._lock:
-            self._take_admissions()
+            self._take()
             self.shadow.catch_up(time.monotonic_ns())
         return {name: value for name, value in self.shadow.stats().items() if name in DECISIONS}
+
+    def _take(self) -> None:
+        shadow = self.shadow
+        for kind, serial, at_ns, deadline_ns, critical in self._engine.observed():
+            if kind == "admitted":
+                shadow.arrive(serial, at_ns, deadline_ns, critical, runs_now=False)
+            elif kind == "started":
+                shadow.started(serial, at_ns)
+            else:
+                shadow.finished(serial, at_ns)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...wsgi import WSGIApp
+from ..settings import ServerSettings
 
 __all__ = [
     "BOOT_ERROR",
@@ -185,6 +186,8 @@ class Plan:
     reserved: int
     #: The workers' ``endpoint-load-metrics`` format (``ServerSettings.load_report``), None when off.
     load_report: str | None = None
+    #: Observe-only: the settings the triage's shadow line decides by; None when enforcing.
+    observed: ServerSettings | None = None
 
 
 def run_child(main: Callable[[], int], inherited: Iterable[int], keep: Iterable[int]) -> None:

@@ -379,11 +379,14 @@ class RequestRunner:
         base_environ: dict[str, Any],
         draining: Callable[[], bool],
         load_report: LoadReport | None = None,
+        observe_only: bool = False,
         observer: EngineObserver | None = None,
     ) -> None:
         self.app = app
         self.load_report = load_report
-        # Observe-only: told of every start and end; a late start runs (the shadow counted it).
+        # Observe-only: a late start runs (the shadow line counted it); a one-process front
+        # door's observer takes the engine's notes after each request.
+        self.observe_only = observe_only
         self.observer = observer
         self.base_environ = base_environ
         self._draining = draining
@@ -399,9 +402,6 @@ class RequestRunner:
             conn = next_connection()
             if conn is None:
                 return
-            observer = self.observer if conn.serial else None  # 0: the engine could not note it
-            if observer is not None:
-                observer.started(conn.serial, time.monotonic_ns())
             keep = False
             try:
                 keep = self.serve(conn)
@@ -410,9 +410,9 @@ class RequestRunner:
             except BaseException as exc:  # noqa: BLE001 - SystemExit & co. from the body's close(): the worker lives
                 self._app_error(exc, "the response's close() raised")
             finally:
-                if observer is not None:
-                    observer.finished(conn.serial, time.monotonic_ns())
                 conn.finish(keep)
+                if self.observer is not None:
+                    self.observer.take()
 
     def environ(self, conn: Any) -> dict[str, Any]:
         """The PEP 3333 environ of ``conn``'s request: ``head_environ`` of the head, then the body and budget keys."""
@@ -433,7 +433,7 @@ class RequestRunner:
         """Run one admitted request; True when the connection may carry the next one."""
         deadline = Deadline.at_ns(conn.deadline_ns)
         may_keep_alive = bool(conn.client_keep_alive) and not self._draining()
-        if time.monotonic_ns() >= deadline.ns and self.observer is None:
+        if time.monotonic_ns() >= deadline.ns and not self.observe_only:
             # Waiting for the GIL after the engine handed it over took the rest of the budget.
             return self._refuse_expired(conn, "expired-in-queue", may_keep_alive)
         # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's pfd_upstream_ns).

@@ -222,21 +222,12 @@ def engine_arguments(
     io_timeout_ms: float,
     write_grace_ms: float,
     max_io_wait_ms: float,
-    host: bool = False,
 ) -> dict[str, Any]:
     """The engine's keyword arguments (all but the listeners and the role) for ``threads`` places, checked.
 
-    Observe-only (one process): the line is a stock server's backlog, FIFO and
+    Observe-only: the line is a stock server's backlog, FIFO and
     ``OBSERVED_STOCK_QUEUE`` long, with no policy; the class is still read, for the shadow line.
     """
-    if settings.observe_only and host:
-        # The triage admits, and the workers run in other processes: their starts and ends
-        # would have to reach a shadow line in the triage, which is not built.
-        raise ValueError(
-            f"{setting('observe_only').label}: a front door with workers > 1 cannot observe only yet; serve one "
-            "process (workers=1), another server (--server waitress, gunicorn, cheroot or werkzeug), or wrap the "
-            "app in AdmissionMiddleware(observe_only=True)"
-        )
     engine_module = compiled_engine()
     if settings.observe_only:
         # The stock line has none of the policies; the class is still read, for the shadow.
@@ -311,12 +302,13 @@ class FrontDoorServer:
             ),
         )  # fmt: skip
         # Observe-only: what an enforcing line would have decided (None when enforcing).
-        self.observer = EngineObserver(self._engine, settings) if settings.observe_only else None
+        self.observer = EngineObserver(self._engine, settings, settings.threads) if settings.observe_only else None
         self._runner = RequestRunner(
             app,
             self._base_environ,
             lambda: bool(self._engine.draining),
             optional_load_report(settings.load_report, self.stats),
+            settings.observe_only,
             self.observer,
         )
         self._workers: list[threading.Thread] = []

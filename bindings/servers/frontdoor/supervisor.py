@@ -182,7 +182,7 @@ class FrontDoorHost:
         timeouts = {"io_timeout_ms": io_timeout_ms, "write_grace_ms": write_grace_ms, "max_io_wait_ms": max_io_wait_ms}
         # The line's limit is the host's: every worker thread is a place; reserved and
         # min_concurrency are checked against that, as one front door checks them against its threads.
-        triage_engine = engine_arguments(settings, threads=total, host=True, **timeouts)
+        triage_engine = engine_arguments(settings, threads=total, **timeouts)
         listener = bound_listener(host, port, backlog, False)
         self.server_address: tuple[str, int] = listener.getsockname()[:2]
         self._plan = Plan(
@@ -191,6 +191,7 @@ class FrontDoorHost:
             shutdown_timeout=shutdown_timeout,
             triage_engine=triage_engine, worker_engine=dict(triage_engine), max_concurrency=total,
             max_queue=settings.max_queue, reserved=self.policies["reserved"], load_report=settings.load_report,
+            observed=settings if settings.observe_only else None,
         )  # fmt: skip
         self._listener: socket.socket | None = listener
         self._ctl: socket.socket | None = None

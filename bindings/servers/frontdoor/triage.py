@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from ..plumbing.process_names import name_process
+from .observer import EngineObserver
 from .protocol import Plan, receive_message, send_message
 from .server import compiled_engine
 
@@ -29,6 +30,8 @@ DUMP_STACKS_SIGNAL = signal.SIGUSR1
 # While it drains, the triage looks this often for the workers' questions (and each
 # question waits at most this long for its answer).
 _DRAIN_POLL_S = 0.02
+# Observe-only: how often the loop hands the engine's notes to the shadow line at the latest.
+_OBSERVE_TAKE_S = 0.1
 
 
 def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
@@ -36,15 +39,20 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
     # Before the supervisor kills a triage that stopped answering it, it asks for every
     # thread's stack on stderr: where it was stuck is the one thing worth keeping of it.
     # (No app runs here, so no handler of an app's is replaced.)
-    faulthandler.register(DUMP_STACKS_SIGNAL, all_threads=True)
+    # Descriptor 2, the process's own stderr (sys.stderr may be something else's by now).
+    faulthandler.register(DUMP_STACKS_SIGNAL, file=2, all_threads=True)
     engine = compiled_engine().Engine([listener_fd], role="triage", **plan.triage_engine)
     engine.start()
     selector = selectors.DefaultSelector()
     selector.register(ctl, selectors.EVENT_READ, None)
     counts: dict[int, dict[str, int]] = {}
+    # Observe-only: the host's shadow line, fed with the engine's notes on every turn of the loop.
+    observer = None if plan.observed is None else EngineObserver(engine, plan.observed, plan.max_concurrency)
 
     def host_stats() -> dict[str, Any]:
         stats: dict[str, Any] = engine.stats()
+        if observer is not None:
+            stats.update(observer.decisions(), observe_only=1)
         stats["cancelled"] = stats["shutting_down"]
         stats["expired"] = stats["expired_on_arrival"] + stats["expired_in_queue"]
         stats["reserved"] = plan.reserved
@@ -117,7 +125,10 @@ def triage_main(plan: Plan, listener_fd: int, ctl: socket.socket) -> int:
         return True
 
     while True:
-        for key, _ in selector.select():
+        ready = selector.select(None if observer is None else _OBSERVE_TAKE_S)
+        if observer is not None:
+            observer.take()
+        for key, _ in ready:
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             if key.data is not None:
                 from_worker(sock, key.data)

@@ -65,7 +65,11 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
     # The host's figures (one round trip to the triage, at most once per report interval).
     load_report = optional_load_report(plan.load_report, host.stats)
     runner = RequestRunner(
-        app, base_environ(plan.host, plan.port, host.stats, multiprocess=True), lambda: False, load_report
+        app,
+        base_environ(plan.host, plan.port, host.stats, multiprocess=True),
+        lambda: False,
+        load_report,
+        observe_only=plan.observed is not None,
     )
     reported = {"expired_at_start": 0, "app_errors": 0}
     served = [0]

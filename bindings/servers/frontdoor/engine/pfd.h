@@ -140,17 +140,22 @@ struct pfd_config {
     int measured_retry_after;
     /* 1: observe-only. The line never expires, sheds, evicts or skips doomed work (it
      * runs FIFO up to max_queue, as a stock server's backlog); each request's own
-     * deadline still reaches the app. Every admission is noted (pfd_server_observed)
-     * for the shadow line in Python, which decides what an enforcing line would have. */
+     * deadline still reaches the app. Every admission, start and end is noted under the
+     * mutex (pfd_server_observed) for the shadow line in Python, which decides what an
+     * enforcing line would have. */
     int observe;
 };
 
-/* One admission noted in observe-only mode: what the shadow line needs of it. */
+/* What observe-only notes, in the order it happened (under the mutex). */
+enum { PFD_NOTE_ADMITTED = 'a', PFD_NOTE_STARTED = 's', PFD_NOTE_ENDED = 'e' };
+
+/* One note: what the shadow line needs of an admission (deadline, class), a start or an end. */
 struct pfd_observed {
-    int64_t serial; /* the connection's request serial (conn.serial), > 0 */
-    int64_t at_ns;  /* when the line took it: the moment an enforcing line would have decided */
+    int64_t serial; /* the request's number, > 0 (given at its admission) */
+    int64_t at_ns;  /* admitted: when the line took it (when an enforcing line would have decided) */
     int64_t deadline_ns;
     int critical;
+    int kind; /* PFD_NOTE_* */
 };
 
 /* Where a chunked body's decoder stands (pfd_chunked_decode). */

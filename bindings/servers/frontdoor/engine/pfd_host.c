@@ -362,6 +362,7 @@ void pfd_host_dispatch(struct pfd_server *srv, int64_t now)
         if (c) {
             c->state = PFD_RUNNING;
             c->started_ns = now;
+            pfd_line_note_run(srv, PFD_NOTE_STARTED, c, now);
             r->worker->held++;
             r->worker->last = ++srv->dispatch_seq;
         }

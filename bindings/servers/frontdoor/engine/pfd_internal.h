@@ -71,6 +71,13 @@ void pfd_wake(struct pfd_server *srv);
 
 /* pfd_line.c: the admission line (core/prazo_line.h) with connections as its tokens, under srv->mutex */
 int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, struct pfd_conn ***tail);
+int pfd_line_note(struct pfd_server *srv, int kind, int64_t serial, int64_t at, int64_t deadline_ns, int critical);
+/* Observe-only: c started or ended at `at` (a request the line could not note is left out). Under mutex. */
+static inline void pfd_line_note_run(struct pfd_server *srv, int kind, const struct pfd_conn *c, int64_t at)
+{
+    if (srv->cfg.observe && c->serial)
+        (void)pfd_line_note(srv, kind, c->serial, at, 0, 0);
+}
 struct pfd_conn *pfd_line_next(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
 int64_t pfd_line_sweep(struct pfd_server *srv, int64_t now, struct pfd_conn ***tail);
 int64_t pfd_line_take_all(struct pfd_server *srv, struct pfd_conn ***tail);

@@ -49,8 +49,9 @@ static void pfd_line_chain(struct prazo_line_drops *drops, struct pfd_conn ***ta
 /* A complete head that is not refused before the line (draining): -1 when c
  * now waits in the line (state PFD_QUEUED), else the answer it gets. Entries
  * the arrival shed or evicted to make room are appended at *tail. */
-/* Observe-only: note c's admission for the shadow line; its serial, or 0 when it could not be. */
-static int64_t pfd_line_observe(struct pfd_server *srv, struct pfd_conn *c, int64_t now)
+/* Observe-only: note what happened to request `serial` at `at`; 0 when it could not be
+ * noted (out of memory: counted in observed_lost). Under mutex. */
+int pfd_line_note(struct pfd_server *srv, int kind, int64_t serial, int64_t at, int64_t deadline_ns, int critical)
 {
     if (srv->n_observed == srv->observed_cap) {
         int64_t cap = srv->observed_cap ? 2 * srv->observed_cap : 64;
@@ -62,12 +63,9 @@ static int64_t pfd_line_observe(struct pfd_server *srv, struct pfd_conn *c, int6
         srv->observed = grown;
         srv->observed_cap = cap;
     }
-    struct pfd_observed *o = &srv->observed[srv->n_observed++];
-    o->serial = ++srv->observed_serial;
-    o->at_ns = now;
-    o->deadline_ns = c->deadline_ns;
-    o->critical = pfd_is_critical(srv, c);
-    return o->serial;
+    srv->observed[srv->n_observed++] = (struct pfd_observed){
+        .serial = serial, .at_ns = at, .deadline_ns = deadline_ns, .critical = critical, .kind = kind};
+    return 1;
 }
 
 int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, struct pfd_conn ***tail)
@@ -94,7 +92,10 @@ int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, stru
     }
     struct prazo_line_entry entry = {
         .deadline_ns = line_deadline, .enqueued_ns = now, .token = pfd_token(c), .critical = c->critical};
-    c->serial = srv->cfg.observe ? pfd_line_observe(srv, c, now) : 0;
+    c->serial = 0;
+    if (srv->cfg.observe &&
+        pfd_line_note(srv, PFD_NOTE_ADMITTED, srv->observed_serial + 1, now, c->deadline_ns, pfd_is_critical(srv, c)))
+        c->serial = ++srv->observed_serial;
     c->state = PFD_QUEUED;
     c->queued_ns = now;
     prazo_line_push(srv->line, &entry);

@@ -75,6 +75,7 @@ struct pfd_conn *pfd_server_next(struct pfd_server *srv, int block, int *empty)
         if (c != NULL) { /* taken only while not stopping, under this same hold of the mutex */
             c->state = PFD_RUNNING;
             c->started_ns = now;
+            pfd_line_note_run(srv, PFD_NOTE_STARTED, c, now);
         }
         if (c != NULL || stopping || *empty)
             atomic_fetch_sub(&srv->looking, 1); /* done looking, under the mutex an admission holds */
@@ -371,6 +372,7 @@ void pfd_conn_release(struct pfd_server *srv, struct pfd_conn *c)
     /* The service time (started -> finished) feeds the learned estimate and
      * Vegas; the request still counts as in flight for its own sample. */
     pfd_line_release(srv, c->critical, now - c->started_ns);
+    pfd_line_note_run(srv, PFD_NOTE_ENDED, c, now);
     pthread_cond_broadcast(&srv->idle);
     /* A place is free, and the limit may have risen: every parked worker looks again. */
     if (pfd_waiting(srv))
