@@ -2,9 +2,9 @@
 
 ::
 
-    python -m prazo.bench.observe_only [--load 3] [--seconds 4] [--json]
+    python -m prazo.bench.observe_only [--server waitress|prazo] [--load 3] [--seconds 4] [--json]
 
-The waitress embedding on loopback in this process, 4 threads of 50 ms
+The waitress embedding (or the front door, ``--server prazo``) on loopback in this process, 4 threads of 50 ms
 (``time.sleep``: 80 requests/s) and a line of 16, serves open-loop Poisson
 load from its own process (``prazo.bench.loadgen``) at ``--load`` times its
 capacity, with 1000 ms budgets: once with ``--observe-only`` and once
@@ -76,8 +76,43 @@ def _answers(records: Sequence[Sequence[Any]]) -> tuple[dict[str, int], int]:
     return counts, late
 
 
-def run(observe_only: bool, load: float, seconds: float, seed: int = 1) -> ObservedRun:
-    """One run at ``load`` × capacity against a fresh embedding, observing or enforcing."""
+SERVERS = ("waitress", "prazo")
+
+
+@dataclass
+class _Served:
+    """A server started for one run: its port, its shadow line (observing), its stats, its stop."""
+
+    port: int
+    shadow: Any
+    stats: Callable[[], dict[str, int]]
+    stop: Callable[[], object]
+
+
+def _serve(server_name: str, settings: Any) -> _Served:
+    if server_name == "prazo":
+        from prazo.bindings.servers.frontdoor import FrontDoorServer, create_server
+
+        front_door = create_server(app, host="127.0.0.1", port=0, settings=settings)
+        assert isinstance(front_door, FrontDoorServer)
+        front_door.start()
+        shadow = None if front_door.observer is None else front_door.observer.shadow
+        return _Served(front_door.port, shadow, front_door.stats, lambda: front_door.shutdown(120.0))
+    server = prazo_waitress.create_server(app, host="127.0.0.1", port=0, settings=settings)
+    thread = threading.Thread(target=server.run, name="observe-only-io", daemon=True)
+    thread.start()
+    dispatcher = server.task_dispatcher.dispatcher
+
+    def stop() -> None:
+        # The stock line drains: every request is served, however late (its client may have left).
+        prazo_waitress.shutdown(server, 120.0)
+        thread.join(30)
+
+    return _Served(server.effective_port, dispatcher.shadow, dispatcher.stats, stop)
+
+
+def run(observe_only: bool, load: float, seconds: float, seed: int = 1, server_name: str = "waitress") -> ObservedRun:
+    """One run at ``load`` × capacity against a fresh server (``SERVERS``), observing or enforcing."""
     settings = resolve_settings(
         threads=THREADS,
         max_queue=QUEUE,
@@ -85,38 +120,36 @@ def run(observe_only: bool, load: float, seconds: float, seed: int = 1) -> Obser
         default_budget_ms=BUDGET_MS,
         observe_only=observe_only,
     )
-    server = prazo_waitress.create_server(app, host="127.0.0.1", port=0, settings=settings)
-    thread = threading.Thread(target=server.run, name="observe-only-io", daemon=True)
-    thread.start()
-    shadow = server.task_dispatcher.dispatcher.shadow
+    served = _serve(server_name, settings)
+    shadow = served.shadow
     if shadow is not None:
         shadow.keep_journal()
     try:
         rate = load * CAPACITY
-        argv = ["--port", str(server.effective_port), "--rate", f"{rate:.3f}", "--seconds", str(seconds),
+        argv = ["--port", str(served.port), "--rate", f"{rate:.3f}", "--seconds", str(seconds),
                 "--budget-ms", str(BUDGET_MS), "--seed", str(seed)]  # fmt: skip
         result = run_in_subprocess(argv, timeout_s=seconds + 120)
     finally:
-        # The stock line drains: every request is served, however late (its client may have left).
-        prazo_waitress.shutdown(server, 120.0)
-        thread.join(30)
+        served.stop()
     answers, late = _answers(result.records)
     point = ObservedRun("observe-only" if observe_only else "enforcing", rate, len(result.records), answers, late)
     if shadow is not None:
+        if server_name == "prazo":
+            served.stats()  # the front door's last notes into the shadow
         shadow.catch_up(time.monotonic_ns() + 10**12)
         decided = shadow.stats()
         point.decisions = {name: decided[name] for name in DECISIONS}
         point.replayed = replay_enforcing(AdmissionQueue, shadow.journal(), THREADS, QUEUE, **settings.queue_options())
     else:
-        stats = server.task_dispatcher.dispatcher.stats()
+        stats = served.stats()
         point.decisions = {name: stats[name] for name in DECISIONS}
     return point
 
 
-def render(points: Sequence[ObservedRun]) -> str:
+def render(points: Sequence[ObservedRun], server_name: str = "waitress") -> str:
+    what = "the front door" if server_name == "prazo" else "waitress embedding"
     lines = [
-        f"waitress embedding, {THREADS} threads x {SERVICE_MS:g} ms ({CAPACITY:g}/s), a line of {QUEUE}, "
-        f"{BUDGET_MS:g} ms budgets",
+        f"{what}, {THREADS} threads x {SERVICE_MS:g} ms ({CAPACITY:g}/s), a line of {QUEUE}, {BUDGET_MS:g} ms budgets",
         "",
         "| run | arrivals/s | requests | answers | late 200s | line's decisions (offered / full / expired / doomed) "
         "| replayed enforcing line |",
@@ -140,13 +173,17 @@ def render(points: Sequence[ObservedRun]) -> str:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prazo.bench.observe_only", description=__doc__.split("\n")[0])
+    parser.add_argument("--server", choices=SERVERS, default="waitress", help="the server (default waitress)")
     parser.add_argument("--load", type=float, default=3.0, help="multiple of the capacity (default 3)")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds of arrivals per run (default 4)")
     parser.add_argument("--json", action="store_true", help="print the runs as JSON")
     args = parser.parse_args(argv)
     out = out or sys.stdout
-    points = [run(True, args.load, args.seconds), run(False, args.load, args.seconds)]
-    print(json.dumps([asdict(point) for point in points], indent=2) if args.json else render(points), file=out)
+    points = [run(mode, args.load, args.seconds, server_name=args.server) for mode in (True, False)]
+    print(
+        json.dumps([asdict(point) for point in points], indent=2) if args.json else render(points, args.server),
+        file=out,
+    )
     return 0
 
 
