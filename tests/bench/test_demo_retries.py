@@ -22,7 +22,7 @@ from _required import require
 from prazo.bench.demo_retries import QUICK_PARAMS, plot_experiment, render_report, run_experiment
 from prazo.bindings.cli import main
 
-SHORT = dataclasses.replace(QUICK_PARAMS, rate_per_s=30.0, duration_s=2.0, light_rate_per_s=8.0, light_duration_s=2.0)
+SHORT = dataclasses.replace(QUICK_PARAMS, rate_per_s=30.0, duration_s=1.0, light_rate_per_s=8.0, light_duration_s=1.0)
 
 
 @pytest.fixture(scope="module")

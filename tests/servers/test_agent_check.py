@@ -121,18 +121,20 @@ def test_the_page_runs_the_agent_port_and_the_backend_line_the_test_runs() -> No
     "server", ["waitress", "werkzeug", "wsgiref", "cheroot", "prazo", "prazo-host"], ids=lambda name: name
 )
 def test_every_server_answers_its_weight_and_drains_on_sigterm(
-    server: str, processes: list[subprocess.Popen[str]]
+    server: str, processes: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     options = ["--server", "prazo", "--workers", "2", "--threads", "1"] if server == "prazo-host" else [
         "--server", server, "--threads", "2"]  # fmt: skip
     process, port, agent_port = serve(processes, *options, "--max-queue", "2", "--shutdown-timeout", "30")
     assert ask(agent_port) == "ready up 100%"
-    # Two requests hold both places for a while: half the line is taken.
-    held = Burst(port, ["/work?ms=4000"] * 2)
+    # Two requests hold both places until the gate opens: half the line is taken.
+    gate = tmp_path / "gate"
+    held = Burst(port, [f"/work?gate={gate}"] * 2)
     wait_until(lambda: ask(agent_port) == "ready up 50%", "the agent to count the two held requests", WAIT_S)
     process.send_signal(signal.SIGTERM)
-    # The held requests keep the process draining for seconds: the balancer is told at once.
+    # The held requests keep the process draining: the balancer is told at once.
     wait_until(lambda: ask(agent_port) == "drain", "the agent to answer drain", WAIT_S)
+    gate.touch()
     assert statuses(held.join()) == {200: 2}
     assert process.wait(WAIT_S) == 0
 
@@ -188,10 +190,12 @@ def test_haproxy_moves_the_weight_and_drains_the_server(processes: list[subproce
     try:
         wait_until(control.exists, "HAProxy's stats socket", WAIT_S)
         wait_until(lambda: haproxy_server_state(control)["weight"] == "100", "the full weight", WAIT_S)
-        held = Burst(port, ["/work?ms=4000"] * 2)
+        gate = tmp_path / "gate"
+        held = Burst(port, [f"/work?gate={gate}"] * 2)
         wait_until(lambda: haproxy_server_state(control)["weight"] == "50", "HAProxy to read half the line", WAIT_S)
         process.send_signal(signal.SIGTERM)
         wait_until(lambda: haproxy_server_state(control)["status"].startswith("DRAIN"), "HAProxy to drain it", WAIT_S)
+        gate.touch()
         assert statuses(held.join()) == {200: 2}
         assert process.wait(WAIT_S) == 0
     finally:
