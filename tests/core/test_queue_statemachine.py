@@ -707,11 +707,11 @@ def lockstep_machine(
 def test_twins_agree_with_each_other_and_the_model(
     twin_pair: tuple[QueueClass, QueueClass], order: str, expected_service_ms: float | str | None, callback: str
 ) -> None:
-    # 100 runs of 60 steps per configuration in the default profile; make test-deep
+    # 50 runs of 60 steps per configuration (of 18) in the default profile; make test-deep
     # (HYPOTHESIS_PROFILE=deep) runs DEEP_FACTOR times as many.
     run_state_machine_as_test(
         lockstep_machine(twin_pair, order, expected_service_ms, reporting=callback),
-        settings=settings(max_examples=examples(100), stateful_step_count=60, deadline=None),
+        settings=settings(max_examples=examples(50), stateful_step_count=60, deadline=None),
     )
 
 
@@ -723,9 +723,9 @@ def test_twins_agree_under_the_vegas_limit(
     twin_pair: tuple[QueueClass, QueueClass], order: str, expected_service_ms: float | str | None
 ) -> None:
     # Longer runs: the limit moves once per window of 16 service-time samples.
-    # 50 runs of 200 steps (10,000 steps) per configuration in the default profile;
+    # 25 runs of 200 steps (5,000 steps) per configuration in the default profile;
     # make test-deep runs DEEP_FACTOR times as many.
     run_state_machine_as_test(
         lockstep_machine(twin_pair, order, expected_service_ms, limit_policy="vegas"),
-        settings=settings(max_examples=examples(50), stateful_step_count=200, deadline=None),
+        settings=settings(max_examples=examples(25), stateful_step_count=200, deadline=None),
     )
