@@ -91,3 +91,18 @@ def test_an_observing_front_door_host_serves_the_whole_burst_and_its_triage_coun
         stats = host.stats()
         assert stats["observe_only"] == 1
         assert (stats["rejected_full"], stats["expired_on_arrival"], stats["expired_in_queue"]) == (3, 0, 0), stats
+
+
+def test_the_observers_bookkeeping_never_raises_into_a_worker_or_the_triage(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker's loop and the triage's call take() and decisions(): a failure there is logged, never raised."""
+    from prazo.bindings.servers.frontdoor.observer import EngineObserver
+    from prazo.bindings.servers.settings import resolve_settings
+
+    class BrokenEngine:
+        def observed(self) -> list[tuple[str, int, int, int, bool]]:
+            raise MemoryError("no notes today")
+
+    observer = EngineObserver(BrokenEngine(), resolve_settings(threads=1, max_queue=1), 1)
+    observer.take()
+    assert observer.decisions()["offered"] == 0
+    assert caplog.text.count("could not hand the engine's notes") == 2, caplog.text

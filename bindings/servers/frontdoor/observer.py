@@ -21,6 +21,7 @@ when nothing is taken, they wait in the engine.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -31,6 +32,8 @@ from prazo.core.shadow import DECISIONS, OBSERVE_SETTLE_NS, ShadowLine
 from ..settings import ServerSettings
 
 __all__ = ["EngineObserver"]
+
+_log = logging.getLogger(__name__)
 
 
 class EngineObserver:
@@ -48,16 +51,29 @@ class EngineObserver:
         self._lock = threading.Lock()
 
     def take(self) -> None:
-        """Hand what the engine noted since the last call to the shadow, in order."""
-        with self._lock:
-            self._take()
+        """Hand what the engine noted since the last call to the shadow, in order.
+
+        Never raises: its callers are a worker's request loop and the triage's, and a dry
+        run's bookkeeping must not cost a thread or the host (a failure is logged).
+        """
+        try:
+            with self._lock:
+                self._take()
+        except Exception:  # noqa: BLE001 - see the docstring
+            _log.exception("prazo: observe-only could not hand the engine's notes to the shadow line")
 
     def decisions(self) -> dict[str, int]:
-        """What an enforcing line would have decided by now (``DECISIONS``)."""
-        with self._lock:
-            self._take()
+        """What an enforcing line would have decided by now (``DECISIONS``); ``{}`` if that failed (logged).
+
+        A triage's answer to a worker's question for the figures calls it: it never raises either.
+        """
+        self.take()
+        try:
             self.shadow.catch_up(time.monotonic_ns())
-        return {name: value for name, value in self.shadow.stats().items() if name in DECISIONS}
+            return {name: value for name, value in self.shadow.stats().items() if name in DECISIONS}
+        except Exception:  # noqa: BLE001 - see the docstring
+            _log.exception("prazo: observe-only could not read the shadow line's decisions")
+            return {}
 
     def _take(self) -> None:
         shadow = self.shadow

@@ -268,7 +268,7 @@ struct pfd_conn {
     /* Atomic: an app thread may read the body while the worker writes the response. */
     atomic_int expect_continue;
     int64_t arrival_ns, deadline_ns, queued_ns, started_ns;
-    int64_t serial;      /* observe-only: the admission's number in srv->observed; 0 when not noted */
+    int64_t serial;      /* observe-only: the request's number in the notes; 0 when its admission was not noted */
     int64_t upstream_ns; /* taken off the deadline for a trusted proxy's X-Request-Start */
     int critical;        /* of the critical class: served first, may use the reserved places */
     int drop_answer;     /* the refusal of a connection dropped from the line */
@@ -305,7 +305,7 @@ struct pfd_stats {
     int64_t insufficient_budget, shed, evicted, critical_started, limit, expected_service_ns;
     int64_t upstream_stamps;
     int64_t worker_lost, workers, worker_threads; /* on a host: connections lost with their worker; live channels */
-    int64_t observed_lost; /* observe-only: admissions the shadow line never heard of (out of memory) */
+    int64_t observed_lost;                        /* observe-only: notes that could not be made (out of memory) */
 };
 
 struct pfd_server {

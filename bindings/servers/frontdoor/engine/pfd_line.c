@@ -76,6 +76,7 @@ int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, stru
      * the connection keeps its own for the app. */
     int64_t line_deadline = srv->cfg.observe ? INT64_MAX : c->deadline_ns;
     /* Nor a class: a stock server serves in arrival order (the shadow hears the class). */
+    int critical = c->critical;
     if (srv->cfg.observe)
         c->critical = 0;
     int outcome = prazo_line_admit(srv->line, line_deadline, now, c->critical, &drops);
@@ -94,7 +95,7 @@ int pfd_line_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now, stru
         .deadline_ns = line_deadline, .enqueued_ns = now, .token = pfd_token(c), .critical = c->critical};
     c->serial = 0;
     if (srv->cfg.observe &&
-        pfd_line_note(srv, PFD_NOTE_ADMITTED, srv->observed_serial + 1, now, c->deadline_ns, pfd_is_critical(srv, c)))
+        pfd_line_note(srv, PFD_NOTE_ADMITTED, srv->observed_serial + 1, now, c->deadline_ns, critical))
         c->serial = ++srv->observed_serial;
     c->state = PFD_QUEUED;
     c->queued_ns = now;
