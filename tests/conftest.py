@@ -109,6 +109,24 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(params=[pytest.param("compiled", marks=pytest.mark.compiled), "python"])
+def runner_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Front doors created in the test serve on the compiled request loop, then on its Python specification.
+
+    ``prazo.bindings.servers.frontdoor.runner.use_compiled_path``: the choice is
+    made when a server is created, so a test's servers keep it to the end.
+    """
+    from _required import require_compiled
+    from prazo.bindings.servers.frontdoor import runner
+
+    compiled = request.param == "compiled"
+    if compiled:
+        require_compiled("prazo.bindings.servers.frontdoor._engine_c")
+    previous = runner.use_compiled_path(compiled)
+    yield request.param
+    runner.use_compiled_path(previous)
+
+
 @pytest.fixture
 def servers() -> Iterator[list[RunningServer]]:
     """Servers a test starts (append them); whatever is still running at the end is stopped."""

@@ -34,7 +34,7 @@ from _server_harness import (
 )
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
-pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.usefixtures("runner_path")]
 
 
 @pytest.fixture

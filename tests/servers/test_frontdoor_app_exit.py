@@ -31,7 +31,7 @@ from _helpers import wait_until
 from _server_harness import TEST_DEFAULT_BUDGET_MS, TESTS_DIR, read_to_eof
 
 # slow: real processes and real time; compiled: the subject is the front door's worker over its engine.
-pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.usefixtures("runner_path")]
 
 # How long a client waits for one answer: a hang (no thread left to serve) fails on it.
 ANSWER_S = 10.0

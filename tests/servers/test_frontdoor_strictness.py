@@ -24,7 +24,7 @@ from prazo.bindings.servers.plumbing.heads import MAX_HEAD_BYTES
 from prazo.bindings.servers.plumbing.refusals import DEFAULT_MAX_LINGERING
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
-pytestmark = [pytest.mark.slow, pytest.mark.compiled]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.usefixtures("runner_path")]
 
 
 class Recorder:

@@ -1,8 +1,8 @@
 """Type stubs for the front door's compiled engine (bindings/servers/frontdoor/_engine_c.pyx)."""
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from ipaddress import IPv4Network, IPv6Network
-from typing import Any
+from typing import Any, final
 
 from typing_extensions import disjoint_base
 
@@ -87,6 +87,37 @@ class Connection:
     def body_arrived(self) -> bool: ...
     def write(self, data: bytes | bytearray | memoryview) -> None: ...
     def finish(self, keep_alive: bool) -> None: ...
+
+@final
+class Response:
+    head_only: bool
+    keep_alive: bool
+    status: str | None
+    headers: list[tuple[str, str]]
+    sent_headers: bool
+    chunked: bool
+    length: int | None
+    sent: int
+    def __new__(cls, conn: Connection, head_only: bool, may_keep_alive: bool) -> Response: ...
+    def start_response(
+        self, status: str, headers: list[tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[bytes], None]: ...
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+@final
+class RequestLoop:
+    def __new__(
+        cls,
+        runner: Any,
+        *,
+        call_admitted: Callable[..., Any],
+        body_input: Callable[[Connection], Any],
+        body_error: type[BaseException],
+        deadline_type: type[Any],
+        budget_source_key: str,
+        outcome: str,
+    ) -> RequestLoop: ...
+    def work(self, next_connection: Callable[[], Any]) -> None: ...
 
 @disjoint_base
 class Channel:

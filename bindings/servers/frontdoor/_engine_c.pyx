@@ -477,6 +477,10 @@ def response_fields(status, list headers):
     True when the app's Connection field says close; a Content-Length that is
     not digits raises ValueError. The spec: ``runner.response_fields_py``.
     """
+    return _response_fields(status, headers)
+
+
+cdef tuple _response_fields(status, list headers):
     cdef tuple judged
     cdef int kind
     status_line = _STATUS_LINES.get(status) if type(status) is str else None
@@ -1005,6 +1009,9 @@ cdef class Connection:
         For when the app is done: only then may the connection carry the next
         request. False while another thread is reading the body.
         """
+        return self._discard()
+
+    cdef bint _discard(self) except -1:
         cdef int done
         try:
             self._begin(False)
@@ -1025,6 +1032,9 @@ cdef class Connection:
         what a response head can promise keep-alive on. False while another
         thread is reading the body, and for a chunked body not read to its end.
         """
+        return self._arrived()
+
+    cdef bint _arrived(self) except -1:
         with cython.critical_section(self):
             if self.finished:
                 raise ValueError("the connection is finished")
@@ -1043,6 +1053,9 @@ cdef class Connection:
             view = memoryview(data).cast("B") if len(data) else None
             p = <const char *>&view[0] if view is not None else NULL
             n = view.shape[0] if view is not None else 0
+        self._send(p, n)
+
+    cdef int _send(self, const char *p, size_t n) except -1:
         cdef int rc = 0
         cdef ssize_t sent
         self._begin(True)
@@ -1057,6 +1070,7 @@ cdef class Connection:
         self._end(True)
         if rc != 0:
             raise OSError("the client is gone, stopped reading or reads too slowly")
+        return 0
 
     def finish(self, bint keep_alive):
         """Give the worker's place back (once) and the connection to the I/O thread: next head, or a polite close.
@@ -1065,6 +1079,9 @@ cdef class Connection:
         the place is given back now; the connection follows (closed politely)
         when that call returns.
         """
+        self._finish(keep_alive)
+
+    cdef void _finish(self, bint keep_alive):
         # O(1) under the engine's mutex, never a wait.
         with cython.critical_section(self):
             if self.finished:
@@ -1084,6 +1101,9 @@ cdef class Connection:
 
 _BODY_FAILURES = {PFD_BODY_LOST: "lost", PFD_BODY_MALFORMED: "malformed", PFD_BODY_TIMEOUT: "timeout"}
 
+
+# The workers' request loop and the response, compiled (runner.py is their spec).
+include "_engine_runner.pxi"
 
 # The probes: the engine's rules one at a time, for the tests that hold each to its Python twin.
 include "_engine_probes.pxi"

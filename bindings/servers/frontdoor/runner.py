@@ -23,13 +23,22 @@ from urllib.parse import unquote_to_bytes
 
 from prazo.core import Deadline, DeadlineExceeded
 
+from ... import wsgi as wsgi_module
 from ...headers import is_ambiguous_header_name
 from ...plumbing.load_report import LoadReport
-from ...wsgi import BUDGET_SOURCE_KEY, WSGIApp, run_admitted
+from ...wsgi import BUDGET_SOURCE_KEY, OUTCOME_ADMITTED, WSGIApp, run_admitted
 from ..plumbing.refusals import BAD_REQUEST_ANSWER, rejection_bytes, status_answer
 from .observer import EngineObserver
 
-__all__ = ["RequestBodyError", "RequestRunner", "date_line_py", "head_environ_py", "response_fields_py"]
+__all__ = [
+    "RequestBodyError",
+    "RequestRunner",
+    "compiled_path",
+    "date_line_py",
+    "head_environ_py",
+    "response_fields_py",
+    "use_compiled_path",
+]
 
 _log = logging.getLogger("prazo.servers.frontdoor")
 
@@ -255,6 +264,9 @@ class _Response:
 
     def finish_body(self, last: bytes | None) -> None:
         """The body ended; ``last`` is its only chunk when it was one piece (sent with the headers)."""
+        if last is not None and not isinstance(last, (bytes, bytearray, memoryview)):
+            # Before the head is marked sent: the app's error is then still answered 500.
+            raise TypeError(f"a response body is bytes, not {type(last).__name__}")
         if not self.sent_headers:
             out = self._head(len(last) if last else 0)
             self.sent_headers = True
@@ -341,10 +353,36 @@ def response_fields_py(status: str, headers: list[tuple[str, str]]) -> tuple[str
 
 
 try:
-    from ._engine_c import head_environ, response_fields
+    from ._engine_c import RequestLoop, head_environ, response_fields
 except ImportError:  # the front door itself needs the engine; the specs serve where only it is missing
+    RequestLoop = None  # type: ignore[assignment,misc]
     head_environ = head_environ_py
     response_fields = response_fields_py
+
+# The compiled request loop (``_engine_c.RequestLoop``: ``work``, ``serve``, the response
+# and its writes in Cython) needs the engine and the compiled run_admitted; the methods
+# below are its specification, and run where either is missing or a test asks for them.
+_COMPILED_LOOP = RequestLoop is not None and wsgi_module._COMPILED_PATH is not None
+
+
+def compiled_path() -> bool:
+    """True when runners created from now on serve on the compiled loop (``_engine_c.RequestLoop``)."""
+    return _COMPILED_LOOP
+
+
+def use_compiled_path(enabled: bool) -> bool:
+    """Choose the loop of runners created from now on (the tests run the front door on both); returns the old choice.
+
+    Raises ``RuntimeError`` when ``enabled`` and the compiled loop is not available.
+    """
+    global _COMPILED_LOOP
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, not {type(enabled).__name__}")
+    if enabled and (RequestLoop is None or wsgi_module._COMPILED_PATH is None):
+        raise RuntimeError("the compiled request loop (prazo.bindings.servers.frontdoor._engine_c) is not available")
+    previous = _COMPILED_LOOP
+    _COMPILED_LOOP = enabled
+    return previous
 
 
 class RequestRunner:
@@ -395,9 +433,24 @@ class RequestRunner:
         # Claimed by list.pop(), atomic: one Ctrl-C starts the graceful stop; a
         # second one, from another thread's app, would cut that stop short.
         self._interrupt = [_thread.interrupt_main]
+        self._loop: Any = None
+        compiled_wsgi = wsgi_module._COMPILED_PATH
+        if _COMPILED_LOOP and compiled_wsgi is not None:
+            self._loop = RequestLoop(
+                self,
+                call_admitted=compiled_wsgi.call_admitted,
+                body_input=_BodyInput,
+                body_error=RequestBodyError,
+                deadline_type=Deadline,
+                budget_source_key=BUDGET_SOURCE_KEY,
+                outcome=OUTCOME_ADMITTED,
+            )
 
     def work(self, next_connection: Callable[[], Any]) -> None:
         """Serve the connections ``next_connection()`` gives until it gives None (the engine stopped)."""
+        if self._loop is not None:
+            self._loop.work(next_connection)
+            return
         while True:
             conn = next_connection()
             if conn is None:
