@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +46,19 @@ class Scenario:
     headers: list[Any]
     chunks: list[Any]
     body: str  # list, tuple, generator, write
-    fails: str | None  # call, start, body, close
-    reads_body: bool
+    fails: str | None  # call, body, close
+    reads: str | None  # how the app reads wsgi.input: a key of _READS
+
+
+_READS: dict[str, Callable[[Any], object]] = {
+    "all": lambda body: body.read(),
+    "none-size": lambda body: body.read(None),
+    "by-2": lambda body: [body.read(2), body.read(2), body.read(5), body.read(0)],
+    "line": lambda body: [body.readline(), body.readline(2), body.readline()],
+    "lines": lambda body: body.readlines(),
+    "lines-hint": lambda body: body.readlines(3),
+    "iterate": list,
+}
 
 
 class Boom(Exception):
@@ -66,11 +77,13 @@ class ScenarioApp:
             return [b"ok"]
         scenario = self.scenario
         assert scenario is not None
-        if scenario.reads_body:
-            environ["wsgi.input"].read()
+        headers = list(scenario.headers)
+        if scenario.reads is not None:
+            # What wsgi.input gave, where the client sees it.
+            headers.append(("X-Read", repr(_READS[scenario.reads](environ["wsgi.input"])).encode().hex()))
         if scenario.fails == "call":
             raise Boom("at the call")
-        write = start_response(scenario.status, scenario.headers)
+        write = start_response(scenario.status, headers)
         if scenario.body == "write":
             for chunk in scenario.chunks:
                 write(chunk)
@@ -137,7 +150,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         chunks=draw(st.lists(st.sampled_from(_CHUNKS), max_size=4)),
         body=draw(st.sampled_from(["list", "tuple", "generator", "write"])),
         fails=draw(st.sampled_from([None, None, "call", "body", "close"])),
-        reads_body=draw(st.booleans()),
+        reads=draw(st.none() | st.sampled_from(sorted(_READS))),
     )
 
 
@@ -149,9 +162,15 @@ def requests(draw: st.DrawFn) -> bytes:
     connection = draw(st.sampled_from([None, "keep-alive", "close"]))
     if connection is not None:
         lines.append(f"Connection: {connection}")
-    body = b"abc" if method == "POST" else b""
-    if body:
-        lines.append("Content-Length: 3")
+    body = b""
+    if method == "POST":
+        text = draw(st.sampled_from([b"abc", b"ab\ncd\n\nlonger line\n", b"no newline at the end", b""]))
+        if draw(st.booleans()):
+            lines.append(f"Content-Length: {len(text)}")
+            body = text
+        else:
+            lines.append("Transfer-Encoding: chunked")
+            body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in text.split(b"\n") if part) + b"0\r\n\r\n"
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -184,10 +203,19 @@ _GET_11 = b"GET /app HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 def _streamed(*fields: tuple[str, str], fails: str | None = None) -> Scenario:
-    return Scenario("200 OK", list(fields), [b"hello", b"x"], "generator", fails, False)
+    return Scenario("200 OK", list(fields), [b"hello", b"x"], "generator", fails, None)
 
 
-# Each framing decision at least once, whatever Hypothesis draws besides.
+_LINES = b"ab\ncd\n\nlonger line\n"
+_POST_LINES = b"POST /app HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(_LINES), _LINES)
+_POST_LINES_CHUNKED = b"POST /app HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab\ncd\r\n10\r\n\n\nlonger line\n\r\n0\r\n\r\n"
+
+
+def _reading(reads: str) -> Scenario:
+    return Scenario("200 OK", [], [b"ok"], "list", None, reads)
+
+
+# Each framing decision, and each way of reading the body, at least once, whatever Hypothesis draws besides.
 @example(scenario=_streamed(("Content-Length", "100")), request=_GET_11)  # shorter than declared: closes
 @example(scenario=_streamed(("Content-Length", "3")), request=_GET_11)  # longer: cut, closes
 @example(scenario=_streamed(("Content-Length", "6")), request=_GET_11)  # exact: kept
@@ -196,16 +224,20 @@ def _streamed(*fields: tuple[str, str], fails: str | None = None) -> Scenario:
 @example(scenario=_streamed(), request=b"HEAD /app HTTP/1.1\r\nHost: x\r\n\r\n")
 @example(scenario=_streamed(fails="body"), request=_GET_11)  # after the head: the connection closes
 @example(scenario=_streamed(fails="close"), request=_GET_11)
-@example(scenario=Scenario("204 No Content", [], [b"body"], "list", None, False), request=_GET_11)
-@example(scenario=Scenario("200 OK", [], ["text"], "list", None, False), request=_GET_11)  # a str body: 500
+@example(scenario=Scenario("204 No Content", [], [b"body"], "list", None, None), request=_GET_11)
+@example(scenario=Scenario("200 OK", [], ["text"], "list", None, None), request=_GET_11)  # a str body: 500
 @example(
-    scenario=Scenario("200 OK", [], [b"a", b"b"], "write", None, True),
-    request=b"POST /app HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    scenario=Scenario("200 OK", [], [b"a", b"b"], "write", None, "all"),
+    request=b"POST /app HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
 )
 @example(
-    scenario=Scenario("200 OK", [], [b"left"], "list", None, False),
-    request=b"POST /app HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    scenario=Scenario("200 OK", [], [b"left"], "list", None, None),
+    request=b"POST /app HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
 )
+@example(scenario=_reading("line"), request=_POST_LINES)
+@example(scenario=_reading("by-2"), request=_POST_LINES)
+@example(scenario=_reading("lines-hint"), request=_POST_LINES)
+@example(scenario=_reading("iterate"), request=_POST_LINES_CHUNKED)
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenario=scenarios(), request=requests())
 def test_both_loops_put_the_same_bytes_on_the_wire(
@@ -223,9 +255,9 @@ def test_both_loops_put_the_same_bytes_on_the_wire(
 def test_the_loops_differ_in_nothing_but_their_path(front_doors: tuple[ScenarioApp, int, int]) -> None:
     """The comparison can fail: a pipelined request is answered on a kept connection, and not after a close."""
     app, compiled_port, _ = front_doors
-    app.scenario = Scenario("200 OK", [("Content-Length", "2")], [b"hi"], "list", None, False)
+    app.scenario = Scenario("200 OK", [("Content-Length", "2")], [b"hi"], "list", None, None)
     kept = _exchange(compiled_port, b"GET /app HTTP/1.1\r\nHost: x\r\n\r\n")
     assert kept.count(b"HTTP/1.1 200 OK") == 2 and kept.endswith(b"ok")
-    app.scenario = Scenario("200 OK", [("Connection", "close")], [b"hi"], "list", None, False)
+    app.scenario = Scenario("200 OK", [("Connection", "close")], [b"hi"], "list", None, None)
     closed = _exchange(compiled_port, b"GET /app HTTP/1.1\r\nHost: x\r\n\r\n")
     assert closed.count(b"HTTP/1.1 200 OK") == 1 and closed.endswith(b"hi")

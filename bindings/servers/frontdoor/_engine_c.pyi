@@ -89,6 +89,15 @@ class Connection:
     def finish(self, keep_alive: bool) -> None: ...
 
 @final
+class BodyInput:
+    def __new__(cls, conn: Connection, error: type[BaseException]) -> BodyInput: ...
+    def read(self, size: int | None = -1) -> bytes: ...
+    def readline(self, size: int | None = -1) -> bytes: ...
+    def readlines(self, hint: int = -1) -> list[bytes]: ...
+    def __iter__(self) -> BodyInput: ...
+    def __next__(self) -> bytes: ...
+
+@final
 class Response:
     head_only: bool
     keep_alive: bool
@@ -111,7 +120,6 @@ class RequestLoop:
         runner: Any,
         *,
         call_admitted: Callable[..., Any],
-        body_input: Callable[[Connection], Any],
         body_error: type[BaseException],
         deadline_type: type[Any],
         budget_source_key: str,
@@ -128,6 +136,7 @@ class Engine:
     threads: int
     role: str
     draining: bool
+    def is_draining(self) -> bool: ...
     def __init__(
         self,
         listen_fds: Iterable[int],

@@ -421,6 +421,10 @@ cdef extern from "<time.h>" nogil:
 
 def date_line():
     """``Date: ...`` (RFC 9110 requires it of a server with a clock), formatted once a second."""
+    return _date_line()
+
+
+cdef str _date_line():
     global _date_second, _date_text
     cdef timespec ts
     cdef str text
@@ -490,7 +494,7 @@ cdef tuple _response_fields(status, list headers):
             if len(_STATUS_LINES) >= _FIELDS_MAX:
                 _STATUS_LINES.clear()
             _STATUS_LINES[status] = status_line
-    cdef list lines = [status_line, date_line()]
+    cdef list lines = [status_line, _date_line()]
     cdef bint close = False
     length = None
     for field in headers:
@@ -765,6 +769,10 @@ cdef class Engine:
 
     @property
     def draining(self):
+        return bool(self.srv.draining)
+
+    def is_draining(self):
+        """``draining``, as a method: what a worker's request loop asks before it promises keep-alive."""
         return bool(self.srv.draining)
 
     def stats(self):

@@ -36,38 +36,132 @@ cdef inline bint _is_token_char(Py_UCS4 ch) noexcept:
 
 cdef bint _status_ok(str status):
     """``runner._STATUS``: three digits, a space and a reason of text characters."""
-    cdef Py_ssize_t n = len(status), i
+    cdef Py_ssize_t i = 0
     cdef Py_UCS4 ch
-    if n < 4 or status[3] != u" ":
+    if len(status) < 4:
         return False
-    for i in range(3):
-        ch = status[i]
-        if not (c'0' <= ch <= c'9'):
+    for ch in status:  # Cython reads the string's own storage: no index calls
+        if i < 3:
+            if not (c'0' <= ch <= c'9'):
+                return False
+        elif i == 3:
+            if ch != c' ':
+                return False
+        elif not _is_text_char(ch):
             return False
-    for i in range(4, n):
-        if not _is_text_char(status[i]):
-            return False
+        i += 1
     return True
 
 
 cdef bint _token_ok(str name):
     """``runner._TOKEN``: one or more token characters."""
-    cdef Py_ssize_t n = len(name), i
-    if n == 0:
+    cdef Py_UCS4 ch
+    if len(name) == 0:
         return False
-    for i in range(n):
-        if not _is_token_char(name[i]):
+    for ch in name:
+        if not _is_token_char(ch):
             return False
     return True
 
 
 cdef bint _value_ok(str value):
     """``runner._FIELD_VALUE``: text characters only (no CR, LF or other control character)."""
-    cdef Py_ssize_t i
-    for i in range(len(value)):
-        if not _is_text_char(value[i]):
+    cdef Py_UCS4 ch
+    for ch in value:
+        if not _is_text_char(ch):
             return False
     return True
+
+
+cdef Py_ssize_t _READ_CHUNK = 65536
+
+
+@cython.final
+cdef class BodyInput:
+    """``runner._BodyInput``, compiled: ``wsgi.input``, the body decoded (Content-Length or chunked), read on demand.
+
+    Made for every request, read by few: a Python object there cost more than
+    the rest of the environ's keys together.
+    """
+
+    cdef Connection _conn
+    cdef object _error
+    cdef bytes _buffer
+    cdef bint _eof
+
+    def __cinit__(self, Connection conn, error):
+        self._conn = conn
+        self._error = error
+        self._buffer = b""
+
+    cdef bytes _read_body(self, Py_ssize_t size):
+        try:
+            return self._conn.read_body(size)
+        except OSError as exc:
+            raise self._error(self._conn.body_failure) from exc
+
+    cdef bint _fill(self, Py_ssize_t wanted) except -1:
+        if self._eof:
+            return False
+        data = self._read_body(wanted if wanted > _READ_CHUNK else _READ_CHUNK)
+        if not data:
+            self._eof = True
+            return False
+        self._buffer += data
+        return True
+
+    def read(self, size=-1):
+        cdef Py_ssize_t wanted
+        if size is None or size < 0:
+            parts = [self._buffer]
+            while not self._eof:
+                data = self._read_body(_READ_CHUNK)
+                if not data:
+                    self._eof = True
+                parts.append(data)
+            self._buffer = b""
+            return b"".join(parts)
+        wanted = size
+        while len(self._buffer) < wanted and self._fill(wanted - len(self._buffer)):
+            pass
+        data, self._buffer = self._buffer[:wanted], self._buffer[wanted:]
+        return data
+
+    def readline(self, size=-1):
+        cdef Py_ssize_t limit = -1 if size is None else size
+        cdef Py_ssize_t end
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0 and (limit < 0 or end < limit):
+                data, self._buffer = self._buffer[: end + 1], self._buffer[end + 1 :]
+                return data
+            if 0 <= limit <= len(self._buffer):
+                data, self._buffer = self._buffer[:limit], self._buffer[limit:]
+                return data
+            if not self._fill(_READ_CHUNK):
+                data, self._buffer = self._buffer, b""
+                return data
+
+    def readlines(self, hint=-1):
+        cdef list lines = []
+        cdef Py_ssize_t total = 0
+        while True:
+            line = self.readline()
+            if not line:
+                return lines
+            lines.append(line)
+            total += len(line)
+            if 0 < hint <= total:
+                return lines
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
 
 
 @cython.final
@@ -85,10 +179,7 @@ cdef class Response:
     cdef readonly long long sent
 
     def __cinit__(self, Connection conn, bint head_only, bint may_keep_alive):
-        self.conn = conn
-        self.head_only = head_only
-        self.keep_alive = may_keep_alive
-        self.headers = []
+        _response_init(self, conn, head_only, may_keep_alive)
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info is not None:
@@ -193,6 +284,19 @@ cdef class Response:
         return 0
 
 
+cdef inline void _response_init(Response response, Connection conn, bint head_only, bint may_keep_alive):
+    response.conn = conn
+    response.head_only = head_only
+    response.keep_alive = may_keep_alive
+    response.headers = []
+
+
+cdef Response _new_response(Connection conn, bint head_only, bint may_keep_alive):
+    """``Response(conn, head_only, may_keep_alive)`` without parsing the arguments of a call."""
+    cdef Response response = Response.__new__(Response, conn, head_only, may_keep_alive)
+    return response
+
+
 cdef int _write_body(Response response, object result) except -1:
     # The first chunk waits for the second: a body of one chunk (the common
     # case) goes out with its Content-Length, in one write with the head.
@@ -218,8 +322,8 @@ def _no_release():
 cdef class RequestLoop:
     """``RequestRunner.work`` and ``serve``, compiled, for one runner (which it calls on the rare paths).
 
-    ``call_admitted`` is ``prazo.bindings._wsgi_c.call_admitted``, ``body_input``
-    the ``wsgi.input`` class and ``body_error`` what it raises,
+    ``call_admitted`` is ``prazo.bindings._wsgi_c.call_admitted``, ``body_error``
+    what ``wsgi.input`` raises when the body failed (``runner.RequestBodyError``),
     ``deadline_type`` ``prazo.core.Deadline``: passed in, so that this module
     imports nothing of the bindings'.
     """
@@ -232,13 +336,12 @@ cdef class RequestLoop:
     cdef object observer
     cdef bint observe_only
     cdef object call_admitted
-    cdef object body_input
     cdef object body_error
     cdef object deadline_type
     cdef object budget_source_key
     cdef object outcome
 
-    def __cinit__(self, runner, *, call_admitted, body_input, body_error, deadline_type, budget_source_key, outcome):
+    def __cinit__(self, runner, *, call_admitted, body_error, deadline_type, budget_source_key, outcome):
         self.runner = runner
         self.app = runner.app
         self.base_environ = runner.base_environ
@@ -247,7 +350,6 @@ cdef class RequestLoop:
         self.observer = runner.observer
         self.observe_only = runner.observe_only
         self.call_admitted = call_admitted
-        self.body_input = body_input
         self.body_error = body_error
         self.deadline_type = deadline_type
         self.budget_source_key = budget_source_key
@@ -286,10 +388,10 @@ cdef class RequestLoop:
             return self.runner._refuse_expired(conn, "expired-in-queue", may_keep_alive)
         # conn.deadline_ns already has a trusted proxy's queue time taken off (the engine's pfd_upstream_ns).
         cdef dict environ = head_environ(self.base_environ, conn)
-        environ["wsgi.input"] = self.body_input(conn)
+        environ["wsgi.input"] = BodyInput.__new__(BodyInput, conn, self.body_error)
         if conn.budget_source is not None:
             environ[self.budget_source_key] = conn.budget_source
-        cdef Response response = Response(conn, conn.method == b"HEAD", may_keep_alive)
+        cdef Response response = _new_response(conn, conn.method == b"HEAD", may_keep_alive)
         start_response = response.start_response
         if self.load_report is not None:
             start_response = self.load_report.start_response(start_response)

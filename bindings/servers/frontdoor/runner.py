@@ -439,7 +439,6 @@ class RequestRunner:
             self._loop = RequestLoop(
                 self,
                 call_admitted=compiled_wsgi.call_admitted,
-                body_input=_BodyInput,
                 body_error=RequestBodyError,
                 deadline_type=Deadline,
                 budget_source_key=BUDGET_SOURCE_KEY,

@@ -306,7 +306,7 @@ class FrontDoorServer:
         self._runner = RequestRunner(
             app,
             self._base_environ,
-            lambda: bool(self._engine.draining),
+            self._engine.is_draining,
             optional_load_report(settings.load_report, self.stats),
             settings.observe_only,
             self.observer,
