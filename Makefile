@@ -23,8 +23,9 @@ venv: $(STAMP)
 build: $(STAMP)
 	$(PY) setup.py -q build_ext --inplace
 
-# The real servers the integration tests drive (PostgreSQL, HAProxy): installed
-# with apt-get when missing; the tests start their own instances on loopback.
+# The real servers the integration tests drive (PostgreSQL, HAProxy, nginx), and valgrind for
+# `prazo bench instructions`' test: installed with apt-get when missing; the tests start their
+# own instances on loopback.
 services:
 	bash .ci/ensure-services
 

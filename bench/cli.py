@@ -15,6 +15,7 @@
     prazo bench servers [...]  each server embedding at 2x capacity, stock vs prazo
     prazo bench goodput [...]  goodput under open-loop overload, CPU- and I/O-bound apps, every server
     prazo bench throughput [...]  answers/s of a hello-world app, every server on one CPU, stock vs prazo
+    prazo bench instructions [...]  instructions per request of each server under callgrind, whatever the CPU
     prazo bench soak [--minutes N] [--loads ...]  mixed load with faults at 1.5x capacity; checks every queue at rest
     prazo bench parallel [...]  CPU-bound tasks, 1 worker vs N: what a free-threaded CPython gains
 
@@ -585,6 +586,20 @@ def _add_bench(commands: Commands) -> Commands:
         run_bench_throughput,
     )
     add_bench_throughput_arguments(throughput)
+    from prazo.bench.instructions import add_bench_instructions_arguments, run_bench_instructions
+
+    instructions = _add_topic(
+        topics,
+        "instructions",
+        "instructions per request of the hello-world app on each server, counted by callgrind "
+        "(not part of bare `prazo bench`)",
+        "Each server (the front door, granian and bjoern by default) started as `prazo bench throughput` starts "
+        "it, under valgrind's callgrind; a warm-up, then the instructions every process of the server executes "
+        "over N keep-alive requests, per request, and each server's ratio to the first. Instructions do not "
+        "depend on the CPU, so they compare across machines where answers per second do not. Needs valgrind.",
+        run_bench_instructions,
+    )
+    add_bench_instructions_arguments(instructions)
     from prazo.bench.soak import add_bench_soak_arguments
 
     soak = _add_topic(

@@ -7,7 +7,9 @@ run); ``WORKER_SERVERS`` the multi-process hosts of ``--workers N`` (issue
 start it serving one of ``APPS``, and why it cannot run here (an optional
 package or the haproxy binary missing). Adding a server to the comparison is
 one ``ServerSpec`` in ``SERVERS``. ``started(spec, app, settings)`` runs one
-on a free loopback port, waits until it answers, and kills it after.
+on a free loopback port, waits until it answers (30 s, or
+``startup_timeout_s``: a server under valgrind takes longer), and kills it
+after.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ __all__ = [
 
 # The apps a server is started with, by the name the command line gives them.
 APPS = {"cpu": "prazo.bench.goodput_apps:cpu", "io": "prazo.bench.goodput_apps:io"}
-# How long a server may take to answer its first /ping.
+# How long a server may take to answer its first /ping (unless its caller says otherwise).
 _STARTUP_TIMEOUT_S = 30.0
 
 
@@ -388,8 +390,13 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextmanager
-def started(spec: ServerSpec, app: str, settings: GoodputSettings) -> Iterator[Target]:
-    """``spec`` serving ``app`` on a free loopback port, with a fresh stats directory; stopped after."""
+def started(
+    spec: ServerSpec, app: str, settings: GoodputSettings, startup_timeout_s: float = _STARTUP_TIMEOUT_S
+) -> Iterator[Target]:
+    """``spec`` serving ``app`` on a free loopback port, with a fresh stats directory; stopped after.
+
+    It must answer within ``startup_timeout_s`` of being started.
+    """
     with tempfile.TemporaryDirectory(prefix="prazo-goodput-") as directory:
         workdir = Path(directory)
         stats_dir = workdir / "stats"
@@ -407,7 +414,7 @@ def started(spec: ServerSpec, app: str, settings: GoodputSettings) -> Iterator[T
                     )
                 )
                 log.close()
-            end = time.monotonic() + _STARTUP_TIMEOUT_S
+            end = time.monotonic() + startup_timeout_s
             while not _ping("127.0.0.1", port):
                 dead = [p for p in running if p.poll() is not None]
                 if dead or time.monotonic() > end:

@@ -4,7 +4,9 @@ A runner (``prazo.bench.core``, ``.wsgi``, ``.pool``) times ``LoopRunner`` s
 with ``best_ns_per_op`` under ``BenchSettings``, states its goals as
 ``Target`` s, and renders its report with ``render_heading`` and
 ``render_targets`` through a ``Paint`` (``plain`` for pipes, files and
-tests; the CLI paints a terminal).
+tests; the CLI paints a terminal). A runner whose figures depend on the CPU
+says where it ran with ``describe_machine`` (its JSON) and ``render_machine``
+(its report's line), so figures from two CPUs are never read as one run.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import gc
 import os
 import platform
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 __all__ = [
@@ -29,12 +33,15 @@ __all__ = [
     "Target",
     "best_ns_per_op",
     "check_counts",
+    "cpu_model",
+    "describe_machine",
     "format_times",
     "integer_argument",
     "make_target",
     "plain",
     "ratio_of",
     "render_heading",
+    "render_machine",
     "render_targets",
     "run_standalone",
 ]
@@ -139,6 +146,40 @@ def render_heading(title: str, detail: str, notes: Sequence[str], paint: Paint =
         f"{os.cpu_count()} CPUs — " + paint("on a shared machine the numbers are noisy; compare ratios", "dim"),
         *(paint(f"note: {note}", "warn") for note in notes),
     ]
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as Linux reports it (``cpuinfo``), else what ``platform`` knows.
+
+    Not every kernel writes a ``model name`` (Linux on ARM names the
+    implementer and part instead), and other systems have no ``/proc``.
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_machine() -> dict[str, object]:
+    """Where a run ran: the CPU model, the CPUs, the system and its kernel, the interpreter (a report's JSON)."""
+    return {
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "system": f"{platform.system()} {platform.release()}",
+        # "3.13.1t": a free-threaded build (PEP 703), as its own executable is named.
+        "python": f"{platform.python_implementation()} {platform.python_version()}"
+        + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else ""),
+    }
+
+
+def render_machine(machine: Mapping[str, object]) -> str:
+    """``describe_machine()`` as a report's line: ``machine: AMD EPYC, 2 CPUs, Linux 6.1.0, CPython 3.11.7``."""
+    return f"machine: {machine['cpu_model']}, {machine['cpus']} CPUs, {machine['system']}, {machine['python']}"
 
 
 def render_targets(targets: Sequence[Target], width: int, paint: Paint = plain) -> list[str]:

@@ -29,7 +29,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from prazo.bench.harness import integer_argument
+from prazo.bench.harness import cpu_model, integer_argument
 from prazo.bindings import pool as pool_module
 from prazo.bindings.freethreading import gil_state
 from prazo.bindings.pool import AdmissionPool
@@ -40,7 +40,6 @@ __all__ = [
     "ParallelRow",
     "ParallelSettings",
     "add_bench_parallel_arguments",
-    "cpu_model",
     "render_parallel_report",
     "run_bench_parallel",
     "run_parallel_bench",
@@ -54,18 +53,6 @@ def spin(iterations: int) -> int:
     for i in range(iterations):
         total += i * i
     return total
-
-
-def cpu_model() -> str:
-    """The CPU's model name as Linux reports it (``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,13 @@ server's figure is the best of its rounds. The prazo servers get a line of
 point is the cost of an admitted request. Ratios: each prazo embedding
 against the stock server it embeds in, and every server against the fastest.
 
+The report names the machine it ran on (a ``machine:`` line; ``"machine"``
+in the JSON: the CPU model, the CPUs, the system and kernel, the
+interpreter): the ratios between servers move with the CPU, so figures from
+two machines are two runs, never one. ``prazo bench instructions`` counts
+what a request costs each server in instructions, which the CPU does not
+change.
+
 Servers (those not installed are skipped with a note): bjoern, granian, uWSGI
 (the ``peers`` extra: ``pip install 'prazo[peers]'``; bjoern needs libev),
 the prazo front door, stock and prazo waitress, stock and prazo gunicorn
@@ -44,7 +51,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,7 +59,7 @@ from typing import Any, TextIO
 from prazo.bench.goodput_servers import SERVERS as GOODPUT_SERVERS
 from prazo.bench.goodput_servers import Process, ServerSpec, missing_module, package_version, started
 from prazo.bench.goodput_settings import GoodputSettings
-from prazo.bench.harness import run_standalone
+from prazo.bench.harness import describe_machine, render_machine, run_standalone
 from prazo.bench.loadgen import LoadResult
 
 __all__ = [
@@ -64,6 +71,8 @@ __all__ = [
     "ThroughputSettings",
     "add_bench_throughput_arguments",
     "hello",
+    "pinning",
+    "prefixed",
     "render_table",
     "run_bench_throughput",
     "run_throughput",
@@ -200,14 +209,16 @@ class ServerResult:
         }
 
 
-def _pinning(settings: ThroughputSettings) -> tuple[list[str], list[str]]:
+def pinning(settings: ThroughputSettings) -> tuple[list[str], list[str]]:
     """The command prefixes that pin a server and the load generator, or nothing when they cannot be pinned."""
     if not settings.pin or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         return [], []
     return ["taskset", "-c", str(SERVER_CPU)], ["taskset", "-c", str(CLIENT_CPU)]
 
 
-def _pinned(spec: ServerSpec, prefix: list[str]) -> ServerSpec:
+def prefixed(spec: ServerSpec, prefix: list[str]) -> ServerSpec:
+    """``spec`` with every process's command line run behind ``prefix`` (``taskset``, ``valgrind``)."""
+
     def processes(app: str, port: int, s: GoodputSettings, workdir: Path) -> list[Process]:
         return [Process([*prefix, *p.argv], p.env) for p in spec.processes(app, port, s, workdir)]
 
@@ -271,13 +282,13 @@ def run_throughput(
     settings: ThroughputSettings, progress: Callable[[str, int, RoundResult], object] | None = None
 ) -> list[ServerResult]:
     """Every server of ``settings``, round after round, interleaved; the best round of each and the ratios."""
-    server_prefix, client_prefix = _pinning(settings)
+    server_prefix, client_prefix = pinning(settings)
     measure = _run_wrk if _use_wrk(settings) else _run_loadgen
     server_settings = GoodputSettings(threads=settings.threads, max_queue=settings.max_queue)
     results = {name: ServerResult(name, THROUGHPUT_SERVERS[name].label()) for name in settings.servers}
     for round_index in range(settings.rounds):
         for name in settings.servers:
-            spec = _pinned(THROUGHPUT_SERVERS[name], server_prefix)
+            spec = prefixed(THROUGHPUT_SERVERS[name], server_prefix)
             with started(spec, HELLO_APP, server_settings) as target:
                 measure(target.port, _WARMUP_S, settings, client_prefix)
                 measured = measure(target.port, settings.duration_s, settings, client_prefix)
@@ -299,11 +310,14 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
-def render_table(results: Sequence[ServerResult], settings: ThroughputSettings, generator: str) -> str:
-    """The results as a text table, fastest first, with the run's parameters."""
+def render_table(
+    results: Sequence[ServerResult], settings: ThroughputSettings, generator: str, machine: Mapping[str, object]
+) -> str:
+    """The results as a text table, fastest first, with the run's parameters and the machine it ran on."""
     lines = [
         f"hello world (13-byte body), {settings.connections} connections, {generator}, "
         f"best of {settings.rounds} interleaved round(s) of {settings.duration_s:g} s",
+        render_machine(machine),
         f"{'server':<16} {'answers/s':>10} {'rounds':>20} {'vs stock':>9} {'vs fastest':>10} {'other':>6} "
         f"{'errors':>6}  label",
     ]
@@ -419,7 +433,7 @@ def _settings_from(args: argparse.Namespace) -> tuple[ThroughputSettings, list[s
         loadgen=args.loadgen,
         pin=not args.no_pin,
     )
-    if _pinning(settings) == ([], []):
+    if pinning(settings) == ([], []):
         notes.append("not pinned to CPUs (taskset missing, one CPU, or --no-pin)")
     return settings, notes
 
@@ -442,13 +456,15 @@ def run_bench_throughput(args: argparse.Namespace, out: TextIO) -> int:
 
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    machine = describe_machine()
     results = run_throughput(settings, progress)
     if args.json:
         document = {
             "started": started_at,
+            "machine": machine,
             "load_average_at_start": load,
             "generator": generator,
-            "pinned": _pinning(settings) != ([], []),
+            "pinned": pinning(settings) != ([], []),
             "rounds": settings.rounds,
             "duration_s": settings.duration_s,
             "connections": settings.connections,
@@ -457,9 +473,10 @@ def run_bench_throughput(args: argparse.Namespace, out: TextIO) -> int:
         }
         print(json.dumps(document, indent=2), file=out)
     else:
-        print(render_table(results, settings, generator), file=out)
+        print(render_table(results, settings, generator, machine), file=out)
     if args.plot:
-        plot(results, args.plot, f"hello world, one CPU per server, {generator} ({started_at})")
+        title = f"hello world, one CPU per server, {generator} ({started_at})\n{render_machine(machine)}"
+        plot(results, args.plot, title)
     failed = [r.name for r in results if not any(x.answers for x in r.rounds)]
     if failed:
         print(f"prazo bench throughput: no answer from {', '.join(failed)}", file=sys.stderr)

@@ -1,13 +1,20 @@
-"""``prazo bench throughput``: a short run end to end on real servers, the fallback load generator, the JSON shape."""
+"""``prazo bench throughput``: a short run end to end on real servers, the fallback load generator, the JSON shape.
+
+And the machine a run names (``prazo.bench.harness.describe_machine``), which other runners share.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import platform
+from pathlib import Path
 from typing import Any
 
 import pytest
-from prazo.bench import throughput
+from prazo.bench import harness, throughput
+from prazo.bench.harness import cpu_model, describe_machine, render_machine
 from prazo.bench.throughput import STOCK_OF, THROUGHPUT_SERVERS, bench_throughput, parse_wrk
 
 # Two peers and the embedding measured against it: a short run, never an assertion on speed.
@@ -44,6 +51,10 @@ def test_a_short_run_answers_on_every_server_with_the_fallback_generator(short_r
     document = short_run["document"]
     assert document["generator"].startswith("prazo.bench.loadgen")
     assert (document["rounds"], document["duration_s"], document["connections"]) == (2, 0.5, 4)
+    machine = document["machine"]
+    assert machine["cpu_model"] and machine["cpus"] == os.cpu_count()
+    assert machine["system"] == f"{platform.system()} {platform.release()}"
+    assert machine["python"].startswith(f"{platform.python_implementation()} {platform.python_version()}")
     servers = {entry["server"]: entry for entry in document["servers"]}
     assert list(servers) == _SUBSET.split(",")
     for entry in servers.values():
@@ -73,7 +84,10 @@ def test_the_table_has_the_ratio_columns(
     monkeypatch.setattr(throughput, "run_throughput", replay)
     out = io.StringIO()
     assert bench_throughput(_ARGV, out) == 0
-    header, *rows = out.getvalue().splitlines()[1:]
+    title, machine, header, *rows = out.getvalue().splitlines()
+    assert title.startswith("hello world (13-byte body), 4 connections")
+    assert machine == render_machine(describe_machine())
+    assert machine.startswith(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.system()} ")
     assert header.split()[:5] == ["server", "answers/s", "rounds", "vs", "stock"]
     assert "vs fastest" in header
     assert {row.split()[0] for row in rows} == {"waitress", "prazo-waitress"}
@@ -111,3 +125,31 @@ Requests/sec:  32000.00
     assert result.per_second == pytest.approx(255990 / 8)
     with pytest.raises(RuntimeError, match="no total"):
         parse_wrk("unable to connect")
+
+
+def test_the_cpu_model_is_read_from_cpuinfo_and_falls_back_to_platform(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\n")
+    assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    # Linux on ARM writes no model name; other systems have no /proc at all.
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n")
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert cpu_model(cpuinfo) == "aarch64"
+    assert cpu_model(tmp_path / "absent") == "aarch64"
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    assert cpu_model(cpuinfo) == "arm"
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "")
+    assert cpu_model(cpuinfo) == "unknown CPU"
+
+
+def test_the_machine_line_says_every_part_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "cpu_model", lambda: "aarch64")
+    machine = describe_machine()
+    assert machine["cpu_model"] == "aarch64" and machine["cpus"] == os.cpu_count()
+    assert (
+        render_machine(machine) == f"machine: aarch64, {os.cpu_count()} CPUs, {machine['system']}, {machine['python']}"
+    )

@@ -46,8 +46,8 @@ from prazo.bench.demo_core import (
     render_seed_result,
     run_seed_scenario,
 )
-from prazo.bench.harness import BenchSettings
-from prazo.bench.parallel import ParallelSettings, cpu_model, spin
+from prazo.bench.harness import BenchSettings, cpu_model
+from prazo.bench.parallel import ParallelSettings, spin
 from prazo.bench.pool import (
     POOL_COMPETITORS,
     PoolBenchSettings,
