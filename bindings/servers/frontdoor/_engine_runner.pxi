@@ -110,7 +110,32 @@ cdef class BodyInput:
         self._buffer += data
         return True
 
+    # Each method's work runs in the object's critical section: nothing with a GIL, and
+    # without one it keeps an app's threads that share a wsgi.input (a misuse) from
+    # replacing the buffer at once. A body read that waits lets the section go meanwhile.
     def read(self, size=-1):
+        with cython.critical_section(self):
+            return self._read(size)
+
+    def readline(self, size=-1):
+        with cython.critical_section(self):
+            return self._readline(size)
+
+    def readlines(self, hint=-1):
+        with cython.critical_section(self):
+            return self._readlines(hint)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with cython.critical_section(self):
+            line = self._readline(-1)
+        if not line:
+            raise StopIteration
+        return line
+
+    cdef bytes _read(self, size):
         cdef Py_ssize_t wanted
         if size is None or size < 0:
             parts = [self._buffer]
@@ -127,7 +152,7 @@ cdef class BodyInput:
         data, self._buffer = self._buffer[:wanted], self._buffer[wanted:]
         return data
 
-    def readline(self, size=-1):
+    cdef bytes _readline(self, size):
         cdef Py_ssize_t limit = -1 if size is None else size
         cdef Py_ssize_t end
         while True:
@@ -142,26 +167,17 @@ cdef class BodyInput:
                 data, self._buffer = self._buffer, b""
                 return data
 
-    def readlines(self, hint=-1):
+    cdef list _readlines(self, hint):
         cdef list lines = []
         cdef Py_ssize_t total = 0
         while True:
-            line = self.readline()
+            line = self._readline(-1)
             if not line:
                 return lines
             lines.append(line)
             total += len(line)
             if 0 < hint <= total:
                 return lines
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        line = self.readline()
-        if not line:
-            raise StopIteration
-        return line
 
 
 @cython.final
@@ -181,7 +197,13 @@ cdef class Response:
     def __cinit__(self, Connection conn, bint head_only, bint may_keep_alive):
         _response_init(self, conn, head_only, may_keep_alive)
 
+    # As BodyInput's: the work of start_response, write() and finish_body runs in the
+    # object's critical section (an app's threads may share its write callable).
     def start_response(self, status, headers, exc_info=None):
+        with cython.critical_section(self):
+            return self._start_response(status, headers, exc_info)
+
+    cdef object _start_response(self, status, headers, exc_info):
         if exc_info is not None:
             try:
                 if self.sent_headers:
@@ -236,12 +258,16 @@ cdef class Response:
         return PyUnicode_AsLatin1String(text + (_KEEP_ALIVE_END if self.keep_alive else _CLOSE_END))
 
     def write(self, data):
+        with cython.critical_section(self):
+            self._write(data)
+
+    cdef int _write(self, data) except -1:
         if self.status is None:
             raise AssertionError("write() before start_response()")
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"a response body is bytes, not {type(data).__name__}")
         if not data:
-            return
+            return 0
         cdef bytes out = b""
         cdef Py_ssize_t room
         if not self.sent_headers:
@@ -258,10 +284,14 @@ cdef class Response:
                     self.keep_alive = False
                 out += bytes(data)
             self.sent += len(data)
-        self.conn._send(PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))
+        return self.conn._send(PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))
 
     cdef int finish_body(self, object last) except -1:
         """The body ended; ``last`` is its only chunk when it was one piece (sent with the headers)."""
+        with cython.critical_section(self):
+            return self._finish_body(last)
+
+    cdef int _finish_body(self, object last) except -1:
         cdef bytes out
         if last is not None and not isinstance(last, (bytes, bytearray, memoryview)):
             # Before the head is marked sent: the app's error is then still answered 500.
@@ -276,7 +306,7 @@ cdef class Response:
             self.conn._send(PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out))
             return 0
         if last:
-            self.write(last)
+            self._write(last)
         if self.chunked:
             self.conn._send(PyBytes_AS_STRING(_LAST_CHUNK), PyBytes_GET_SIZE(_LAST_CHUNK))
         elif self.length is not None and self.sent != self.length and not self.head_only:
@@ -307,7 +337,7 @@ cdef int _write_body(Response response, object result) except -1:
         if not chunk:
             continue
         if pending is not None:
-            response.write(pending)
+            response.write(pending)  # the def: in the response's critical section
         pending = chunk
     if response.status is None:
         raise AssertionError("the app returned without calling start_response")
