@@ -71,18 +71,19 @@ def worker_main(plan: Plan, worker_id: int, ends: list[socket.socket], ready_fd:
         load_report,
         observe_only=plan.observed is not None,
     )
-    reported = {"expired_at_start": 0, "app_errors": 0}
+    reported = [0, 0]  # expired_at_start, app_errors: the runner's counts the triage was last told
     served = [0]
     lock = threading.Lock()
 
     def next_from(channel: Any) -> Callable[[], Any]:
         def next_connection() -> Any:
-            counts = {"expired_at_start": runner.expired_at_start, "app_errors": runner.app_errors}
-            with lock:
-                changed = counts != reported
-                reported.update(counts)
-            if changed:
-                host.report(**counts)
+            counts = [runner.expired_at_start, runner.app_errors]
+            if counts != reported:  # nearly never: no lock taken on every request for nothing
+                with lock:
+                    changed = counts != reported
+                    reported[:] = counts
+                if changed:
+                    host.report(expired_at_start=counts[0], app_errors=counts[1])
             conn = channel.next_connection()
             if conn is not None and max_requests is not None:
                 with lock:
