@@ -109,12 +109,15 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=[pytest.param("compiled", marks=pytest.mark.compiled), "python"])
+@pytest.fixture(
+    params=[pytest.param("compiled", marks=pytest.mark.compiled), pytest.param("python", marks=pytest.mark.python_twin)]
+)
 def runner_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Front doors created in the test serve on the compiled request loop, then on its Python specification.
 
     ``prazo.bindings.servers.frontdoor.runner.use_compiled_path``: the choice is
-    made when a server is created, so a test's servers keep it to the end.
+    made when a server is created, so a test's servers keep it to the end. The
+    ``python`` run is marked ``python_twin``, as the core's: ``make tsan`` leaves it out.
     """
     from _required import require_compiled
     from prazo.bindings.servers.frontdoor import runner
