@@ -34,7 +34,7 @@ from _server_harness import (
 )
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
-pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.usefixtures("runner_path")]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 
 @pytest.fixture
@@ -266,6 +266,7 @@ def _echo(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return [environ["REQUEST_METHOD"].encode() + b" " + body]
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_request_bodies_content_length_and_chunked(start: Any) -> None:
     server = start(_echo)
     payload = bytes(range(256)) * 1000
@@ -288,6 +289,7 @@ def test_request_bodies_content_length_and_chunked(start: Any) -> None:
     conn.close()
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_readline_and_iteration_of_the_body(start: Any) -> None:
     def lines(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         stream = environ["wsgi.input"]
@@ -301,6 +303,7 @@ def test_readline_and_iteration_of_the_body(start: Any) -> None:
     assert outcome.body == b"2|one\ntwo\nthree"
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_streaming_response_is_chunked_and_close_is_called(start: Any) -> None:
     closed = threading.Event()
 
@@ -330,6 +333,7 @@ def test_streaming_response_is_chunked_and_close_is_called(start: Any) -> None:
     conn.close()
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_app_errors_are_500_and_the_worker_survives(start: Any) -> None:
     def broken(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         if environ["PATH_INFO"] == "/boom":
@@ -345,6 +349,7 @@ def test_app_errors_are_500_and_the_worker_survives(start: Any) -> None:
     assert server.stats()["app_errors"] == 3
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_environ_is_pep_3333(start: Any) -> None:
     seen: dict[str, Any] = {}
 
@@ -429,6 +434,7 @@ def test_shutdown_timeout_answers_the_still_waiting_503(start: Any) -> None:
 
 
 @pytest.mark.parametrize("failure", ["call", "iterate", "close", "no-start-response", "deadline"])
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_every_slot_comes_back_exactly_once_whatever_the_app_does(start: Any, failure: str) -> None:
     from prazo.core import DeadlineExceeded
 
@@ -465,6 +471,7 @@ def test_every_slot_comes_back_exactly_once_whatever_the_app_does(start: Any, fa
         assert request(server.port, "/").status == 504
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_expect_100_continue_and_pipelined_requests(start: Any) -> None:
     server = start(_echo)
     with socket.create_connection(("127.0.0.1", server.port), timeout=CLIENT_TIMEOUT_S) as sock:
@@ -486,6 +493,7 @@ def test_expect_100_continue_and_pipelined_requests(start: Any) -> None:
     assert bodies == [b"POST %d" % i for i in range(10)]
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_head_and_204_carry_no_body_and_keep_the_connection(start: Any) -> None:
     def app204(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         start_response("204 No Content" if environ["PATH_INFO"] == "/204" else "200 OK", [])

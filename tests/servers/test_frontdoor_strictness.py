@@ -24,7 +24,7 @@ from prazo.bindings.servers.plumbing.heads import MAX_HEAD_BYTES
 from prazo.bindings.servers.plumbing.refusals import DEFAULT_MAX_LINGERING
 
 # slow: real time; compiled: its subject is C code, so `make sanitize` runs it.
-pytestmark = [pytest.mark.slow, pytest.mark.compiled, pytest.mark.usefixtures("runner_path")]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled]
 
 
 class Recorder:
@@ -86,6 +86,7 @@ def _answering(status: str, headers: list[tuple[str, str]]) -> Any:
         "crlf-value",
     ],
 )
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_control_characters_from_the_app_are_500_and_nothing_is_injected(
     start: Any, caplog: pytest.LogCaptureFixture, status: str, headers: list[tuple[str, str]]
 ) -> None:
@@ -100,6 +101,7 @@ def test_control_characters_from_the_app_are_500_and_nothing_is_injected(
     assert any(record.levelno == logging.ERROR for record in caplog.records), caplog.records
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_a_well_formed_status_and_headers_pass(start: Any) -> None:
     server = start(_answering("299 Odd \t reason \xe9", [("X-A", "tab\tand latin-1 \xe9"), ("Content-Length", "4")]))
     answer = exchange(server.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
@@ -274,6 +276,7 @@ def test_lenient_heads_are_400(start: Any, data: bytes) -> None:
         "size-overflow",
     ],
 )
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_a_broken_chunked_body_never_reaches_the_app_whole(start: Any, chunks: bytes) -> None:
     recorder = Recorder()
     server = start(recorder)
@@ -285,6 +288,7 @@ def test_a_broken_chunked_body_never_reaches_the_app_whole(start: Any, chunks: b
     assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400 "), answer
 
 
+@pytest.mark.usefixtures("runner_path")  # the response's path: on both loops
 def test_a_strict_chunked_body_with_extensions_and_trailers_is_read_and_the_next_request_served(start: Any) -> None:
     recorder = Recorder()
     server = start(recorder)
