@@ -342,6 +342,10 @@ struct pfd_server {
     atomic_int looking;
     atomic_int listeners_closed;
     /* owned by the I/O thread */
+    /* Admissions since the I/O thread last woke workers: it wakes them once its batch
+     * of events is handled, not one by one, so a woken worker does not preempt it
+     * half-way and then find the rest of the batch not yet admitted. */
+    int wakes_owed;
     struct pfd_list heads, lingering;
     /* Closed while an epoll batch that may still name them was handled: freed at the next turn. */
     struct pfd_conn *graveyard;

@@ -178,9 +178,7 @@ static void pfd_io_admit(struct pfd_server *srv, struct pfd_conn *c, int64_t now
             c->registered = 0;
         }
         pfd_count(&srv->admitted, 1);
-        /* A worker already looking takes it without a wake-up (and its futex call). */
-        if (pfd_waiting(srv) > atomic_load(&srv->looking))
-            pthread_cond_signal(&srv->ready);
+        srv->wakes_owed++; /* paid by pfd_io_wake_workers, before this thread sleeps at the latest */
     }
     if (dropped)
         pfd_line_dropped_wake(srv);
@@ -444,6 +442,24 @@ static int64_t pfd_io_expire_line(struct pfd_server *srv, int64_t now)
     return next;
 }
 
+/* Wake a worker for each entry admitted since the last call that no worker
+ * already looking will take (a look about to happen is never missed: `looking`
+ * is counted before the mutex is taken). */
+static void pfd_io_wake_workers(struct pfd_server *srv)
+{
+    if (srv->wakes_owed == 0)
+        return;
+    srv->wakes_owed = 0;
+    pthread_mutex_lock(&srv->mutex);
+    int64_t unseen = pfd_waiting(srv) - atomic_load(&srv->looking);
+    if (unseen >= srv->cfg.threads)
+        pthread_cond_broadcast(&srv->ready);
+    else
+        for (int64_t i = 0; i < unseen; i++)
+            pthread_cond_signal(&srv->ready);
+    pthread_mutex_unlock(&srv->mutex);
+}
+
 void *pfd_io_main(void *arg)
 {
     struct pfd_server *srv = arg;
@@ -543,6 +559,7 @@ void *pfd_io_main(void *arg)
             if (ms < timeout_ms)
                 timeout_ms = (int)ms;
         }
+        pfd_io_wake_workers(srv);
         /* A worker's hand-back writes the eventfd only when this thread sleeps
          * (io_sleeping, set under the mutex with the look at `returned`). */
         pthread_mutex_lock(&srv->mutex);
@@ -582,5 +599,6 @@ void *pfd_io_main(void *arg)
             } else if (c->state == PFD_DRAINING)
                 pfd_io_drain(srv, c);
         }
+        pfd_io_wake_workers(srv);
     }
 }
