@@ -207,6 +207,17 @@ def run_standalone(
     return run(parser.parse_args(argv), out or sys.stdout)
 
 
+def seconds_argument(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0, else an error saying so (exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def integer_argument(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an int from ``minimum`` (to ``maximum``), else an error naming the bounds (exit 2)."""
 

@@ -75,7 +75,7 @@ from typing import Any, TextIO
 
 from prazo.bench.goodput_servers import started
 from prazo.bench.goodput_settings import GoodputSettings
-from prazo.bench.harness import describe_machine, integer_argument, render_machine, run_standalone
+from prazo.bench.harness import describe_machine, integer_argument, render_machine, run_standalone, seconds_argument
 from prazo.bench.throughput import HELLO_APP, THROUGHPUT_SERVERS, ThroughputSettings, pinning, prefixed
 from prazo.bindings.command import CommandError
 
@@ -399,16 +399,6 @@ def _server_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def add_bench_instructions_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``prazo bench instructions``."""
     defaults = InstructionSettings()
@@ -446,7 +436,7 @@ def add_bench_instructions_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--start-timeout",
         dest="start_timeout_s",
-        type=_seconds,
+        type=seconds_argument,
         metavar="S",
         default=defaults.start_timeout_s,
         help=f"how long a server under callgrind may take to answer (default {defaults.start_timeout_s:g})",

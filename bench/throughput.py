@@ -59,7 +59,7 @@ from typing import Any, TextIO
 from prazo.bench.goodput_servers import SERVERS as GOODPUT_SERVERS
 from prazo.bench.goodput_servers import Process, ServerSpec, missing_module, package_version, started
 from prazo.bench.goodput_settings import GoodputSettings
-from prazo.bench.harness import describe_machine, render_machine, run_standalone
+from prazo.bench.harness import describe_machine, render_machine, run_standalone, seconds_argument
 from prazo.bench.loadgen import LoadResult
 
 __all__ = [
@@ -361,13 +361,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
 def add_bench_throughput_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``prazo bench throughput``."""
     defaults = ThroughputSettings()
@@ -381,7 +374,7 @@ def add_bench_throughput_arguments(parser: argparse.ArgumentParser) -> None:
         "--rounds", type=_positive_int, default=defaults.rounds, metavar="N", help="interleaved rounds (best counts)"
     )
     parser.add_argument(
-        "--duration", type=_positive_float, default=defaults.duration_s, metavar="S", help="seconds per round"
+        "--duration", type=seconds_argument, default=defaults.duration_s, metavar="S", help="seconds per round"
     )
     parser.add_argument(
         "--connections", type=_positive_int, default=defaults.connections, metavar="N", help="closed-loop clients"

@@ -121,7 +121,7 @@ class RequestLoop:
         *,
         call_admitted: Callable[..., Any],
         body_error: type[BaseException],
-        deadline_type: type[Any],
+        deadline_at: Callable[[int], Any],
         budget_source_key: str,
         outcome: str,
     ) -> RequestLoop: ...

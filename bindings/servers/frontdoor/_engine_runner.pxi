@@ -13,7 +13,6 @@ from cpython.unicode cimport PyUnicode_AsLatin1String
 import logging as _logging
 
 _runner_log = _logging.getLogger("prazo.servers.frontdoor")
-cdef object _new_object = object.__new__
 cdef tuple _NO_BODY_STATUS = ("1", "204", "304")
 cdef bytes _LAST_CHUNK = b"0\r\n\r\n"
 cdef str _KEEP_ALIVE_END = "\r\nConnection: keep-alive\r\n\r\n"
@@ -195,7 +194,10 @@ cdef class Response:
     cdef readonly long long sent
 
     def __cinit__(self, Connection conn, bint head_only, bint may_keep_alive):
-        _response_init(self, conn, head_only, may_keep_alive)
+        self.conn = conn
+        self.head_only = head_only
+        self.keep_alive = may_keep_alive
+        self.headers = []
 
     # As BodyInput's: the work of start_response, write() and finish_body runs in the
     # object's critical section (an app's threads may share its write callable).
@@ -314,19 +316,6 @@ cdef class Response:
         return 0
 
 
-cdef inline void _response_init(Response response, Connection conn, bint head_only, bint may_keep_alive):
-    response.conn = conn
-    response.head_only = head_only
-    response.keep_alive = may_keep_alive
-    response.headers = []
-
-
-cdef Response _new_response(Connection conn, bint head_only, bint may_keep_alive):
-    """``Response(conn, head_only, may_keep_alive)`` without parsing the arguments of a call."""
-    cdef Response response = Response.__new__(Response, conn, head_only, may_keep_alive)
-    return response
-
-
 cdef int _write_body(Response response, object result) except -1:
     # The first chunk waits for the second: a body of one chunk (the common
     # case) goes out with its Content-Length, in one write with the head.
@@ -354,7 +343,7 @@ cdef class RequestLoop:
 
     ``call_admitted`` is ``prazo.bindings._wsgi_c.call_admitted``, ``body_error``
     what ``wsgi.input`` raises when the body failed (``runner.RequestBodyError``),
-    ``deadline_type`` ``prazo.core.Deadline``: passed in, so that this module
+    ``deadline_at`` ``prazo.core.Deadline.at_ns``: passed in, so that this module
     imports nothing of the bindings'.
     """
 
@@ -367,11 +356,11 @@ cdef class RequestLoop:
     cdef bint observe_only
     cdef object call_admitted
     cdef object body_error
-    cdef object deadline_type
+    cdef object deadline_at
     cdef object budget_source_key
     cdef object outcome
 
-    def __cinit__(self, runner, *, call_admitted, body_error, deadline_type, budget_source_key, outcome):
+    def __cinit__(self, runner, *, call_admitted, body_error, deadline_at, budget_source_key, outcome):
         self.runner = runner
         self.app = runner.app
         self.base_environ = runner.base_environ
@@ -381,7 +370,7 @@ cdef class RequestLoop:
         self.observe_only = runner.observe_only
         self.call_admitted = call_admitted
         self.body_error = body_error
-        self.deadline_type = deadline_type
+        self.deadline_at = deadline_at
         self.budget_source_key = budget_source_key
         self.outcome = outcome
 
@@ -421,12 +410,11 @@ cdef class RequestLoop:
         environ["wsgi.input"] = BodyInput.__new__(BodyInput, conn, self.body_error)
         if conn.budget_source is not None:
             environ[self.budget_source_key] = conn.budget_source
-        cdef Response response = _new_response(conn, conn.method == b"HEAD", may_keep_alive)
+        cdef Response response = Response.__new__(Response, conn, conn.method == b"HEAD", may_keep_alive)
         start_response = response.start_response
         if self.load_report is not None:
             start_response = self.load_report.start_response(start_response)
-        deadline = _new_object(self.deadline_type)
-        deadline._ns = conn.deadline_ns
+        deadline = self.deadline_at(conn.deadline_ns)
         try:
             result = self.call_admitted(self.app, environ, start_response, deadline, _no_release, conn.queue_wait_ns,
                                         None, 1, conn.arrival_ns, self.outcome)

@@ -440,7 +440,7 @@ class RequestRunner:
                 self,
                 call_admitted=compiled_wsgi.call_admitted,
                 body_error=RequestBodyError,
-                deadline_type=Deadline,
+                deadline_at=Deadline.at_ns,
                 budget_source_key=BUDGET_SOURCE_KEY,
                 outcome=OUTCOME_ADMITTED,
             )
